@@ -1,0 +1,46 @@
+"""Helpers shared by the command modules: the results folder, the reproduce line, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from parlab.contract import Document, write_result
+
+DEFAULT_RESULTS = "parlab-results"
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+ResultsOption = typer.Option(
+    None,
+    "--results",
+    help=f"Results folder (default: $PARLAB_RESULTS or ./{DEFAULT_RESULTS}).",
+)
+
+
+def results_dir(value: str | Path | None) -> Path:
+    return Path(value or os.environ.get("PARLAB_RESULTS") or DEFAULT_RESULTS)
+
+
+def reproduce_command() -> str:
+    """The command line that reproduces this run, as the user would type it."""
+    return shlex.join(["parlab", *sys.argv[1:]])
+
+
+def write(doc: Document, results: Path, *, quiet: bool = False) -> Path:
+    path = write_result(doc, results)
+    if not quiet:
+        err_console.print(f"wrote {path} ({doc.evidence_level}, {doc.role})")
+    return path
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,62 @@
+"""``parlab demo``: the whole lab at CPU size, on the embedded default.
+
+Each step of the lab adds one ``DemoStep`` below, in T0-T6 order; the demo
+runs them in turn against one results folder and ends with the asset table
+(and, once the report exists, the report). With no GPU every distributed step
+runs on gloo CPU ranks. A step that fails is reported and the demo goes on,
+exiting non-zero at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoStep:
+    """One step of the demo."""
+
+    name: str
+    """Short label shown while it runs."""
+    task: str
+    """The T0-T6 step it illustrates."""
+    run: Callable[[Path, Console], None]
+    """Runs the step, writing its documents under the results folder."""
+
+
+def _env_step(results: Path, console: Console) -> None:
+    from parlab.cli.common import write
+    from parlab.hardware.precheck import run_precheck
+
+    doc = run_precheck(command=f"parlab env --results {results}")
+    write(doc, results)
+    if doc.status != "ok":
+        raise RuntimeError(f"precheck failed: {doc.failure.message if doc.failure else '?'}")
+
+
+STEPS: list[DemoStep] = [
+    DemoStep(name="environment precheck", task="T1", run=_env_step),
+]
+
+
+def run_demo(results: Path, console: Console, *, only: list[str] | None = None) -> int:
+    """Run every step; return the number that failed."""
+    failed = 0
+    for i, step in enumerate(STEPS, 1):
+        if only and step.name not in only:
+            continue
+        console.rule(f"[{i}/{len(STEPS)}] {step.task} {step.name}")
+        t0 = time.perf_counter()
+        try:
+            step.run(results, console)
+        except Exception as exc:
+            failed += 1
+            console.print(f"[red]step {step.name!r} failed:[/red] {exc}")
+        else:
+            console.print(f"done in {time.perf_counter() - t0:.1f} s")
+    return failed
