@@ -267,7 +267,9 @@ def validate(data: Mapping[str, Any]) -> None:
         jsonschema.validate(dict(data), schema())
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
-        raise ValueError(f"document fails the {SCHEMA_ID} schema at {where}: {exc.message}") from None
+        raise ValueError(
+            f"document fails the {SCHEMA_ID} schema at {where}: {exc.message}"
+        ) from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -343,7 +345,9 @@ def read_results(results_dir: str | Path) -> tuple[list[Entry], list[Skipped]]:
     """All documents under ``results_dir`` (sorted by creation) and the files skipped."""
     root = Path(results_dir)
     if not root.is_dir():
-        raise UsageError(f"results folder {root} does not exist: run a command first or pass --results DIR")
+        raise UsageError(
+            f"results folder {root} does not exist: run a command first or pass --results DIR"
+        )
     entries: list[Entry] = []
     skipped: list[Skipped] = []
     for path in sorted(root.rglob("*.json")):

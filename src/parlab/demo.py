@@ -9,6 +9,7 @@ exiting non-zero at the end.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,11 +26,16 @@ class DemoStep:
     """Short label shown while it runs."""
     task: str
     """The T0-T6 step it illustrates."""
-    run: Callable[[Path, Console], None]
-    """Runs the step, writing its documents under the results folder."""
+    entry: str
+    """``module:function`` called as ``function(results, console)``; it writes its
+    documents under the results folder and raises if the step failed."""
+
+    def resolve(self) -> Callable[[Path, Console], None]:
+        module, _, name = self.entry.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
-def _env_step(results: Path, console: Console) -> None:
+def env_step(results: Path, console: Console) -> None:
     from parlab.cli.common import write
     from parlab.hardware.precheck import run_precheck
 
@@ -39,8 +45,9 @@ def _env_step(results: Path, console: Console) -> None:
         raise RuntimeError(f"precheck failed: {doc.failure.message if doc.failure else '?'}")
 
 
+# One line per step, in T0-T6 order; each step's code lives in its own module.
 STEPS: list[DemoStep] = [
-    DemoStep(name="environment precheck", task="T1", run=_env_step),
+    DemoStep(name="environment precheck", task="T1", entry="parlab.demo:env_step"),
 ]
 
 
@@ -53,7 +60,7 @@ def run_demo(results: Path, console: Console, *, only: list[str] | None = None) 
         console.rule(f"[{i}/{len(STEPS)}] {step.task} {step.name}")
         t0 = time.perf_counter()
         try:
-            step.run(results, console)
+            step.resolve()(results, console)
         except Exception as exc:
             failed += 1
             console.print(f"[red]step {step.name!r} failed:[/red] {exc}")

@@ -42,7 +42,9 @@ def format_metric(m: contract.Metric) -> str:
 def results_cmd(
     folder: Path | None = typer.Argument(None, help="Results folder (default: ./parlab-results)."),
     project: str | None = typer.Option(None, help="Only this project (e.g. PAR-COLLECTIVES)."),
-    role: str | None = typer.Option(None, help="Only this role (baseline, candidate, failure, decision)."),
+    role: str | None = typer.Option(
+        None, help="Only this role (baseline, candidate, failure, decision)."
+    ),
     level: str | None = typer.Option(None, help="Only this evidence level (e.g. real-nccl)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
@@ -67,12 +69,19 @@ def results_cmd(
                     "path": str(e.path),
                 }
             )
-        print_json({"documents": rows, "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped]})
+        print_json(
+            {
+                "documents": rows,
+                "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped],
+            }
+        )
         return
     print_asset_table(root, entries, skipped)
 
 
-def print_asset_table(root: Path, entries: list[contract.Entry], skipped: list[contract.Skipped]) -> None:
+def print_asset_table(
+    root: Path, entries: list[contract.Entry], skipped: list[contract.Skipped]
+) -> None:
     table = Table(title=f"parlab results: {root}", title_justify="left")
     for col in ("project", "task", "role", "evidence", "status", "headline", "created", "path"):
         table.add_column(col, overflow="fold")
@@ -85,7 +94,14 @@ def print_asset_table(root: Path, entries: list[contract.Entry], skipped: list[c
         except ValueError:
             rel = e.path
         table.add_row(
-            e.doc.project, e.doc.task, e.doc.role, e.doc.evidence_level, status, head, e.doc.created, str(rel)
+            e.doc.project,
+            e.doc.task,
+            e.doc.role,
+            e.doc.evidence_level,
+            status,
+            head,
+            e.doc.created,
+            str(rel),
         )
     console.print(table)
     if not entries:
@@ -97,8 +113,12 @@ def print_asset_table(root: Path, entries: list[contract.Entry], skipped: list[c
 @app.command("env")
 def env_cmd(
     results: Path | None = ResultsOption,
-    nproc: int | None = typer.Option(None, help="Ranks for the sanity all-reduce (default: every GPU, or 2 on CPU)."),
-    timeout: float = typer.Option(60.0, help="Process-group timeout for the sanity all-reduce, seconds."),
+    nproc: int | None = typer.Option(
+        None, help="Ranks for the sanity all-reduce (default: every GPU, or 2 on CPU)."
+    ),
+    timeout: float = typer.Option(
+        60.0, help="Process-group timeout for the sanity all-reduce, seconds."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
 ) -> None:
     """Environment precheck: versions, GPUs, interconnect, NCCL/TORCH variables, a checked all-reduce."""
@@ -124,15 +144,24 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
         f"NCCL {sw['nccl'] or '-'}  parlab {sw['parlab']}"
     )
     cpu = hw["cpu"]
-    console.print(f"CPU: {cpu['count']} cores ({cpu.get('model') or 'unknown model'}); hosts: {hw['host_count']}")
+    console.print(
+        f"CPU: {cpu['count']} cores ({cpu.get('model') or 'unknown model'}); hosts: {hw['host_count']}"
+    )
     if not hw["gpus"]:
-        console.print("GPUs: none found (this machine has no usable GPU; distributed runs use gloo CPU ranks)")
+        console.print(
+            "GPUs: none found (this machine has no usable GPU; distributed runs use gloo CPU ranks)"
+        )
     else:
         t = Table(title="GPUs", title_justify="left")
         for c in ("index", "name", "memory", "compute capability"):
             t.add_column(c)
         for i, g in enumerate(hw["gpus"]):
-            t.add_row(str(i), g["name"], format_bytes(g["memory_bytes"]), g.get("compute_capability") or "-")
+            t.add_row(
+                str(i),
+                g["name"],
+                format_bytes(g["memory_bytes"]),
+                g.get("compute_capability") or "-",
+            )
         console.print(t)
     inter = hw.get("interconnect")
     if inter and inter.get("nvlinks"):
@@ -162,7 +191,10 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
                 f"(source: {inter.get('per_link_bw_source')})"
             )
     variables = env.get("variables") or {}
-    console.print("NCCL/TORCH variables: " + (", ".join(f"{k}={v}" for k, v in variables.items()) or "none set"))
+    console.print(
+        "NCCL/TORCH variables: "
+        + (", ".join(f"{k}={v}" for k, v in variables.items()) or "none set")
+    )
     m = doc.metrics
     if "sanity_allreduce_ok" in m:
         ok = m["sanity_allreduce_ok"].value
@@ -172,7 +204,9 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
             f"{format_metric(m['sanity_allreduce_time'])} for 4 MiB"
         )
     elif doc.failure:
-        console.print(f"[red]sanity all-reduce failed[/red] ({doc.failure.kind}): {doc.failure.message}")
+        console.print(
+            f"[red]sanity all-reduce failed[/red] ({doc.failure.kind}): {doc.failure.message}"
+        )
     console.print(f"document: {path}")
 
 

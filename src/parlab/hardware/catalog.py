@@ -52,7 +52,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         vendor="nvidia",
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 989.4 TF dense
         # (1,979 with sparsity), FP8 1,979 dense, TF32 494.7 dense, FP32 66.9.
-        peak_flops={"bf16": 989.4 * T, "fp16": 989.4 * T, "fp8": 1978.9 * T, "tf32": 494.7 * T, "fp32": 66.9 * T},
+        peak_flops={
+            "bf16": 989.4 * T,
+            "fp16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "tf32": 494.7 * T,
+            "fp32": 66.9 * T,
+        },
         memory_bytes=80 * 10**9,  # 80 GB HBM3
         memory_bw=3.35e12,  # 3.35 TB/s
         link="NVLink4",
@@ -65,7 +71,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         name="H100-PCIe",
         vendor="nvidia",
         # NVIDIA H100 datasheet (PCIe column): BF16 756 TF dense, FP8 1,513, TF32 378, FP32 51.2.
-        peak_flops={"bf16": 756.5 * T, "fp16": 756.5 * T, "fp8": 1513 * T, "tf32": 378 * T, "fp32": 51.2 * T},
+        peak_flops={
+            "bf16": 756.5 * T,
+            "fp16": 756.5 * T,
+            "fp8": 1513 * T,
+            "tf32": 378 * T,
+            "fp32": 51.2 * T,
+        },
         memory_bytes=80 * 10**9,  # 80 GB HBM2e
         memory_bw=2.0e12,  # 2 TB/s
         link="PCIe5",
@@ -78,7 +90,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         name="H200",
         vendor="nvidia",
         # NVIDIA H200 datasheet (SXM): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
-        peak_flops={"bf16": 989.4 * T, "fp16": 989.4 * T, "fp8": 1978.9 * T, "tf32": 494.7 * T, "fp32": 66.9 * T},
+        peak_flops={
+            "bf16": 989.4 * T,
+            "fp16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "tf32": 494.7 * T,
+            "fp32": 66.9 * T,
+        },
         memory_bytes=141 * 10**9,
         memory_bw=4.8e12,
         link="NVLink4",
@@ -91,7 +109,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         name="H20",
         vendor="nvidia",
         # NVIDIA HGX H20 product brief: BF16 148 TF dense, FP8 296, FP32 44; 96 GB HBM3 at 4.0 TB/s; NVLink 900 GB/s.
-        peak_flops={"bf16": 148 * T, "fp16": 148 * T, "fp8": 296 * T, "tf32": 74 * T, "fp32": 44 * T},
+        peak_flops={
+            "bf16": 148 * T,
+            "fp16": 148 * T,
+            "fp8": 296 * T,
+            "tf32": 74 * T,
+            "fp32": 44 * T,
+        },
         memory_bytes=96 * 10**9,
         memory_bw=4.0e12,
         link="NVLink4",
@@ -104,7 +128,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         name="A100-40GB",
         vendor="nvidia",
         # NVIDIA A100 datasheet: BF16/FP16 312 TF dense, TF32 156, FP32 19.5; no FP8.
-        peak_flops={"bf16": 312 * T, "fp16": 312 * T, "fp8": None, "tf32": 156 * T, "fp32": 19.5 * T},
+        peak_flops={
+            "bf16": 312 * T,
+            "fp16": 312 * T,
+            "fp8": None,
+            "tf32": 156 * T,
+            "fp32": 19.5 * T,
+        },
         memory_bytes=40 * 10**9,  # 40 GB HBM2
         memory_bw=1.555e12,
         link="NVLink3",
@@ -116,7 +146,13 @@ CATALOG: tuple[GPUSpec, ...] = (
     GPUSpec(
         name="A100-80GB",
         vendor="nvidia",
-        peak_flops={"bf16": 312 * T, "fp16": 312 * T, "fp8": None, "tf32": 156 * T, "fp32": 19.5 * T},
+        peak_flops={
+            "bf16": 312 * T,
+            "fp16": 312 * T,
+            "fp8": None,
+            "tf32": 156 * T,
+            "fp32": 19.5 * T,
+        },
         memory_bytes=80 * 10**9,  # 80 GB HBM2e
         memory_bw=2.039e12,
         link="NVLink3",
@@ -130,7 +166,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         vendor="nvidia",
         # NVIDIA HGX B200 datasheet (per GPU): FP8 4.5 PF dense, BF16 2.25 PF dense, TF32 1.1 PF, FP32 75 TF;
         # 180 GB HBM3e at 7.7 TB/s; NVLink5 1.8 TB/s bidirectional.
-        peak_flops={"bf16": 2250 * T, "fp16": 2250 * T, "fp8": 4500 * T, "tf32": 1100 * T, "fp32": 75 * T},
+        peak_flops={
+            "bf16": 2250 * T,
+            "fp16": 2250 * T,
+            "fp8": 4500 * T,
+            "tf32": 1100 * T,
+            "fp32": 75 * T,
+        },
         memory_bytes=180 * 10**9,
         memory_bw=7.7e12,
         link="NVLink5",
@@ -144,7 +186,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         vendor="nvidia",
         # NVIDIA L40S datasheet: BF16 362.05 TF dense (733 sparse), FP8 733 dense, TF32 183, FP32 91.6;
         # 48 GB GDDR6 at 864 GB/s; no NVLink, PCIe Gen4 x16.
-        peak_flops={"bf16": 362.05 * T, "fp16": 362.05 * T, "fp8": 733 * T, "tf32": 183 * T, "fp32": 91.6 * T},
+        peak_flops={
+            "bf16": 362.05 * T,
+            "fp16": 362.05 * T,
+            "fp8": 733 * T,
+            "tf32": 183 * T,
+            "fp32": 91.6 * T,
+        },
         memory_bytes=48 * 10**9,
         memory_bw=864 * GB,
         link="PCIe4",
@@ -158,7 +206,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         vendor="amd",
         # AMD Instinct MI300X datasheet: BF16/FP16 1,307.4 TF dense, FP8 2,614.9, TF32 653.7, FP32 163.4;
         # 192 GB HBM3 at 5.3 TB/s; Infinity Fabric 896 GB/s aggregate peer bandwidth (7 links x 64 GB/s x 2).
-        peak_flops={"bf16": 1307.4 * T, "fp16": 1307.4 * T, "fp8": 2614.9 * T, "tf32": 653.7 * T, "fp32": 163.4 * T},
+        peak_flops={
+            "bf16": 1307.4 * T,
+            "fp16": 1307.4 * T,
+            "fp8": 2614.9 * T,
+            "tf32": 653.7 * T,
+            "fp32": 163.4 * T,
+        },
         memory_bytes=192 * 10**9,
         memory_bw=5.3e12,
         link="InfinityFabric",

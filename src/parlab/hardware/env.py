@@ -14,6 +14,7 @@ Nothing here starts a process group. With no GPU the snapshot says so.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -159,10 +160,8 @@ def _nvml_nvlinks(n: int) -> list[list[int]] | None:
                     counts[i][j] += 1
         return counts
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -191,7 +190,8 @@ def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
     out["per_link_bw"] = per_link
     out["per_link_bw_source"] = per_link_source
     out["per_direction_bw"] = [
-        [None if per_link is None or c == 0 else c * per_link for c in row] for row in out["nvlinks"]
+        [None if per_link is None or c == 0 else c * per_link for c in row]
+        for row in out["nvlinks"]
     ]
     return out
 
@@ -201,10 +201,19 @@ def snapshot(probe_links: bool = True) -> dict[str, Any]:
     """The ``environment`` field of a contract document."""
     gpu_list = gpus()
     hw: dict[str, Any] = {
-        "gpus": [{k: g[k] for k in ("name", "memory_bytes", "compute_capability")} for g in gpu_list],
+        "gpus": [
+            {k: g[k] for k in ("name", "memory_bytes", "compute_capability")} for g in gpu_list
+        ],
         "gpu_count": len(gpu_list),
         "interconnect": interconnect(gpu_list) if probe_links else None,
         "cpu": cpu(),
-        "host_count": int(os.environ.get("PARLAB_HOST_COUNT", os.environ.get("GROUP_WORLD_SIZE", "1")) or 1),
+        "host_count": int(
+            os.environ.get("PARLAB_HOST_COUNT", os.environ.get("GROUP_WORLD_SIZE", "1")) or 1
+        ),
     }
-    return {"hardware": hw, "software": software(), "variables": variables(), "argv": list(sys.argv)}
+    return {
+        "hardware": hw,
+        "software": software(),
+        "variables": variables(),
+        "argv": list(sys.argv),
+    }

@@ -37,7 +37,12 @@ def sanity_allreduce(ctx: RankContext, numel: int = 1 << 20, iters: int = 5) -> 
         ctx.sync()
         times.append(time.perf_counter() - t0)
     name = torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu"
-    return {"rank": ctx.rank, "wrong": wrong, "time_s": sorted(times)[len(times) // 2], "device": name}
+    return {
+        "rank": ctx.rank,
+        "wrong": wrong,
+        "time_s": sorted(times)[len(times) // 2],
+        "device": name,
+    }
 
 
 def run_precheck(*, command: str, nproc: int | None = None, timeout_s: float = 60.0) -> Document:
@@ -70,7 +75,9 @@ def run_precheck(*, command: str, nproc: int | None = None, timeout_s: float = 6
         metrics["sanity_allreduce_wrong"] = Metric(value=sum(wrong), unit="count", per_rank=wrong)
         metrics["sanity_allreduce_time"] = Metric(value=max(times), unit="s", per_rank=times)
         if sum(wrong):
-            failure = Failure(kind="crash", message=f"sanity all-reduce gave {sum(wrong)} wrong values")
+            failure = Failure(
+                kind="crash", message=f"sanity all-reduce gave {sum(wrong)} wrong values"
+            )
     else:
         failure = res.failure
     return Document(
@@ -83,7 +90,12 @@ def run_precheck(*, command: str, nproc: int | None = None, timeout_s: float = 6
         command=command,
         environment=snap,
         workload={"sanity_allreduce": {"numel": numel, "dtype": "float32", "iters": 5}},
-        layout={"world_size": nproc, "mesh": {"world": nproc}, "strategy": None, "backend": backend},
+        layout={
+            "world_size": nproc,
+            "mesh": {"world": nproc},
+            "strategy": None,
+            "backend": backend,
+        },
         metrics=metrics,
         status="ok" if failure is None else "failed",
         failure=failure,

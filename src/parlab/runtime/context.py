@@ -52,7 +52,9 @@ def limit_cpu_threads(local_world_size: int) -> int:
     Without this, 4 gloo ranks on 2 cores run ~5x slower (each rank spins up
     one thread per core).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     threads = max(1, cores // max(1, local_world_size))
     torch.set_num_threads(threads)
     return threads

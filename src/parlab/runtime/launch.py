@@ -77,7 +77,11 @@ class LaunchConfig:
             return self.backend
         import torch
 
-        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= self.nproc else "gloo"
+        return (
+            "nccl"
+            if torch.cuda.is_available() and torch.cuda.device_count() >= self.nproc
+            else "gloo"
+        )
 
     def torchrun_args(self) -> list[str]:
         args = ["--nproc-per-node", str(self.nproc), "--max-restarts", "0"]
@@ -117,7 +121,9 @@ def _failure_from(errors: list[dict[str, Any]], world: int, returncode: int | No
     errors = sorted(errors, key=lambda e: e["time"])
     first_real = next((e for e in errors if e["kind"] != "timeout"), None)
     if first_real is not None:
-        return Failure(kind=first_real["kind"], message=first_real["message"], rank=first_real["rank"])
+        return Failure(
+            kind=first_real["kind"], message=first_real["message"], rank=first_real["rank"]
+        )
     # Only timeouts: the culprit is a rank that never reported (hung or died).
     reported = {e["rank"] for e in errors}
     silent = [r for r in range(world) if r not in reported]
@@ -145,7 +151,9 @@ def _kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             continue
 
 
-def launch(entry: str, kwargs: dict[str, Any] | None = None, config: LaunchConfig | None = None) -> LaunchResult:
+def launch(
+    entry: str, kwargs: dict[str, Any] | None = None, config: LaunchConfig | None = None
+) -> LaunchResult:
     """Run ``entry`` (``"module:function"``, called as ``function(ctx, **kwargs)``) on every rank.
 
     ``kwargs`` must be JSON: it travels to the ranks in a file. Each rank's

@@ -1,0 +1,1 @@
+"""Hardware: the GPU catalog, the topology probe and the environment snapshot."""

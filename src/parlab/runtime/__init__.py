@@ -1,0 +1,1 @@
+"""Runtime: launching through torchrun, rank context, timeouts, test helpers."""
