@@ -182,11 +182,13 @@ def launch(
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         timed_out = False
+        killed_at = float("inf")
         try:
             try:
                 proc.wait(timeout=deadline)
             except subprocess.TimeoutExpired:
                 timed_out = True
+                killed_at = time.time()
                 _kill_tree(proc)
         except KeyboardInterrupt:
             _kill_tree(proc)
@@ -208,8 +210,10 @@ def launch(
                 message=f"the run passed its {deadline:.0f} s deadline and was stopped",
                 rank=None,
             )
-            if errors:
-                failure = _failure_from(errors, world, proc.returncode)
+            # errors raised before the kill explain it; those the kill caused do not
+            earlier = [e for e in errors if e.get("time", 0) < killed_at]
+            if earlier:
+                failure = _failure_from(earlier, world, proc.returncode)
         else:
             failure = _failure_from(errors, world, proc.returncode)
         return LaunchResult(ok=False, failure=failure, wall_s=wall, errors=errors)

@@ -1,0 +1,7 @@
+"""Shared fixtures. The pytest process itself never joins a process group."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,0 +1,35 @@
+"""Rank functions the runtime tests launch through torchrun (importable by name)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from parlab.runtime.context import RankContext
+
+
+def allreduce_rank(ctx: RankContext, value: float) -> dict:
+    x = torch.full((4,), value * (ctx.rank + 1))
+    dist.all_reduce(x)
+    return {"rank": ctx.rank, "world": ctx.world_size, "sum": x.tolist(), "backend": ctx.backend}
+
+
+def raise_on(ctx: RankContext, bad_rank: int) -> None:
+    dist.barrier()
+    if ctx.rank == bad_rank:
+        raise RuntimeError(f"deliberate failure on rank {ctx.rank}")
+    dist.barrier()
+
+
+def oom_on(ctx: RankContext, bad_rank: int) -> None:
+    if ctx.rank == bad_rank:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    dist.barrier()
+
+
+def hang_on(ctx: RankContext, bad_rank: int) -> None:
+    if ctx.rank == bad_rank:
+        time.sleep(3600)
+    dist.barrier()

@@ -1,0 +1,119 @@
+"""The torchrun runtime and the fork helper: results, failures, timeouts -- nothing hangs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from parlab.runtime.launch import LaunchConfig, launch
+from parlab.runtime.testing import RankFailure, run_ranks
+
+TESTS = str(Path(__file__).parent)
+
+
+@pytest.fixture(autouse=True)
+def _importable_rank_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+
+
+def test_two_rank_gloo_run_through_torchrun() -> None:
+    res = launch(
+        "rankfns:allreduce_rank",
+        {"value": 1.5},
+        LaunchConfig(nproc=2, backend="gloo", timeout_s=30),
+    )
+    assert res.ok, res.failure
+    assert [r["rank"] for r in res.results] == [0, 1]
+    assert all(
+        r["sum"] == [4.5] * 4 and r["world"] == 2 and r["backend"] == "gloo" for r in res.results
+    )
+
+
+def test_raising_rank_gives_crash_failure_naming_it() -> None:
+    res = launch(
+        "rankfns:raise_on", {"bad_rank": 1}, LaunchConfig(nproc=2, backend="gloo", timeout_s=30)
+    )
+    assert not res.ok
+    assert res.failure is not None
+    assert res.failure.kind == "crash"
+    assert res.failure.rank == 1
+    assert "deliberate failure on rank 1" in res.failure.message
+    assert res.wall_s < 30
+
+
+def test_oom_is_classified() -> None:
+    res = launch(
+        "rankfns:oom_on", {"bad_rank": 0}, LaunchConfig(nproc=2, backend="gloo", timeout_s=30)
+    )
+    assert not res.ok and res.failure is not None
+    assert (res.failure.kind, res.failure.rank) == ("oom", 0)
+
+
+def test_hanging_rank_times_out_within_the_timeout() -> None:
+    t0 = time.perf_counter()
+    res = launch(
+        "rankfns:hang_on", {"bad_rank": 1}, LaunchConfig(nproc=2, backend="gloo", timeout_s=4)
+    )
+    elapsed = time.perf_counter() - t0
+    assert not res.ok and res.failure is not None
+    assert res.failure.kind == "timeout"
+    assert res.failure.rank == 1  # the rank that never reached the collective
+    assert elapsed < 4 + 20  # the timeout plus torchrun start-up and teardown
+
+
+def test_deadline_backstop_kills_the_run() -> None:
+    # pg timeout longer than the deadline: only the wall-clock backstop can end it
+    cfg = LaunchConfig(nproc=1, backend="gloo", timeout_s=600, deadline_s=6)
+    t0 = time.perf_counter()
+    res = launch("rankfns:hang_on", {"bad_rank": 0}, cfg)
+    assert time.perf_counter() - t0 < 25
+    assert not res.ok and res.failure is not None and res.failure.kind == "timeout"
+
+
+def test_bad_launch_config() -> None:
+    with pytest.raises(ValueError, match="nproc"):
+        LaunchConfig(nproc=0)
+    with pytest.raises(ValueError, match="rdzv-endpoint"):
+        LaunchConfig(nproc=2, nnodes="2")
+    cfg = LaunchConfig(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29500")
+    args = cfg.torchrun_args()
+    assert "--standalone" not in args
+    assert args[args.index("--rdzv-endpoint") + 1] == "host0:29500"
+    assert args[args.index("--node-rank") + 1] == "1"
+
+
+def _sum_ranks(ctx, k: int) -> int:
+    import torch
+
+    x = torch.tensor([ctx.rank + k])
+    dist.all_reduce(x)
+    return int(x.item())
+
+
+def _raise_on_one(ctx) -> None:
+    if ctx.rank == 1:
+        raise ValueError("boom")
+
+
+def _hang_on_one(ctx) -> None:
+    if ctx.rank == 1:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def test_fork_helper_runs_ranks_fast() -> None:
+    t0 = time.perf_counter()
+    assert run_ranks(_sum_ranks, 4, 10) == [46] * 4
+    assert time.perf_counter() - t0 < 10
+
+
+def test_fork_helper_reports_failures() -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_raise_on_one, 2)
+    assert 1 in info.value.failures and "boom" in info.value.failures[1]
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_hang_on_one, 2, timeout=8, pg_timeout=3)
+    assert 1 in info.value.failures
