@@ -1,0 +1,387 @@
+"""parlab's reference decoder: the unsharded model every mechanism is tested against.
+
+``build_model(spec)`` makes a Llama-style decoder (RMSNorm, RoPE, GQA through
+``F.scaled_dot_product_attention(is_causal=True)``, SwiGLU) or a GPT-2 style one
+(learned positions, LayerNorm with biases, GeLU MLP, biases on every linear),
+with optional tied embeddings, MoE blocks (router + routed experts + shared
+experts, dropless token choice) and DeepSeek's multi-head latent attention.
+Its ``named_parameters()`` are exactly ``spec.param_shapes()`` (names, shapes,
+order). No communication happens here: this is the single-process reference.
+
+Module names follow torchtitan so parallel code can target them::
+
+    model.tok_embeddings            nn.Embedding(V, H)
+    model.pos_embeddings            nn.Embedding(max_seq, H)    (learned positions only)
+    model.layers                    nn.ModuleList[TransformerBlock]
+      .attention_norm, .ffn_norm    RMSNorm / LayerNorm
+      .attention.{wq,wk,wv,wo}      nn.Linear (MLA: wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo)
+      .feed_forward.{w1,w3,w2}      gate, up, down (GeLU: w1 up, w2 down)
+      .moe.router.gate              nn.Linear(H, E)
+      .moe.experts.{w1,w2,w3}       stacked expert weights [E, F, H], [E, H, F], [E, F, H]
+      .moe.shared_experts           FeedForward (all shared experts merged)
+    model.norm, model.output        final norm, nn.Linear(H, V) (tied: shares tok_embeddings.weight)
+
+Blocks are usable on their own (pipeline stages, tensor-parallel wrapping):
+``block(x_BSH, rope_SD2)`` with ``rope_SD2 = model.rope(positions_S)`` (``None``
+for learned positions). Attention infers its local head count from the
+projection's output width (``view(B, S, -1, head_dim)``), so column-sharded
+``wq/wk/wv`` work unchanged. ``Transformer.forward`` skips a ``None``
+``tok_embeddings`` / ``norm`` / ``output`` (then it takes and returns hidden
+states), the way torchtitan prunes a model into pipeline stages.
+
+Shape suffixes: B batch, S sequence, H hidden, V vocab, N heads, D head dim,
+T tokens (B*S), E experts, F FFN width, K top-k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parlab.models.spec import ModelSpec
+
+INIT_STD = 0.02
+"""Standard deviation of the normal init (GPT-2); output projections (wo, w2) are scaled by
+1/sqrt(2 * layers)."""
+
+
+# ----- rotary embedding --------------------------------------------------------------------------
+
+
+def rope_table(positions_S: torch.Tensor, rot_dim: int, theta: float) -> torch.Tensor:
+    """cos/sin of every position and frequency: float32 ``[S, rot_dim // 2, 2]``."""
+    freqs = 1.0 / (
+        theta
+        ** (torch.arange(0, rot_dim, 2, device=positions_S.device, dtype=torch.float32) / rot_dim)
+    )
+    angles_SD = torch.outer(positions_S.to(torch.float32), freqs)
+    return torch.stack((angles_SD.cos(), angles_SD.sin()), dim=-1)
+
+
+def apply_rope(x_BSND: torch.Tensor, rope_SD2: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of the last dim (Meta/torchtitan layout)."""
+    xf = x_BSND.float().unflatten(-1, (-1, 2))
+    cos = rope_SD2[..., 0][None, :, None, :]
+    sin = rope_SD2[..., 1][None, :, None, :]
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x_BSND)
+
+
+# ----- building blocks ---------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def make_norm(spec: ModelSpec, dim: int) -> nn.Module:
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(dim, eps=spec.norm_eps)
+    return RMSNorm(dim, spec.norm_eps)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU ``w2(silu(w1 x) * w3 x)`` or GeLU ``w2(gelu(w1 x))``."""
+
+    def __init__(self, spec: ModelSpec, width: int) -> None:
+        super().__init__()
+        h, b = spec.hidden, spec.linear_bias
+        self.swiglu = spec.activation == "swiglu"
+        self.w1 = nn.Linear(h, width, bias=b)
+        self.w2 = nn.Linear(width, h, bias=b)
+        self.w3 = nn.Linear(h, width, bias=b) if self.swiglu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            assert self.w3 is not None
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class Attention(nn.Module):
+    """Causal self-attention, MHA/GQA/MQA; K/V heads are repeated to the query heads before SDPA."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden, spec.d_head
+        qkv_b = spec.qkv_bias or spec.linear_bias
+        self.head_dim = d
+        self.use_rope = spec.position == "rope"
+        self.wq = nn.Linear(h, spec.q_dim, bias=qkv_b)
+        self.wk = nn.Linear(h, spec.kv_dim, bias=qkv_b)
+        self.wv = nn.Linear(h, spec.kv_dim, bias=qkv_b)
+        self.wo = nn.Linear(spec.q_dim, h, bias=spec.linear_bias)
+
+    def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
+        B, S, _ = x_BSH.shape
+        q = self.wq(x_BSH).view(B, S, -1, self.head_dim)
+        k = self.wk(x_BSH).view(B, S, -1, self.head_dim)
+        v = self.wv(x_BSH).view(B, S, -1, self.head_dim)
+        if self.use_rope:
+            assert rope_SD2 is not None
+            q, k = apply_rope(q, rope_SD2), apply_rope(k, rope_SD2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # B N S D
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+
+class MLAttention(nn.Module):
+    """DeepSeek multi-head latent attention (no KV-cache absorption: the training form)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        m = spec.mla
+        assert m is not None
+        h, n = spec.hidden, spec.heads
+        self.nope, self.rope_dim, self.v_dim, self.kv_rank = (
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        )
+        if m.q_lora_rank:
+            self.wq_a = nn.Linear(h, m.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(m.q_lora_rank, spec.norm_eps)
+            self.wq_b = nn.Linear(m.q_lora_rank, spec.q_dim, bias=False)
+        else:
+            self.wq = nn.Linear(h, spec.q_dim, bias=False)
+        self.wkv_a = nn.Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
+        self.kv_norm = RMSNorm(m.kv_lora_rank, spec.norm_eps)
+        self.wkv_b = nn.Linear(m.kv_lora_rank, n * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
+        self.wo = nn.Linear(n * m.v_head_dim, h, bias=False)
+
+    def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
+        assert rope_SD2 is not None
+        B, S, _ = x_BSH.shape
+        if hasattr(self, "wq_a"):
+            q = self.wq_b(self.q_norm(self.wq_a(x_BSH)))
+        else:
+            q = self.wq(x_BSH)
+        q = q.view(B, S, -1, self.nope + self.rope_dim)
+        q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_pe, rope_SD2)], dim=-1)
+        kv, k_pe = self.wkv_a(x_BSH).split([self.kv_rank, self.rope_dim], dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(2), rope_SD2)  # one rope key shared by all heads
+        kv = self.wkv_b(self.kv_norm(kv)).view(B, S, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+
+class Router(nn.Module):
+    """Token-choice top-k router: scores every expert, keeps the ``top_k`` best per token."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        m = spec.moe
+        assert m is not None
+        self.top_k, self.scoring, self.normalize, self.scale = (
+            m.top_k,
+            m.scoring,
+            m.normalize_top_k,
+            m.route_scale,
+        )
+        self.gate = nn.Linear(spec.hidden, m.num_experts, bias=False)
+
+    def forward(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights_TK, experts_TK)``: the routing weights (float32) and chosen expert ids."""
+        logits = self.gate(x_TH).float()
+        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
+        weights, experts = scores.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights * self.scale, experts
+
+
+class GroupedExperts(nn.Module):
+    """All routed experts of a layer as stacked weights (``w1/w3 [E, F, H]``, ``w2 [E, H, F]``)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        m = spec.moe
+        assert m is not None
+        e, f, h = m.num_experts, m.expert_ffn_hidden, spec.hidden
+        self.swiglu = spec.activation == "swiglu"
+        self.w1 = nn.Parameter(torch.empty(e, f, h))
+        self.w2 = nn.Parameter(torch.empty(e, h, f))
+        self.w3 = nn.Parameter(torch.empty(e, f, h)) if self.swiglu else None
+
+    def expert(self, e: int, x_TH: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` (local index) applied to the tokens ``x_TH``."""
+        if self.swiglu:
+            assert self.w3 is not None
+            hid = F.silu(x_TH @ self.w1[e].t()) * (x_TH @ self.w3[e].t())
+        else:
+            hid = F.gelu(x_TH @ self.w1[e].t(), approximate="tanh")
+        return hid @ self.w2[e].t()
+
+
+class MoE(nn.Module):
+    """Router + routed experts (dropless: every token reaches its top-k) + shared experts."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        m = spec.moe
+        assert m is not None
+        self.router = Router(spec)
+        self.experts = GroupedExperts(spec)
+        self.shared_experts = FeedForward(spec, m.shared_hidden) if m.shared_hidden else None
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        x_TH = x_BSH.reshape(-1, x_BSH.shape[-1])
+        weights_TK, experts_TK = self.router(x_TH)
+        out_TH = torch.zeros_like(x_TH)
+        for e in range(self.experts.w1.shape[0]):
+            tok, slot = torch.where(experts_TK == e)
+            if tok.numel() == 0:
+                continue
+            y = self.experts.expert(e, x_TH[tok]) * weights_TK[tok, slot, None].to(x_TH.dtype)
+            out_TH = out_TH.index_add(0, tok, y)
+        if self.shared_experts is not None:
+            out_TH = out_TH + self.shared_experts(x_TH)
+        return out_TH.view_as(x_BSH)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: ``x + attention(attention_norm(x))``, then ``+ ffn(ffn_norm(x))``."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = make_norm(spec, spec.hidden)
+        self.attention: nn.Module = MLAttention(spec) if spec.mla is not None else Attention(spec)
+        self.ffn_norm = make_norm(spec, spec.hidden)
+        self.moe: MoE | None = None
+        self.feed_forward: FeedForward | None = None
+        if spec.is_moe_layer(layer_id):
+            self.moe = MoE(spec)
+        else:
+            self.feed_forward = FeedForward(spec, spec.ffn_hidden)
+
+    def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
+        h = x_BSH + self.attention(self.attention_norm(x_BSH), rope_SD2)
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        assert ffn is not None
+        return h + ffn(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The whole decoder: ``forward(tokens_BS) -> logits_BSV``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.pos_embeddings: nn.Embedding | None = None
+        if spec.position == "learned":
+            self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.hidden)
+        self.layers = nn.ModuleList(TransformerBlock(spec, i) for i in range(spec.layers))
+        self.norm: nn.Module | None = make_norm(spec, spec.hidden)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def rope(self, positions_S: torch.Tensor) -> torch.Tensor | None:
+        """The rotary table for these positions (``None`` with learned positions)."""
+        s = self.spec
+        if s.position != "rope":
+            return None
+        rot = s.mla.qk_rope_head_dim if s.mla is not None else s.d_head
+        return rope_table(positions_S, rot, s.rope_theta)
+
+    def forward(
+        self, tokens_BS: torch.Tensor, positions_S: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, S, V]`` (or hidden states when stages pruned ``tok_embeddings``/``output``).
+
+        ``positions_S`` defaults to ``0..S-1`` (context parallel passes its chunk's positions).
+        """
+        S = tokens_BS.shape[1]
+        if positions_S is None:
+            positions_S = torch.arange(S, device=tokens_BS.device)
+        h = self.tok_embeddings(tokens_BS) if self.tok_embeddings is not None else tokens_BS
+        if self.pos_embeddings is not None:
+            h = h + self.pos_embeddings(positions_S)[None]
+        rope = self.rope(positions_S)
+        for layer in self.layers:
+            h = layer(h, rope)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+@torch.no_grad()
+def init_weights(model: Transformer) -> None:
+    """GPT-2 style init: normal(0, 0.02) weights, zero biases, unit norms; ``wo``/``w2`` scaled
+    by 1/sqrt(2 * layers). Uses the current RNG state (``build_model`` seeds it)."""
+    out_std = INIT_STD / math.sqrt(2 * model.spec.layers)
+    for name, mod in model.named_modules():
+        if isinstance(mod, (RMSNorm, nn.LayerNorm)):
+            mod.reset_parameters()
+        elif isinstance(mod, nn.Linear):
+            std = out_std if name.endswith((".wo", ".w2")) else INIT_STD
+            nn.init.normal_(mod.weight, 0.0, std)
+            if mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+        elif isinstance(mod, nn.Embedding):
+            nn.init.normal_(mod.weight, 0.0, INIT_STD)
+        elif isinstance(mod, GroupedExperts):
+            nn.init.normal_(mod.w1, 0.0, INIT_STD)
+            nn.init.normal_(mod.w2, 0.0, out_std)
+            if mod.w3 is not None:
+                nn.init.normal_(mod.w3, 0.0, INIT_STD)
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
+) -> Transformer:
+    """The reference model for ``spec`` on ``device`` with parameters in ``dtype``.
+
+    On ``meta`` nothing is allocated or initialised (count parameters of any size).
+    Otherwise the weights are initialised by ``init_weights``; with ``seed`` the
+    init is deterministic (same weights on every rank of the same device type),
+    and the caller's RNG state is left as it was.
+    """
+    device = torch.device(device)
+    with torch.device(device):
+        model = Transformer(spec)
+    model = model.to(dtype=dtype)
+    if device.type == "meta":
+        return model
+    if seed is None:
+        init_weights(model)
+        return model
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        init_weights(model)
+    return model
