@@ -1,0 +1,327 @@
+"""``parlab serve router``: an HTTP proxy in front of N OpenAI-compatible replicas.
+
+Per request: read the JSON body, cut the prompt into 16-character blocks
+(``prefix.block_hashes``), let the policy (``policy.py``) pick a live
+replica, forward the body unchanged and stream the replica's bytes back as
+they come, adding an ``x-parlab-replica`` header. What crosses the wire is
+the client's request and the replica's SSE stream, nothing else.
+
+Failures, each request ending exactly once:
+- the replica refuses the connection: it is marked dead at once and the
+  request goes to another live replica (nothing was processed, so this is
+  safe; counted as ``retried``);
+- the replica dies mid-stream: the client gets a ``data: {"error": ...}``
+  chunk and the stream ends without ``[DONE]`` -- a failure, counted once in
+  that replica's ``failed``; the replica is marked dead;
+- no live replica: 503.
+Health checks (``GET /health`` every ``health_interval_s``) take a replica
+out after ``health_failures`` misses in a row and put it back on success.
+
+Recorded (``GET /router/stats``): per replica its load now, requests routed,
+completed and failed, prompt tokens and estimated cached tokens (from the
+router's approximate prefix tree of that replica, under any policy); the
+routing overhead -- policy decision time and the time from receiving a
+request to sending it upstream -- as percentiles.
+
+Listens on 127.0.0.1 unless given another host; every upstream request has a
+timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from parlab.errors import UsageError
+from parlab.serve import protocol
+from parlab.serve.bench import check_target
+from parlab.serve.policy import PolicyConfig
+from parlab.serve.policy import Router as PolicyState
+from parlab.serve.prefix import DEFAULT_BLOCK, block_hashes
+
+_HOP_HEADERS = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "content-encoding",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    """The router's knobs."""
+
+    replicas: tuple[str, ...]
+    """Base URLs of the replicas (``http://127.0.0.1:8001``, ...)."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Routing policy and its thresholds."""
+    health_interval_s: float = 1.0
+    """Seconds between health checks of each replica."""
+    health_failures: int = 2
+    """Missed health checks in a row before a replica is taken out."""
+    request_timeout_s: float = 300.0
+    """Longest a forwarded request may take."""
+    allow_remote: bool = False
+    """Allow replicas on non-loopback addresses."""
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise UsageError("the router needs at least one replica: pass --replica URL")
+        for u in self.replicas:
+            check_target(u, allow_remote=self.allow_remote)
+        if self.health_interval_s <= 0 or self.health_failures < 1:
+            raise UsageError("--health-interval must be positive and --health-failures >= 1")
+
+
+@dataclass
+class ReplicaStats:
+    url: str
+    routed: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried_away: int = 0
+    prompt_tokens: int = 0
+    est_cached_tokens: int = 0
+    health_misses: int = 0
+    taken_out: int = 0
+
+
+class Router:
+    """The proxy: ``await start(host, port)``, ``await stop()``, ``stats()``."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.state = PolicyState(len(config.replicas), config.policy)
+        self.replicas = [ReplicaStats(url=u.rstrip("/")) for u in config.replicas]
+        self.decision_s: list[float] = []
+        self.forward_s: list[float] = []
+        self.no_replica = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._proxy)
+        app.router.add_post("/v1/chat/completions", self._proxy)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/router/stats", self._stats)
+        return app
+
+    async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
+        )
+        self._runner, self.port = await protocol.start_site(self.app(), host, port)
+        self._health_task = asyncio.create_task(self._health_loop())
+        return self.port
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{protocol.LOOPBACK}:{self.port}"
+
+    # -- health --------------------------------------------------------------
+    def mark(self, i: int, alive: bool) -> None:
+        if not alive and self.state.alive[i]:
+            self.replicas[i].taken_out += 1
+        self.state.set_alive(i, alive)
+
+    async def _check(self, i: int) -> None:
+        assert self._session is not None
+        r = self.replicas[i]
+        try:
+            async with self._session.get(
+                r.url + "/health", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if ok:
+            r.health_misses = 0
+            self.mark(i, True)
+        else:
+            r.health_misses += 1
+            if r.health_misses >= self.config.health_failures:
+                self.mark(i, False)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(i) for i in range(len(self.replicas))))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    # -- handlers ------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        live = sum(self.state.alive)
+        return web.Response(text=f"ok {live}/{len(self.replicas)}", status=200 if live else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        for i, r in enumerate(self.replicas):
+            if not self.state.alive[i]:
+                continue
+            try:
+                async with self._session.get(r.url + "/v1/models") as resp:
+                    return web.json_response(await resp.json(content_type=None))
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                continue
+        return protocol.error_response("no live replica", status=503, kind="unavailable")
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        t_in = time.perf_counter()
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+            prompt = body.get("prompt")
+            if prompt is None and isinstance(body.get("messages"), list):
+                prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+            if not isinstance(prompt, str):
+                prompt = str(prompt or "")
+        except (ValueError, AttributeError):
+            return protocol.error_response("the body must be a JSON object")
+        hashes = block_hashes(prompt, DEFAULT_BLOCK)
+        tried: set[int] = set()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                i, matched = self._choose(hashes, tried)
+            except IndexError:
+                self.no_replica += 1
+                return protocol.error_response(
+                    "no live replica to route to", status=503, kind="unavailable"
+                )
+            self.decision_s.append(time.perf_counter() - t0)
+            tried.add(i)
+            r = self.replicas[i]
+            r.routed += 1
+            self.state.start(i)
+            try:
+                outcome = await self._forward(request, raw, i, t_in)
+            finally:
+                self.state.done(i)
+            if outcome == "retry":
+                r.retried_away += 1
+                continue
+            if isinstance(outcome, web.StreamResponse):
+                r.prompt_tokens += len(prompt.encode())
+                r.est_cached_tokens += min(matched * DEFAULT_BLOCK, len(prompt.encode()))
+            return outcome if isinstance(outcome, web.StreamResponse) else web.Response()
+
+    def _choose(self, hashes: list[int], tried: set[int]) -> tuple[int, int]:
+        """Choose among live replicas not tried yet for this request."""
+        if not tried:
+            return self.state.choose(hashes)
+        saved = {j: self.state.alive[j] for j in tried}
+        try:
+            for j in tried:
+                self.state.alive[j] = False
+            return self.state.choose(hashes)
+        finally:
+            for j, was in saved.items():
+                self.state.alive[j] = was
+
+    async def _forward(
+        self, request: web.Request, raw: bytes, i: int, t_in: float
+    ) -> web.StreamResponse | str:
+        assert self._session is not None
+        r = self.replicas[i]
+        url = r.url + request.path
+        resp: web.StreamResponse | None = None
+        try:
+            self.forward_s.append(time.perf_counter() - t_in)
+            async with self._session.post(
+                url, data=raw, headers={"Content-Type": "application/json"}
+            ) as up:
+                headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
+                headers["x-parlab-replica"] = r.url
+                resp = web.StreamResponse(status=up.status, headers=headers)
+                await resp.prepare(request)
+                async for data in up.content.iter_any():
+                    await resp.write(data)
+                await resp.write_eof()
+            if up.status == 200:
+                r.completed += 1
+            else:
+                r.failed += 1
+            return resp
+        except aiohttp.ClientConnectorError:
+            # nothing reached the replica: take it out, try another
+            self.mark(i, False)
+            return "retry"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            r.failed += 1
+            if not isinstance(exc, asyncio.TimeoutError):
+                self.mark(i, False)
+            msg = f"replica {r.url} failed: {type(exc).__name__}: {exc}"[:300]
+            if resp is None:
+                return protocol.error_response(msg, status=502, kind="bad_gateway")
+            try:
+                err = json.dumps(protocol.error_body(msg, kind="bad_gateway", code=502))
+                await resp.write(b"data: " + err.encode() + b"\n\n")
+                await resp.write_eof()
+            except (ConnectionError, RuntimeError):
+                pass  # the client is gone too
+            return resp
+
+    # -- stats ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        def pct(xs: list[float]) -> dict[str, float]:
+            if not xs:
+                return {"n": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p99_ms": 0.0}
+            a = np.asarray(xs) * 1e3
+            return {
+                "n": len(xs),
+                "mean_ms": float(a.mean()),
+                "p50_ms": float(np.percentile(a, 50)),
+                "p99_ms": float(np.percentile(a, 99)),
+            }
+
+        reps = []
+        for i, r in enumerate(self.replicas):
+            reps.append(
+                {
+                    "url": r.url,
+                    "alive": self.state.alive[i],
+                    "load": self.state.load[i],
+                    "routed": r.routed,
+                    "completed": r.completed,
+                    "failed": r.failed,
+                    "retried_away": r.retried_away,
+                    "prompt_tokens": r.prompt_tokens,
+                    "est_cached_tokens": r.est_cached_tokens,
+                    "taken_out": r.taken_out,
+                }
+            )
+        pt = sum(r.prompt_tokens for r in self.replicas)
+        ct = sum(r.est_cached_tokens for r in self.replicas)
+        return {
+            "policy": self.config.policy.name,
+            "replicas": reps,
+            "no_replica": self.no_replica,
+            "est_cache_hit_rate": (ct / pt) if pt else None,
+            "decision": pct(self.decision_s),
+            "pre_forward": pct(self.forward_s),
+        }

@@ -1,0 +1,147 @@
+"""A stub OpenAI-compatible endpoint: no model, a timing model instead.
+
+Used where the model is irrelevant: the load generator's and the router's own
+overhead (with every delay 0 it answers at once, a "trivial endpoint"), the
+router's failure handling, and the cache-locality experiments where only the
+*shape* of the cost matters. It streams ``max_tokens`` one-character chunks.
+
+Timing model (all optional, default 0): a prefill of
+``prefill_base_s + prefill_per_token_s * uncached`` where ``uncached`` is the
+prompt length minus what its own prefix cache (a ``BlockLRU`` over 16-char
+blocks) already holds, prefills one at a time (``serial_prefill``) as one
+accelerator would; then ``token_s`` between chunks. It reports
+``usage.prompt_tokens_details.cached_tokens`` as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from parlab.serve import protocol
+from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
+
+
+@dataclass(frozen=True, kw_only=True)
+class StubConfig:
+    """The stub's timing model."""
+
+    name: str = "stub"
+    """Model name it reports."""
+    prefill_base_s: float = 0.0
+    """Fixed cost of a prefill, seconds."""
+    prefill_per_token_s: float = 0.0
+    """Cost per uncached prompt token, seconds."""
+    token_s: float = 0.0
+    """Time between output tokens, seconds."""
+    serial_prefill: bool = True
+    """Prefills wait for each other (one accelerator)."""
+    prefix_cache: bool = True
+    """Keep a prefix cache (else every prompt token is uncached)."""
+    cache_blocks: int = 4096
+    """Prefix-cache capacity in blocks of 16 tokens."""
+
+
+class StubServer:
+    """An in-process stub endpoint: ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: StubConfig | None = None) -> None:
+        self.config = config or StubConfig()
+        self.cache = BlockLRU(self.config.cache_blocks)
+        self._lock = asyncio.Lock()
+        self._ids = itertools.count()
+        self._runner: web.AppRunner | None = None
+        self._dead = False
+        self.port = 0
+        self.served = 0
+        self.in_flight = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
+        self._runner, self.port = await protocol.start_site(self.app(), host, port)
+        return self.port
+
+    async def stop(self, *, abort: bool = False) -> None:
+        """Stop listening; ``abort``: cut in-flight streams as a crash would."""
+        self._dead = abort
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{protocol.LOOPBACK}:{self.port}"
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(protocol.models_body(self.config.name))
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            req = protocol.parse_request(
+                await request.json(), chat=chat, default_model=self.config.name
+            )
+        except (protocol.BadRequest, ValueError) as exc:
+            return protocol.error_response(str(exc))
+        cfg = self.config
+        rid = f"cmpl-stub-{next(self._ids)}"
+        self.in_flight += 1
+        try:
+            hashes = block_hashes(req.prompt, DEFAULT_BLOCK) if cfg.prefix_cache else []
+            cached = self.cache.match(hashes) * DEFAULT_BLOCK if cfg.prefix_cache else 0
+            n_prompt = len(req.prompt.encode())
+            cached = min(cached, n_prompt)
+            prefill = cfg.prefill_base_s + cfg.prefill_per_token_s * (n_prompt - cached)
+            if prefill > 0:
+                if cfg.serial_prefill:
+                    async with self._lock:
+                        await asyncio.sleep(prefill)
+                else:
+                    await asyncio.sleep(prefill)
+            if cfg.prefix_cache:
+                self.cache.insert(hashes)
+            use = protocol.usage(n_prompt, req.max_tokens, cached if cfg.prefix_cache else None)
+            if not req.stream:
+                if cfg.token_s > 0:
+                    await asyncio.sleep(cfg.token_s * (req.max_tokens - 1))
+                self.served += 1
+                return web.json_response(
+                    protocol.full_response(req, rid, "x" * req.max_tokens, use)
+                )
+            resp = await protocol.sse_start(request)
+            for i in range(req.max_tokens):
+                if i and cfg.token_s > 0:
+                    await asyncio.sleep(cfg.token_s)
+                if self._dead:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
+                last = i == req.max_tokens - 1
+                await resp.write(
+                    protocol.chunk(req, rid, "x", finish_reason="length" if last else None)
+                )
+            if req.include_usage:
+                await resp.write(protocol.chunk(req, rid, "", usage_obj=use))
+            await resp.write(protocol.DONE)
+            self.served += 1
+            return resp
+        finally:
+            self.in_flight -= 1
