@@ -24,7 +24,7 @@ app = typer.Typer(
 )
 
 # Each module below adds its commands to ``app`` when imported.
-from parlab.cli import core  # noqa: E402, F401
+from parlab.cli import core
 
 
 def main(argv: list[str] | None = None) -> None:
