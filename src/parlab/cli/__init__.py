@@ -25,6 +25,7 @@ app = typer.Typer(
 
 # Each module below adds its commands to ``app`` when imported.
 from parlab.cli import core
+from parlab.cli import layout
 
 
 def main(argv: list[str] | None = None) -> None:
