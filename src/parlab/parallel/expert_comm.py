@@ -1,0 +1,257 @@
+"""The collectives of expert parallelism, as autograd functions and plain data.
+
+What crosses the wire in one expert-parallel MoE layer (ep ranks, L = E/ep
+local experts, H hidden, b bytes per element):
+
+1. **plan exchange** -- ``all_to_all_single`` of an int64 ``[ep, L]`` matrix:
+   how many tokens this rank sends to each local expert of each rank. After
+   it every rank knows what it will receive (``DispatchPlan``), so the
+   token exchange can use exact uneven splits. Once per forward.
+2. **dispatch** -- ``all_to_all_single`` with uneven splits of the permuted
+   tokens: ``sum(send_counts) x H x b`` bytes leave each rank (including the
+   slice it keeps for itself). Forward; its backward is the same exchange
+   with the splits swapped (gradients of the tokens travel home).
+3. **combine** -- the inverse ``all_to_all_single``: expert outputs go back
+   to the ranks that own the tokens (``sum(recv_counts) x H x b`` bytes).
+   Its backward is a dispatch-shaped exchange of output gradients.
+
+The naive path (every rank sees every token): ``all_gather`` of the tokens
+and their gate weights and choices (``ep x T x H x b`` bytes received per
+rank), local experts on the tokens routed to them, ``reduce_scatter`` (sum)
+of the partial outputs. Backward: reduce-scatter of input gradients,
+all-gather of output gradients.
+
+At ep = 1 every function here is the identity and issues no collective.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def group_size(group: Any) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: Any) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def build_ep_group(topology: Any, rank: int) -> Any:
+    """This rank's expert-parallel process group (every rank must call this together).
+
+    Returns ``None`` at ep = 1 (no communication) and the default group when
+    the ep group is the whole world.
+    """
+    if topology.ep == 1:
+        return None
+    groups = topology.groups("ep")
+    if len(groups) == 1 and groups[0] == list(range(topology.world_size)):
+        return dist.group.WORLD
+    mine = None
+    for ranks in groups:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine = g
+    assert mine is not None, "every rank belongs to one ep group"
+    return mine
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchPlan:
+    """Who sends how many tokens to which expert: the dispatch as data, before execution."""
+
+    send_counts: list[list[int]]
+    """[ep][L]: tokens this rank sends to local expert l of rank r."""
+    recv_counts: list[list[int]]
+    """[ep][L]: tokens this rank receives from rank r for its local expert l."""
+
+    @property
+    def send_splits(self) -> list[int]:
+        """Rows of the dispatch send buffer per destination rank."""
+        return [sum(row) for row in self.send_counts]
+
+    @property
+    def recv_splits(self) -> list[int]:
+        """Rows of the dispatch receive buffer per source rank."""
+        return [sum(row) for row in self.recv_counts]
+
+    @property
+    def tokens_per_local_expert(self) -> list[int]:
+        """Rows each local expert computes on this rank."""
+        return [sum(col) for col in zip(*self.recv_counts, strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "send_counts": self.send_counts,
+            "recv_counts": self.recv_counts,
+            "send_splits": self.send_splits,
+            "recv_splits": self.recv_splits,
+        }
+
+
+def format_plan(send_counts_by_rank: list[list[list[int]]]) -> str:
+    """The whole layer's dispatch as a grid: source rank x (destination rank, local expert)."""
+    ep = len(send_counts_by_rank)
+    L = len(send_counts_by_rank[0][0]) if ep else 0
+    head = ["src\\dst"] + [f"r{r}e{r * L + j}" for r in range(ep) for j in range(L)] + ["sent"]
+    rows = [head]
+    for src, counts in enumerate(send_counts_by_rank):
+        flat = [c for row in counts for c in row]
+        rows.append([f"rank {src}"] + [str(c) for c in flat] + [str(sum(flat))])
+    recv = [
+        sum(send_counts_by_rank[s][r][j] for s in range(ep)) for r in range(ep) for j in range(L)
+    ]
+    rows.append(["computed"] + [str(c) for c in recv] + [str(sum(recv))])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def exchange_plan(send_counts_RL: torch.Tensor, group: Any) -> DispatchPlan:
+    """Exchange per-expert token counts (one small all_to_all) and return the plan."""
+    send = send_counts_RL.to(torch.int64)
+    if group_size(group) == 1:
+        recv = send.clone()
+    else:
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv.view(-1), send.contiguous().view(-1), group=group)
+    return DispatchPlan(send_counts=send.cpu().tolist(), recv_counts=recv.cpu().tolist())
+
+
+def all_to_all_rows(
+    x_NH: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any
+) -> torch.Tensor:
+    """``all_to_all_single`` of rows with uneven splits (no autograd)."""
+    if group_size(group) == 1:
+        return x_NH.clone()
+    out = x_NH.new_empty((sum(out_splits), *x_NH.shape[1:]))
+    dist.all_to_all_single(
+        out,
+        x_NH.contiguous(),
+        output_split_sizes=out_splits,
+        input_split_sizes=in_splits,
+        group=group,
+    )
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any):  # type: ignore[override]
+        ctx.splits = (out_splits, in_splits)
+        ctx.group = group
+        return all_to_all_rows(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        out_splits, in_splits = ctx.splits
+        return all_to_all_rows(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+def all_to_all(
+    x_NH: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any
+) -> torch.Tensor:
+    """Differentiable uneven ``all_to_all_single``; backward swaps the splits."""
+    return _AllToAll.apply(x_NH, out_splits, in_splits, group)
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any):  # type: ignore[override]
+        ctx.group = group
+        n = group_size(group)
+        if n == 1:
+            return x.clone()
+        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        return _reduce_scatter(grad, ctx.group), None
+
+
+def _reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
+    n = group_size(group)
+    if n == 1:
+        return x.clone()
+    out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any):  # type: ignore[override]
+        ctx.group = group
+        return _reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        return _AllGather.apply(grad, ctx.group), None
+
+
+def all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable all-gather along dim 0 (backward: reduce-scatter, sum)."""
+    return _AllGather.apply(x, group)
+
+
+def reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable reduce-scatter (sum) along dim 0 (backward: all-gather)."""
+    return _ReduceScatter.apply(x, group)
+
+
+def all_gather_nograd(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Plain all-gather along dim 0 of a tensor that needs no gradient (indices, masks)."""
+    n = group_size(group)
+    if n == 1:
+        return x.clone()
+    if x.dtype == torch.bool:
+        return all_gather_nograd(x.to(torch.uint8), group).bool()
+    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+@dataclass
+class PhaseTimer:
+    """Wall time and bytes per named phase of a forward, for measured runs.
+
+    Each phase is bracketed by a device synchronisation (and, with
+    ``barrier``, a barrier of the ep group first, so a collective's time is
+    its own and not the wait for a late peer). The ranks' compute times are
+    kept apart from their waits this way; the price is that nothing
+    overlaps while timing.
+    """
+
+    device: torch.device
+    """Where the work runs (cuda: synchronise around each phase)."""
+    group: Any = None
+    """The ep group to barrier on (None: no barrier)."""
+    barrier: bool = True
+    """Barrier before every phase (collective times exclude waiting for peers)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Phase -> accumulated seconds."""
+    nbytes: dict[str, int] = field(default_factory=dict)
+    """Phase -> accumulated bytes sent by this rank (collectives only)."""
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> float:
+        if self.barrier and self.group is not None and group_size(self.group) > 1:
+            self._sync()
+            dist.barrier(group=self.group)
+        self._sync()
+        return time.perf_counter()
+
+    def stop(self, phase: str, t0: float, nbytes: int = 0) -> None:
+        self._sync()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+        self.nbytes[phase] = self.nbytes.get(phase, 0) + nbytes
