@@ -1,0 +1,136 @@
+"""Load a Hugging Face ``config.json`` (a local file or a folder holding one) as a ``ModelSpec``.
+
+No network: only the local file is read. Understood ``model_type`` values:
+``gpt2``; the Llama family (``llama``, ``mistral``, ``qwen2``) and anything
+else shaped like it (``hidden_size``, ``num_hidden_layers``, ...);
+``mixtral`` and ``qwen2_moe`` / ``qwen3_moe`` (routed experts); ``deepseek_v2`` /
+``deepseek_v3`` (MLA + MoE with shared experts; the multi-token-prediction
+module is not modelled). A missing required field raises ``UsageError``
+naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from parlab.errors import UsageError
+from parlab.models.spec import MLASpec, ModelSpec, MoESpec
+
+
+def _read(path: str | Path) -> tuple[dict[str, Any], Path]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise UsageError(
+            f"no config.json at {path}: give a config.json file or a folder holding one"
+        )
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{p} holds a JSON {type(data).__name__}, not a config object")
+    return data, p
+
+
+def _need(cfg: dict[str, Any], field: str, where: Path) -> Any:
+    if cfg.get(field) is None:
+        raise UsageError(f"{where} lacks the required field {field!r}: add it to the config")
+    return cfg[field]
+
+
+def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
+    """The spec described by a Hugging Face ``config.json``."""
+    cfg, where = _read(path)
+    kind = str(cfg.get("model_type", "")).lower()
+    label = name or cfg.get("_name_or_path") or where.parent.name or kind or "hf-model"
+    src = f"Hugging Face config {where}"
+    if kind == "gpt2":
+        h = int(_need(cfg, "n_embd", where))
+        return ModelSpec(
+            name=str(label),
+            vocab_size=int(_need(cfg, "vocab_size", where)),
+            hidden=h,
+            layers=int(_need(cfg, "n_layer", where)),
+            heads=int(_need(cfg, "n_head", where)),
+            ffn_hidden=int(cfg.get("n_inner") or 4 * h),
+            activation="gelu",
+            norm="layernorm",
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            position="learned",
+            linear_bias=True,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            max_seq_len=int(_need(cfg, "n_positions", where)),
+            source=src,
+        )
+    g = lambda f: _need(cfg, f, where)  # noqa: E731
+    heads = int(g("num_attention_heads"))
+    act = str(cfg.get("hidden_act", "silu")).lower()
+    common: dict[str, Any] = dict(
+        name=str(label),
+        vocab_size=int(g("vocab_size")),
+        hidden=int(g("hidden_size")),
+        layers=int(g("num_hidden_layers")),
+        heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=cfg.get("head_dim"),
+        activation="swiglu" if act in ("silu", "swish", "swiglu") else "gelu",
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        qkv_bias=bool(cfg.get("attention_bias", kind in ("qwen2", "qwen2_moe"))),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        source=src,
+    )
+    if kind == "mixtral":
+        common["ffn_hidden"] = int(g("intermediate_size"))
+        common["moe"] = MoESpec(
+            num_experts=int(g("num_local_experts")),
+            top_k=int(g("num_experts_per_tok")),
+            expert_ffn_hidden=int(g("intermediate_size")),
+        )
+    elif kind in ("qwen2_moe", "qwen3_moe"):
+        moe_ffn = int(g("moe_intermediate_size"))
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+        common["ffn_hidden"] = int(cfg.get("intermediate_size") or moe_ffn)
+        common["moe"] = MoESpec(
+            num_experts=int(g("num_experts")),
+            top_k=int(g("num_experts_per_tok")),
+            expert_ffn_hidden=moe_ffn,
+            shared_experts=1 if shared else 0,
+            shared_ffn_hidden=shared or None,
+            layer_freq=int(cfg.get("decoder_sparse_step") or 1),
+            normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+        )
+    elif kind in ("deepseek_v2", "deepseek_v3"):
+        common["kv_heads"] = None
+        common["head_dim"] = None
+        common["qkv_bias"] = False
+        common["ffn_hidden"] = int(g("intermediate_size"))
+        common["mla"] = MLASpec(
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            kv_lora_rank=int(g("kv_lora_rank")),
+            qk_nope_head_dim=int(g("qk_nope_head_dim")),
+            qk_rope_head_dim=int(g("qk_rope_head_dim")),
+            v_head_dim=int(g("v_head_dim")),
+        )
+        if cfg.get("n_routed_experts"):
+            common["moe"] = MoESpec(
+                num_experts=int(g("n_routed_experts")),
+                top_k=int(g("num_experts_per_tok")),
+                expert_ffn_hidden=int(g("moe_intermediate_size")),
+                shared_experts=int(cfg.get("n_shared_experts") or 0),
+                first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+                layer_freq=int(cfg.get("moe_layer_freq") or 1),
+                scoring=str(cfg.get("scoring_func", "softmax")),
+                normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+                route_scale=float(cfg.get("routed_scaling_factor") or 1.0),
+            )
+    else:
+        common["ffn_hidden"] = int(g("intermediate_size"))
+    if common.get("head_dim") is not None:
+        common["head_dim"] = int(common["head_dim"])
+    return ModelSpec(**common)
