@@ -1,0 +1,160 @@
+"""Which trace events are communication, memory copies or compute; which collective; how many bytes.
+
+GPU kernels follow Holistic Trace Analysis's rule, so the overlap figures
+mean the same thing: a kernel whose name starts with ``ncclKernel`` or
+``ncclDevKernel`` is communication, one with ``Memcpy``/``Memset`` in its
+name is a memory copy, everything else is compute. The collective and its
+payload come, by preference, from the metadata the profiler attaches
+(``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``dtype``,
+``Group size`` on the kernel or on its ``record_param_comms`` CPU op), else
+from the kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``).
+
+On CPU (gloo) there are no kernels: the collectives are the ``gloo:*``
+events on gloo's worker threads (the transfer itself; their ``Input Dims``
+and ``Input type`` give the payload), else the ``c10d::*`` ops that enqueue
+them; compute is every other CPU op.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+COMM = "comm"
+MEMORY = "memory"
+COMPUTE = "compute"
+
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "f32": 4,
+    "int": 4,
+    "int32": 4,
+    "i32": 4,
+    "uint32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "half": 2,
+    "float16": 2,
+    "f16": 2,
+    "short": 2,
+    "int16": 2,
+    "double": 8,
+    "float64": 8,
+    "f64": 8,
+    "long": 8,
+    "int64": 8,
+    "i64": 8,
+    "uint64": 8,
+    "u64": 8,
+    "char": 1,
+    "byte": 1,
+    "int8": 1,
+    "uint8": 1,
+    "i8": 1,
+    "u8": 1,
+    "int8_t": 1,
+    "uint8_t": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+}
+
+# normalised collective names, matched against a name with '_' removed, lower case
+_COLLECTIVES = (
+    ("reducescatter", "reduce_scatter"),
+    ("allgather", "all_gather"),
+    ("allreduce", "all_reduce"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("sendrecv", "send_recv"),
+    ("barrier", "barrier"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+    ("send", "send"),
+    ("recv", "recv"),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """``comm``, ``memory`` or ``compute`` for a GPU kernel or copy (HTA's rule)."""
+    if name.startswith("ncclDevKernel") or name.startswith("ncclKernel"):
+        return COMM
+    if "Memcpy" in name or "Memset" in name:
+        return MEMORY
+    return COMPUTE
+
+
+def collective_name(raw: str) -> str:
+    """A collective's normalised name (``all_reduce``, ``all_gather``, ...) from any spelling.
+
+    Accepts kernel names (``ncclDevKernel_AllGather_RING_LL``), c10d ops
+    (``c10d::_reduce_scatter_base_``), gloo events (``gloo:all_reduce``) and
+    profiler metadata (``allreduce``, ``allgather_into_tensor_coalesced``).
+    """
+    text = raw
+    for prefix in ("ncclDevKernel_", "ncclKernel_", "c10d::", "gloo:", "nccl:"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    if raw.startswith(("ncclDevKernel_", "ncclKernel_")):
+        text = text.split("_", 1)[0]  # AllReduce_Sum_f32_RING_LL -> AllReduce
+    key = text.replace("_", "").lower()
+    for needle, name in _COLLECTIVES:
+        if needle in key:
+            return name
+    return text.split("(", 1)[0].strip("_") or raw
+
+
+def dtype_bytes(dtype: Any) -> int | None:
+    """Bytes per element of a dtype as the profiler spells it (``Float``, ``BFloat16``, ``c10::Half``)."""
+    if not isinstance(dtype, str):
+        return None
+    key = dtype.lower().removeprefix("c10::").removeprefix("torch.").replace(" ", "")
+    return _DTYPE_BYTES.get(key)
+
+
+def payload_from_meta(args: dict[str, Any]) -> int | None:
+    """Bytes moved by a collective from the profiler's metadata, nccl-tests' convention.
+
+    The larger of the input and output message (the whole gathered or
+    scattered buffer for all-gather and reduce-scatter); ``None`` when the
+    metadata is missing.
+    """
+    size = dtype_bytes(args.get("dtype"))
+    n_in = args.get("In msg nelems")
+    n_out = args.get("Out msg nelems")
+    counts = [int(n) for n in (n_in, n_out) if isinstance(n, (int, float))]
+    if size is None or not counts:
+        return None
+    return max(counts) * size
+
+
+def payload_from_shapes(args: dict[str, Any]) -> int | None:
+    """Bytes of a CPU collective from its recorded input shapes and types (gloo events)."""
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    total = 0
+    found = False
+    for shape, typ in zip(dims, types, strict=False):
+        size = dtype_bytes(typ)
+        if size is None:
+            continue
+        shapes = shape if shape and isinstance(shape[0], list) else [shape]  # TensorList
+        for s in shapes:
+            if isinstance(s, list) and all(isinstance(d, int) for d in s):
+                total += math.prod(s) * size
+                found = True
+    return total if found else None
+
+
+def is_cpu_comm(name: str) -> bool:
+    """A CPU-side op that belongs to communication (enqueue, transfer or wait)."""
+    return (
+        name.startswith(("c10d::", "gloo:", "nccl:", "record_param_comms"))
+        or "wait" in name.lower()
+    )
