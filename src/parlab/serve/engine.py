@@ -1,0 +1,390 @@
+"""The reference replica's engine: continuous batching over a KV cache, with prefix caching.
+
+It runs parlab's reference model (``parlab.models.reference``, random weights)
+with its own decode loop around the model's weights: per layer
+``attention_norm`` -> ``attention.{wq,wk,wv}`` -> RoPE -> attention over the
+cached keys/values -> ``attention.wo``, then ``ffn_norm`` -> the block's FFN
+(or MoE) -- the same modules the model's full ``forward`` calls, so a test
+keeps the engine's logits equal to the full forward's. MLA models are not
+supported here.
+
+Tokenizer: byte-level (token id = byte value, vocabulary >= 256); sampled
+tokens are restricted to printable ASCII so each output token is one
+character. No EOS: every request generates exactly ``max_tokens``.
+
+KV cache: a slot pool per layer, ``k_cache[l]`` / ``v_cache[l]`` of shape
+``[max_batch, n_kv_heads, max_len, head_dim]``; a running request owns one
+slot. Prefix cache: the KV of every full block of ``block`` prompt tokens is
+kept in a ``BlockLRU`` under its chained hash (``prefix.py``); a new prompt
+copies its longest cached prefix into its slot and prefills only the rest
+(at least its last token, to get the next-token logits).
+
+Scheduling, one iteration at a time (the simulator models exactly this):
+if requests are waiting and slots are free, a *prefill iteration* prefills
+each admitted request in turn (each yields its first token); otherwise a
+*decode iteration* advances every running request by one token in one
+batched forward (attention masked to each request's length). Every
+iteration's kind, size and duration is logged for the simulator's profile.
+
+Shape suffixes: B batch, S sequence (new tokens), L cached length, N query
+heads, K kv heads, D head dim, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from parlab.errors import UsageError
+from parlab.models.reference import Transformer, apply_rope
+from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
+
+PRINTABLE = (32, 127)  # sampled token ids: printable ASCII
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """The engine's knobs."""
+
+    max_batch: int = 16
+    """Most requests decoding at once (KV slots)."""
+    max_len: int = 2048
+    """Longest prompt + output, tokens."""
+    prefix_cache: bool = True
+    """Reuse the KV of cached prompt prefixes."""
+    block: int = DEFAULT_BLOCK
+    """Prefix-cache block, tokens."""
+    cache_blocks: int = 4096
+    """Prefix-cache capacity, blocks."""
+    max_prefill_tokens: int = 8192
+    """Most prompt tokens prefilled in one iteration (at least one request always)."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_len < 2 or self.block < 1 or self.cache_blocks < 1:
+            raise UsageError("--max-batch, --max-len, block and cache size must be positive")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine."""
+
+    prompt: list[int]
+    """Prompt token ids."""
+    max_tokens: int
+    """Tokens to generate."""
+    temperature: float = 0.0
+    """0: greedy."""
+    seed: int | None = None
+    """Sampling seed."""
+    output: list[int] = field(default_factory=list)
+    """Generated token ids."""
+    cached_tokens: int = 0
+    """Prompt tokens taken from the prefix cache."""
+    slot: int = -1
+    """KV slot while running."""
+    length: int = 0
+    """Tokens in its KV cache."""
+    gen: torch.Generator | None = None
+    sink: Any = None
+    """Where its tokens go (the server's queue)."""
+    cancelled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return len(self.output) >= self.max_tokens
+
+
+def encode(text: str) -> list[int]:
+    """Byte-level tokenizer."""
+    return list(text.encode("utf-8"))
+
+
+def decode(ids: list[int]) -> str:
+    return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+class Engine:
+    """Continuous batching for one model on one device."""
+
+    def __init__(self, model: Transformer, config: EngineConfig | None = None) -> None:
+        spec = model.spec
+        if spec.mla is not None:
+            raise UsageError(f"model {spec.name!r} uses MLA: the reference replica serves MHA/GQA")
+        if spec.vocab_size < 256:
+            raise UsageError(f"model {spec.name!r} has vocab {spec.vocab_size} < 256 bytes")
+        self.model = model.eval()
+        self.config = config or EngineConfig()
+        cfg = self.config
+        if spec.position == "learned" and cfg.max_len > spec.max_seq_len:
+            raise UsageError(
+                f"--max-len {cfg.max_len} exceeds {spec.name}'s {spec.max_seq_len} learned positions"
+            )
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        kvh, d = spec.n_kv_heads, spec.d_head
+        shape = (cfg.max_batch, kvh, cfg.max_len, d)
+        self.k_cache = [
+            torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
+        ]
+        self.v_cache = [
+            torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
+        ]
+        self.free_slots = list(range(cfg.max_batch))[::-1]
+        self.prefix = BlockLRU(cfg.cache_blocks)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.log: list[dict[str, float]] = []
+        """Per iteration: kind (0 prefill, 1 decode), batch, tokens, seconds."""
+        self.vocab_mask = torch.full((spec.vocab_size,), float("-inf"), device=self.device)
+        self.vocab_mask[PRINTABLE[0] : PRINTABLE[1]] = 0.0
+
+    # -- model pieces --------------------------------------------------------------------
+    def _attn_layer(
+        self,
+        li: int,
+        x_BSH: torch.Tensor,
+        rope_BSD2: torch.Tensor | None,
+        slots: torch.Tensor,
+        starts: list[int],
+        total: int,
+    ) -> torch.Tensor:
+        """Attention of ``S`` new tokens per row, appending their K/V at ``starts``."""
+        attn = self.model.layers[li].attention
+        B, S, _ = x_BSH.shape
+        d = attn.head_dim
+        q = attn.wq(x_BSH).view(B, S, -1, d)
+        k = attn.wk(x_BSH).view(B, S, -1, d)
+        v = attn.wv(x_BSH).view(B, S, -1, d)
+        if rope_BSD2 is not None:
+            q = torch.stack([apply_rope(q[b : b + 1], rope_BSD2[b])[0] for b in range(B)])
+            k = torch.stack([apply_rope(k[b : b + 1], rope_BSD2[b])[0] for b in range(B)])
+        kc, vc = self.k_cache[li], self.v_cache[li]
+        for b in range(B):
+            s, st = int(slots[b]), starts[b]
+            kc[s, :, st : st + S] = k[b].transpose(0, 1)
+            vc[s, :, st : st + S] = v[b].transpose(0, 1)
+        keys = kc[slots, :, :total]  # B K L D
+        vals = vc[slots, :, :total]
+        q = q.transpose(1, 2)  # B N S D
+        rep = q.shape[1] // keys.shape[1]
+        if rep > 1:
+            keys = keys.repeat_interleave(rep, dim=1)
+            vals = vals.repeat_interleave(rep, dim=1)
+        # token i of row b sits at position starts[b] + i and sees keys 0..starts[b] + i
+        pos_BS = torch.tensor(starts, device=self.device)[:, None] + torch.arange(
+            S, device=self.device
+        )
+        mask_BSL = torch.arange(total, device=self.device)[None, None, :] <= pos_BS[:, :, None]
+        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask_BSL[:, None])
+        return attn.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+    @torch.no_grad()
+    def forward(self, tokens_BS: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
+        """Logits of the last new token of each row ``[B, V]``, caching the new K/V."""
+        m = self.model
+        B, S = tokens_BS.shape
+        total = max(starts) + S
+        pos_BS = torch.tensor(starts, device=self.device)[:, None] + torch.arange(
+            S, device=self.device
+        )
+        h = m.tok_embeddings(tokens_BS)
+        if m.pos_embeddings is not None:
+            h = h + m.pos_embeddings(pos_BS)
+        rope = None
+        if m.spec.position == "rope":
+            rope = torch.stack([m.rope(pos_BS[b]) for b in range(B)])
+        slot_t = torch.tensor(slots, device=self.device)
+        for li, layer in enumerate(m.layers):
+            h = h + self._attn_layer(li, layer.attention_norm(h), rope, slot_t, starts, total)
+            ffn = layer.moe if layer.moe is not None else layer.feed_forward
+            h = h + ffn(layer.ffn_norm(h))
+        h = m.norm(h[:, -1])
+        return m.output(h).float()
+
+    def _sample(self, logits_V: torch.Tensor, seq: Sequence) -> int:
+        logits_V = logits_V + self.vocab_mask
+        if seq.temperature <= 0:
+            return int(logits_V.argmax())
+        if seq.gen is None:
+            seq.gen = torch.Generator(device=self.device)
+            seq.gen.manual_seed(seq.seed if seq.seed is not None else 0)
+        probs = torch.softmax(logits_V / seq.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=seq.gen))
+
+    # -- scheduling ----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a request; ``UsageError`` if it cannot fit."""
+        if not seq.prompt:
+            raise UsageError("empty prompt: give at least one character")
+        if len(seq.prompt) + seq.max_tokens > self.config.max_len:
+            raise UsageError(
+                f"prompt ({len(seq.prompt)} tokens) + max_tokens ({seq.max_tokens}) exceeds "
+                f"the replica's --max-len {self.config.max_len}"
+            )
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _prefill(self, seq: Sequence) -> None:
+        cfg = self.config
+        slot = self.free_slots.pop()
+        seq.slot = slot
+        hashes = block_hashes(seq.prompt, cfg.block) if cfg.prefix_cache else []
+        n = self.prefix.match(hashes) if cfg.prefix_cache else 0
+        n = min(n, (len(seq.prompt) - 1) // cfg.block)  # leave at least one token to compute
+        start = n * cfg.block
+        for j in range(n):
+            kv = self.prefix.get(hashes[j])  # [layers, 2, K, block, D]
+            a, b = j * cfg.block, (j + 1) * cfg.block
+            for li in range(len(self.k_cache)):
+                self.k_cache[li][slot, :, a:b] = kv[li, 0]
+                self.v_cache[li][slot, :, a:b] = kv[li, 1]
+        seq.cached_tokens = start
+        new = torch.tensor([seq.prompt[start:]], device=self.device)
+        logits = self.forward(new, [slot], [start])[0]
+        seq.length = len(seq.prompt)
+        if cfg.prefix_cache:
+            for j in range(n, len(hashes)):
+                a, b = j * cfg.block, (j + 1) * cfg.block
+                kv = torch.stack(
+                    [
+                        torch.stack(
+                            (self.k_cache[li][slot, :, a:b], self.v_cache[li][slot, :, a:b])
+                        )
+                        for li in range(len(self.k_cache))
+                    ]
+                ).clone()
+                self.prefix.put(hashes[j], kv)
+        seq.output.append(self._sample(logits, seq))
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+
+    def step(self) -> list[Sequence]:
+        """Run one iteration; return the sequences that got a token (the caller reads
+        ``seq.output[-1]``; finished ones are already out of the engine)."""
+        cfg = self.config
+        for s in [s for s in self.running if s.cancelled]:
+            self.running.remove(s)
+            self._release(s)
+        while self.waiting and self.waiting[0].cancelled:
+            self.waiting.popleft()
+        t0 = time.perf_counter()
+        emitted: list[Sequence] = []
+        if self.waiting and self.free_slots:
+            budget = cfg.max_prefill_tokens
+            tokens = 0
+            while self.waiting and self.free_slots:
+                seq = self.waiting[0]
+                if emitted and len(seq.prompt) > budget:
+                    break
+                self.waiting.popleft()
+                if seq.cancelled:
+                    continue
+                self._prefill(seq)
+                budget -= len(seq.prompt) - seq.cached_tokens
+                tokens += len(seq.prompt) - seq.cached_tokens
+                emitted.append(seq)
+            self._sync()
+            self.log.append(
+                {"kind": 0, "batch": len(emitted), "tokens": tokens, "s": time.perf_counter() - t0}
+            )
+        elif self.running:
+            batch = self.running
+            toks = torch.tensor([[s.output[-1]] for s in batch], device=self.device)
+            logits = self.forward(toks, [s.slot for s in batch], [s.length for s in batch])
+            for s, lg in zip(batch, logits, strict=True):
+                s.length += 1
+                s.output.append(self._sample(lg, s))
+            emitted = list(batch)
+            self._sync()
+            self.log.append(
+                {
+                    "kind": 1,
+                    "batch": len(batch),
+                    "tokens": sum(s.length for s in batch),
+                    "s": time.perf_counter() - t0,
+                }
+            )
+        else:
+            return []
+        still = []
+        for s in self.running + [e for e in emitted if e not in self.running]:
+            if s.finished:
+                self._release(s)
+            else:
+                still.append(s)
+        self.running = still
+        return emitted
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Run requests to completion (offline use and tests)."""
+        seqs = [Sequence(prompt=p, max_tokens=max_tokens) for p in prompts]
+        for s in seqs:
+            self.add(s)
+        guard = 0
+        while self.has_work():
+            self.step()
+            guard += 1
+            assert guard < 10_000_000
+        return [s.output for s in seqs]
+
+    # -- profile for the simulator ---------------------------------------------------------
+    def profile(
+        self,
+        *,
+        prefill_lens: tuple[int, ...] = (32, 128, 512),
+        batches: tuple[int, ...] = (1, 4, 8),
+    ) -> dict[str, Any]:
+        """Time prefills of a few lengths and decode steps at a few batch sizes; fit
+        ``prefill_s = a + b * tokens`` and ``decode_s = c + d * batch`` (least squares)."""
+        import numpy as np
+
+        assert not self.has_work(), "profile an idle engine"
+        was = self.config.prefix_cache
+        object.__setattr__(self.config, "prefix_cache", False)
+        pre: list[tuple[int, float]] = []
+        dec: list[tuple[int, float]] = []
+        try:
+            lens = [n for n in prefill_lens if n + 8 <= self.config.max_len]
+            for n in lens:
+                for rep in range(3):
+                    self.log.clear()
+                    self.generate([[65 + rep] * n], 1)
+                    if rep:
+                        pre.append((n, self.log[0]["s"]))
+            for b in [b for b in batches if b <= self.config.max_batch]:
+                self.log.clear()
+                self.generate([[66 + i % 20] * 32 for i in range(b)], 6)
+                steps = [e["s"] for e in self.log if e["kind"] == 1]
+                dec.extend((b, s) for s in steps[1:])
+        finally:
+            object.__setattr__(self.config, "prefix_cache", was)
+            self.log.clear()
+        pa = np.asarray(pre)
+        da = np.asarray(dec)
+        b_, a_ = (
+            np.polyfit(pa[:, 0], pa[:, 1], 1) if len(set(pa[:, 0])) > 1 else (0.0, pa[:, 1].mean())
+        )
+        d_, c_ = (
+            np.polyfit(da[:, 0], da[:, 1], 1) if len(set(da[:, 0])) > 1 else (0.0, da[:, 1].mean())
+        )
+        return {
+            "prefill_base_s": max(float(a_), 0.0),
+            "prefill_per_token_s": max(float(b_), 0.0),
+            "decode_base_s": max(float(c_), 0.0),
+            "decode_per_seq_s": max(float(d_), 0.0),
+            "samples": {"prefill": pre, "decode": dec},
+        }
