@@ -17,6 +17,12 @@ Legend:
   NV#  = Connection traversing a bonded set of # NVLinks
 """
 
+# as nvidia-smi prints it on the 2xH200 machine: the header underlined with ANSI codes
+TOPO_ANSI = (
+    "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    + TOPO_2xH200.split("\n", 1)[1]
+)
+
 TOPO_PCIE = """\
         GPU0    GPU1    GPU2    CPU Affinity
 GPU0     X      PIX     SYS     0-15
@@ -37,10 +43,15 @@ def test_topology_matrix_parsing() -> None:
     assert t is not None
     assert t["matrix"] == [["X", "NV18"], ["NV18", "X"]]
     assert t["nvlinks"] == [[0, 18], [18, 0]]
+    assert env.parse_topo_matrix(TOPO_ANSI) == t
     p = env.parse_topo_matrix(TOPO_PCIE)
     assert p is not None and p["nvlinks"] == [[0, 0, 0]] * 3
     assert p["matrix"][2] == ["SYS", "SYS", "X"]
     assert env.parse_topo_matrix("No devices were found") is None
+
+
+def test_bus_ids_compare_across_formats() -> None:
+    assert env._bus_key("00000000:18:00.0") == env._bus_key("0000:18:00.0") == "18:00.0"
 
 
 def test_nvlink_speed_gives_per_direction_bandwidth() -> None:

@@ -105,17 +105,17 @@ def parse_topo_matrix(text: str) -> dict[str, Any] | None:
     ``matrix[i][j]`` is the cell as printed (``X``, ``NV18``, ``PIX``, ``SYS``...),
     ``nvlinks[i][j]`` the NVLink count (0 where the path is not NVLink).
     """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi underlines the header with ANSI codes
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return None
-    header = lines[0].split()
-    devices = [h for h in header if re.fullmatch(r"GPU\d+", h)]
+    devices = re.findall(r"\bGPU\d+\b", lines[0])
     if not devices:
         return None
     matrix: list[list[str]] = []
     for ln in lines[1:]:
         parts = ln.split()
-        if parts and parts[0] in devices:
+        if parts and parts[0] in devices and len(matrix) < len(devices):
             matrix.append(parts[1 : 1 + len(devices)])
     if len(matrix) != len(devices):
         return None
@@ -129,39 +129,53 @@ def parse_nvlink_speed(text: str) -> float | None:
     return max(speeds) * 1e9 if speeds else None
 
 
-def _nvml_nvlinks(n: int) -> list[list[int]] | None:
-    """Per-pair active NVLink counts through NVML, or None when NVML is absent."""
+def _nvml_nvlinks(n: int) -> tuple[list[list[int]] | None, str]:
+    """Per-pair active NVLink counts through NVML (None when NVML is absent), and a note."""
     try:
         import pynvml  # nvidia-ml-py
     except ImportError:
-        return None
+        return None, "nvidia-ml-py not installed"
     try:
         pynvml.nvmlInit()
-    except Exception:
-        return None
+    except Exception as exc:
+        return None, f"nvmlInit failed: {exc}"
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
         bus = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
         bus = [b.decode() if isinstance(b, bytes) else b for b in bus]
-        bus_index = {b.lower()[-12:]: i for i, b in enumerate(bus)}
+        bus_index = {_bus_key(b): i for i, b in enumerate(bus)}
         counts = [[0] * n for _ in range(n)]
         max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+        errors: list[str] = []
+        remotes: list[str] = []
         for i, h in enumerate(handles):
             for link in range(max_links):
                 try:
                     if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
                         continue
                     remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
-                except Exception:
+                except Exception as exc:
+                    errors.append(type(exc).__name__)
                     continue
                 remote = remote.decode() if isinstance(remote, bytes) else remote
-                j = bus_index.get(remote.lower()[-12:])
+                remotes.append(remote)
+                j = bus_index.get(_bus_key(remote))
                 if j is not None and j != i:
                     counts[i][j] += 1
-        return counts
+        note = f"{len(remotes)} active links read"
+        if errors:
+            note += f"; {len(errors)} link queries failed ({errors[0]})"
+        if remotes and not any(any(r) for r in counts):
+            note += f"; remote bus ids {sorted(set(remotes))[:2]} match no local GPU {bus[:2]}"
+        return counts, note
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def _bus_key(bus_id: str) -> str:
+    """``00000000:18:00.0`` and ``0000:18:00.0`` name the same device: compare bus:device.function."""
+    return ":".join(bus_id.strip().lower().split(":")[-2:])
 
 
 def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -170,7 +184,8 @@ def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
     if n == 0:
         return None
     out: dict[str, Any] = {"source": None, "matrix": None, "nvlinks": None}
-    nvml = _nvml_nvlinks(n)
+    nvml, nvml_note = _nvml_nvlinks(n)
+    out["nvml"] = nvml_note
     topo_text = _run(["nvidia-smi", "topo", "-m"])
     topo = parse_topo_matrix(topo_text) if topo_text else None
     if topo is not None:
