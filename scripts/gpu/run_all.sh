@@ -24,7 +24,8 @@ for spec in "$@"; do
   echo "$area rc=$rc seconds=$(( $(date +%s) - start )) limit=$limit" | tee -a "$summary"
   tail -n 25 "$OUT/logs/$area.log"
 done
+echo "== summary"
+cat "$summary"
 tar czf "$OUT/results.tgz" -C "$OUT/work" . 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT/logs" .
 rm -rf "$OUT/work" "$OUT/logs"
-cat "$summary" 2>/dev/null || true
