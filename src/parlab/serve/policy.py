@@ -27,7 +27,7 @@ one.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from parlab.errors import UsageError
@@ -63,7 +63,13 @@ class PolicyConfig:
 
 
 class Router:
-    """The routing state of N replicas under one policy."""
+    """The routing state of N replicas under one policy.
+
+    Loads are kept in buckets (load -> replicas) so that the least and most
+    loaded replica cost O(1) at 1,000 replicas; the cache-aware policy only
+    matches the replicas whose tree holds the prompt's first block (an owner
+    index kept up to date on insert and eviction).
+    """
 
     def __init__(self, n: int, config: PolicyConfig) -> None:
         if n < 1:
@@ -72,66 +78,122 @@ class Router:
         self.n = n
         self.load = [0] * n
         self.alive = [True] * n
-        self.trees = [BlockLRU(config.tree_blocks) for _ in range(n)]
+        self._owners: dict[int, set[int]] = {}
+        self.trees = [BlockLRU(config.tree_blocks, self._evictor(i)) for i in range(n)]
         self._rng = random.Random(config.seed)
         self._rr = 0
+        self._live = list(range(n))
+        self._buckets: dict[int, set[int]] = {0: set(range(n))}
+        self._lo = 0
+        self._hi = 0
 
-    def _live(self) -> list[int]:
-        return [i for i in range(self.n) if self.alive[i]]
+    def _evictor(self, i: int) -> Callable[[int], None]:
+        def evict(h: int) -> None:
+            owners = self._owners.get(h)
+            if owners is not None:
+                owners.discard(i)
+                if not owners:
+                    del self._owners[h]
+
+        return evict
+
+    # -- loads ---------------------------------------------------------------
+    def _move(self, i: int, old: int | None, new: int | None) -> None:
+        if old is not None:
+            b = self._buckets[old]
+            b.discard(i)
+            if not b:
+                del self._buckets[old]
+        if new is not None:
+            self._buckets.setdefault(new, set()).add(i)
+            self._lo = min(self._lo, new)
+            self._hi = max(self._hi, new)
+
+    def _min_load(self) -> int:
+        while self._lo not in self._buckets:
+            self._lo += 1
+        return self._lo
+
+    def _max_load(self) -> int:
+        while self._hi > 0 and self._hi not in self._buckets:
+            self._hi -= 1
+        return self._hi
+
+    def _least_all(self) -> int:
+        bucket = self._buckets[self._min_load()]
+        if len(bucket) <= 64:
+            return self._rng.choice(sorted(bucket))
+        return next(iter(bucket))
 
     def _least(self, cands: Sequence[int]) -> int:
         best = min(self.load[i] for i in cands)
         ties = [i for i in cands if self.load[i] == best]
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
 
+    # -- choice --------------------------------------------------------------
     def choose(self, hashes: Sequence[int]) -> tuple[int, int]:
         """Pick a live replica for a prompt with these block hashes.
 
         Returns ``(replica, estimated cached blocks)``; ``IndexError`` when no
-        replica is alive. The caller adds the load and calls ``done`` later.
+        replica is alive. The caller calls ``start`` and later ``done``.
         """
-        live = self._live()
+        live = self._live
         if not live:
             raise IndexError("no live replica")
         name = self.config.name
         if name == "round_robin":
-            k = self._rr % len(live)
+            pick = live[self._rr % len(live)]
             self._rr += 1
-            pick = live[k]
         elif name == "random":
             pick = self._rng.choice(live)
         elif name == "least_outstanding":
-            pick = self._least(live)
+            pick = self._least_all()
         elif name == "power_of_two":
             pick = live[0] if len(live) == 1 else self._least(self._rng.sample(live, 2))
         else:
-            pick = self._cache_aware(live, hashes)
-        matched = self.trees[pick].match(hashes)
-        self.trees[pick].insert(hashes)
+            pick = self._cache_aware(hashes)
+        tree = self.trees[pick]
+        matched = tree.match(hashes)
+        tree.insert(hashes)
+        if hashes:
+            self._owners.setdefault(hashes[0], set()).add(pick)
         return pick, matched
 
-    def _cache_aware(self, live: Sequence[int], hashes: Sequence[int]) -> int:
+    def _cache_aware(self, hashes: Sequence[int]) -> int:
         cfg = self.config
-        loads = [self.load[i] for i in live]
-        hi, lo = max(loads), min(loads)
+        hi, lo = self._max_load(), self._min_load()
         if hi - lo > cfg.balance_abs and hi > lo * cfg.balance_rel:
-            return self._least(live)
+            return self._least_all()
         if not hashes:
-            return self._least(live)
-        matches = [(self.trees[i].match(hashes, touch=False), i) for i in live]
-        best = max(m for m, _ in matches)
-        if best / len(hashes) > cfg.cache_threshold:
-            return self._least([i for m, i in matches if m == best])
-        return self._least(live)
+            return self._least_all()
+        owners = [i for i in self._owners.get(hashes[0], ()) if self.alive[i]]
+        if owners:
+            matches = [(self.trees[i].match(hashes, touch=False), i) for i in owners]
+            best = max(m for m, _ in matches)
+            if best / len(hashes) > cfg.cache_threshold:
+                return self._least([i for m, i in matches if m == best])
+        return self._least_all()
 
     def start(self, i: int) -> None:
+        """A request was sent to replica ``i``."""
         self.load[i] += 1
+        if self.alive[i]:
+            self._move(i, self.load[i] - 1, self.load[i])
 
     def done(self, i: int) -> None:
+        """A request of replica ``i`` ended (completed or failed)."""
         self.load[i] -= 1
         assert self.load[i] >= 0
+        if self.alive[i]:
+            self._move(i, self.load[i] + 1, self.load[i])
 
     def set_alive(self, i: int, alive: bool) -> None:
-        if not alive and self.alive[i]:
-            self.trees[i].clear()  # a restarted replica has an empty cache
+        if alive == self.alive[i]:
+            return
+        if not alive:
+            self.trees[i].clear()  # a replica that comes back has an empty cache
+            self._move(i, self.load[i], None)
+        else:
+            self._move(i, None, self.load[i])
         self.alive[i] = alive
+        self._live = [j for j in range(self.n) if self.alive[j]]

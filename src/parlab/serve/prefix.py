@@ -13,7 +13,7 @@ simulator keeps one per simulated replica.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_BLOCK = 16
@@ -33,10 +33,12 @@ def block_hashes(seq: str | Sequence[int], block: int = DEFAULT_BLOCK) -> list[i
 class BlockLRU:
     """Named blocks with optional values, least recently used evicted first."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, on_evict: Callable[[int], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"prefix cache capacity {capacity} is below 1 block")
         self.capacity = capacity
+        self.on_evict = on_evict
+        """Called with each evicted hash (the router's owner index uses it)."""
         self._d: OrderedDict[int, Any] = OrderedDict()
 
     def __len__(self) -> int:
@@ -66,11 +68,19 @@ class BlockLRU:
             return
         d[h] = value
         while len(d) > self.capacity:
-            d.popitem(last=False)
+            old, _ = d.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(old)
 
     def insert(self, hashes: Sequence[int]) -> None:
         for h in hashes:
             self.put(h)
 
     def clear(self) -> None:
+        if self.on_evict is not None:
+            for h in self._d:
+                self.on_evict(h)
         self._d.clear()
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._d
