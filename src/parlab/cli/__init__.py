@@ -25,7 +25,10 @@ app = typer.Typer(
 
 # Each module below adds its commands to ``app`` when imported.
 from parlab.cli import core
+from parlab.cli import collectives
 from parlab.cli import layout
+from parlab.cli import moe
+from parlab.cli import profile
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,279 @@
+"""``parlab collectives``: the T1 sweep, its alpha-beta fit, and the T1 explain table.
+
+Three modes of one command:
+
+- sweep (default): nccl-tests' options (``-b -e -f -d -w -n``), ``--op``,
+  ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``; prints the
+  nccl-tests-style table and writes a ``real-nccl`` / ``cpu-mechanism``
+  document with a busbw plot beside it. Ctrl-C writes what was measured.
+- ``--fit SWEEP.json``: fits alpha and beta per op and writes the calibration
+  document the planner loads (``parlab.comm.calibration.load_calibration``).
+- ``--explain MODEL --layout dp=8,tp=2``: per strategy in the layout, the
+  collective, mesh axis, payload, frequency per step and predicted time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from parlab.cli import app
+from parlab.cli.common import (
+    ResultsOption,
+    console,
+    err_console,
+    print_json,
+    reproduce_command,
+    results_dir,
+    write,
+)
+from parlab.units import format_bytes, parse_size
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+@app.command("collectives")
+def collectives_cmd(
+    op: str = typer.Option(
+        "all",
+        "--op",
+        help="Ops, comma-separated (all_reduce, all_gather, reduce_scatter, "
+        "all_to_all, all_to_all_uneven, broadcast, reduce, send_recv, barrier) or 'all'.",
+    ),
+    minbytes: str = typer.Option("8", "-b", "--minbytes", help="Smallest size (8, 64KiB, 1M)."),
+    maxbytes: str | None = typer.Option(
+        None,
+        "-e",
+        "--maxbytes",
+        help="Largest size (default 32MiB on GPUs as nccl-tests, 1MiB on CPU).",
+    ),
+    stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="Multiply the size by this."),
+    dtype: str = typer.Option(
+        "float", "-d", "--dtype", help="float, half, bfloat16, double, int8, ..."
+    ),
+    warmup: int = typer.Option(5, "-w", "--warmup-iters", help="Untimed iterations per size."),
+    iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
+    inplace: bool = typer.Option(
+        False, "--inplace/--out-of-place", help="In-place all_gather / reduce_scatter buffers."
+    ),
+    mesh: str | None = typer.Option(None, "--mesh", help="Mesh degrees, e.g. dp=2,tp=4."),
+    axis: str | None = typer.Option(
+        None, "--axis", help="Measure the groups along this mesh axis."
+    ),
+    graph: bool = typer.Option(
+        False, "--graph", help="Time CUDA-graph replays of the loop (GPUs)."
+    ),
+    nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
+    backend: str = typer.Option("auto", help="auto, nccl or gloo."),
+    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    fit: Path | None = typer.Option(None, "--fit", help="Fit alpha-beta to this sweep document."),
+    explain: str | None = typer.Option(None, "--explain", help="T1 table for this model."),
+    layout: str | None = typer.Option(None, "--layout", help="With --explain: dp=8,tp=2 ..."),
+    strategy: str | None = typer.Option(
+        None, "--strategy", help="With --explain: ddp, zero1-3, fsdp."
+    ),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="With --explain: sequences per rank."),
+    seq: int | None = typer.Option(None, "--seq", help="With --explain: sequence length."),
+    calibration: Path | None = typer.Option(
+        None, "--calibration", help="With --explain: calibration document or results folder."
+    ),
+    results: Path | None = ResultsOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+) -> None:
+    """T1: measure collectives (nccl-tests style), fit alpha-beta, or explain a layout's traffic."""
+    if fit is not None and explain is not None:
+        raise ValueError("--fit and --explain are separate modes: give one of them")
+    if fit is not None:
+        _fit(fit, results, as_json)
+        return
+    if explain is not None:
+        _explain(explain, layout, strategy, micro_batch, seq, calibration, results, as_json)
+        return
+    _sweep(
+        op=op,
+        minbytes=minbytes,
+        maxbytes=maxbytes,
+        stepfactor=stepfactor,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        inplace=inplace,
+        mesh=mesh,
+        axis=axis,
+        graph=graph,
+        nproc=nproc,
+        backend=backend,
+        timeout=timeout,
+        results=results,
+        as_json=as_json,
+    )
+
+
+def _sweep(
+    *,
+    op: str,
+    minbytes: str,
+    maxbytes: str | None,
+    stepfactor: int,
+    dtype: str,
+    warmup: int,
+    iters: int,
+    inplace: bool,
+    mesh: str | None,
+    axis: str | None,
+    graph: bool,
+    nproc: int | None,
+    backend: str,
+    timeout: float,
+    results: Path | None,
+    as_json: bool,
+) -> None:
+    from parlab.comm import ops as O
+    from parlab.comm.report import format_table
+    from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep
+
+    n = nproc if nproc is not None else _default_nproc()
+    if maxbytes is None:
+        on_gpus = backend != "gloo" and _default_nproc() >= n and _has_cuda()
+        maxbytes = "32MiB" if on_gpus else "1MiB"
+    spec = SweepSpec(
+        ops=tuple(O.parse_ops(op)),
+        minbytes=parse_size(minbytes),
+        maxbytes=parse_size(maxbytes),
+        stepfactor=stepfactor,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        inplace=inplace,
+        graph=graph,
+        mesh=parse_mesh(mesh),
+        axis=axis.strip().lower() if axis else None,
+        nproc=n,
+        backend=backend,
+        timeout_s=timeout,
+    )
+    resolve_backend(spec)  # bad dtype/backend/--graph combinations fail here, before launching
+    plan = spec.plan()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(f"{len(plan)} measurements", total=len(plan))
+
+        def on_record(rec: dict) -> None:
+            progress.update(task, advance=1, description=f"{rec['op']} {format_bytes(rec['size'])}")
+
+        outcome = run_sweep(spec, command=reproduce_command(), on_record=on_record)
+    doc = outcome.doc
+    path = write_sweep(doc, results_dir(results))
+    if as_json:
+        print_json(doc.to_json())
+    else:
+        console.print(format_table(doc), markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"wrote {path} ({doc.evidence_level}, {doc.role})")
+    if outcome.interrupted:
+        err_console.print(f"interrupted: {len(outcome.records)} measurement(s) kept")
+        raise typer.Exit(130)
+    if doc.status != "ok":
+        msg = doc.failure.message if doc.failure else "?"
+        err_console.print(f"sweep failed ({doc.failure.kind if doc.failure else '?'}): {msg}")
+        raise typer.Exit(1)
+    if doc.metric("wrong_total"):
+        err_console.print(f"{int(doc.metric('wrong_total') or 0)} wrong values")
+        raise typer.Exit(1)
+
+
+def _fit(source: Path, results: Path | None, as_json: bool) -> None:
+    from parlab.comm.calibration import calibration_document
+    from parlab.contract import read_document
+
+    sweep = read_document(source)
+    doc = calibration_document(sweep, command=reproduce_command())
+    path = write(doc, results_dir(results), quiet=as_json)
+    if as_json:
+        print_json(doc.to_json())
+        return
+    body = doc.workload["calibration"]
+    link = body.get("link_bw")
+    t = Table(
+        title=f"alpha-beta fit of {sweep.run_id} ({sweep.evidence_level}, n = {body['group_size']}, "
+        f"ring coefficients)",
+        title_justify="left",
+    )
+    for c in (
+        "op",
+        "points",
+        "alpha",
+        "1/beta",
+        "fit rms err",
+        "fit max err",
+        "busbw peak",
+        "% link",
+    ):
+        t.add_column(c, justify="right" if c != "op" else "left")
+    for op, f in body["ops"].items():
+        beta = f["beta_s_per_byte"]
+        t.add_row(
+            op,
+            str(f["points"]),
+            f"{f['alpha_s'] * 1e6:.2f} us",
+            f"{1 / beta / 1e9:.1f} GB/s" if beta else "-",
+            f"{100 * f['rms_rel_err']:.1f}%",
+            f"{100 * f['max_rel_err']:.1f}%",
+            f"{f['busbw_peak'] / 1e9:.2f} GB/s" if beta else "-",
+            f"{100 * f['busbw_peak'] / link:.1f}%" if link and beta else "unknown",
+        )
+    console.print(t)
+    console.print(
+        f"link peak: {f'{link / 1e9:.1f} GB/s' if link else 'unknown'} ({body['link_bw_source']})"
+    )
+    console.print(f"calibration: {path}")
+
+
+def _explain(
+    model: str,
+    layout: str | None,
+    strategy: str | None,
+    micro_batch: int,
+    seq: int | None,
+    calibration: Path | None,
+    results: Path | None,
+    as_json: bool,
+) -> None:
+    from parlab.comm.explain import explain_document, format_explain
+
+    if not layout:
+        raise ValueError("--explain needs --layout (e.g. --layout dp=8,tp=2)")
+    doc = explain_document(
+        model=model,
+        layout=layout,
+        strategy=strategy,
+        micro_batch=micro_batch,
+        seq=seq,
+        calibration=calibration,
+        command=reproduce_command(),
+    )
+    path = write(doc, results_dir(results), quiet=as_json)
+    if as_json:
+        print_json(doc.to_json())
+        return
+    format_explain(doc, console)
+    console.print(f"document: {path}")

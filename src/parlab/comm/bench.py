@@ -1,0 +1,394 @@
+"""The collectives benchmark rank function: every op, every size, checked then timed.
+
+``sweep_rank(ctx, **plan)`` runs on every rank (through torchrun, or through
+the test suite's fork helper). For each (op, size) it
+
+1. allocates the buffers and fills the inputs with exact patterns
+   (``parlab.comm.ops``), runs the op once, and counts wrong elements
+   against the exact expected values (the check iteration is outside the
+   timed loop, as nccl-tests' ``-c 1``);
+2. runs ``warmup`` untimed iterations, then ``iters`` timed iterations:
+
+   * on GPUs (NCCL) the timed loop is bracketed by CUDA events with no host
+     synchronisation inside; events between equal chunks of the loop give up
+     to ``SAMPLES`` samples for the spread. With ``graph`` the loop is
+     captured once in a CUDA graph and the graph is replayed ``SAMPLES``
+     times, so small messages measure NCCL rather than Python launch
+     overhead (nccl-tests' ``-G``);
+   * on CPU (gloo, whose ops return when complete) every iteration is timed
+     with ``perf_counter``;
+3. takes the slowest rank: one ``all_reduce(MAX)`` over the whole world of
+   ``[mean, sample_1, ...]`` (the time per op on each rank), and sums
+   ``#wrong`` with one ``all_reduce(SUM)``; the per-rank means come from one
+   ``all_gather``. These reductions run after the timed loop, never inside.
+
+What crosses the wire in the timed loop is only the op under test, on the
+group along ``axis`` of the ``Topology`` (the whole world when no axis is
+given); every group along that axis runs at the same time, as they would in
+a real job.
+
+Rank 0 appends one JSON line per (op, size) to ``progress_path`` as soon as
+it is measured, so the driver can show progress and keep what was measured
+if the run is interrupted. Every rank returns ``{rank, device, host, records}``
+(the records on rank 0 only).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from parlab.comm import ops as O
+from parlab.runtime.context import RankContext
+from parlab.topology import Topology
+
+SAMPLES = 5
+"""Timing samples per (op, size) on GPUs: chunks of the timed loop, or graph replays."""
+
+
+def _group(ctx: RankContext, mesh: dict[str, int] | None, axis: str | None) -> Any:
+    if not axis:
+        return dist.group.WORLD
+    topo = Topology(world_size=ctx.world_size, **(mesh or {}))
+    device_mesh = topo.build_mesh(ctx.device.type)
+    return device_mesh.get_group(axis)
+
+
+class Case:
+    """Buffers, the op closure and its exact check, for one (op, size) on one rank."""
+
+    def __init__(
+        self, op: str, nbytes: int, dtype: torch.dtype, inplace: bool, group: Any, dev: Any
+    ) -> None:
+        self.op = op
+        n = dist.get_world_size(group)
+        r = dist.get_rank(group)
+        elem = torch.empty((), dtype=dtype).element_size()
+        total = nbytes // elem
+        pat = O.pattern_for(op, dtype, n)
+        self.pattern = pat
+        self.n, self.r, self.group = n, r, group
+        empty = lambda k: torch.zeros(k, dtype=dtype, device=dev)  # noqa: E731
+        self.checks: list[tuple[torch.Tensor, int, int]] = []
+        """(tensor, pattern start, scale) triples that must hold after one op."""
+        self.prepare: Callable[[], None]
+        """Fills the inputs with the exact pattern."""
+        self.fn: Callable[[], None]
+        """Issues the collective once (what the timed loop repeats)."""
+        self.input: torch.Tensor
+        """This rank's input buffer (in-place ops: the same tensor as ``output``)."""
+        self.output: torch.Tensor
+        """This rank's result buffer."""
+        if op == "all_reduce":
+            # torch's all_reduce is in place only (an out-of-place form would add a copy)
+            buf = empty(total)
+            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
+            self.fn = lambda: dist.all_reduce(buf, group=group)
+            self.input, self.output = buf, buf
+            self.checks = [(buf, 0, pat.total_scale(n))]
+        elif op == "all_gather":
+            c = total // n
+            out = empty(total)
+            inp = out.narrow(0, r * c, c) if inplace else empty(c)
+            self.prepare = lambda: O.fill(inp, r * c, pat)
+            self.fn = lambda: dist.all_gather_into_tensor(out, inp, group=group)
+            self.input, self.output = inp, out
+            self.checks = [(out, 0, 1)]
+        elif op == "reduce_scatter":
+            c = total // n
+            inp = empty(total)
+            out = inp.narrow(0, r * c, c) if inplace else empty(c)
+            self.prepare = lambda: O.fill(inp, 0, pat, pat.rank_scale(r))
+            self.fn = lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+            self.input, self.output = inp, out
+            self.checks = [(out, r * c, pat.total_scale(n))]
+        elif op == "all_to_all":
+            c = total // n
+            inp, out = empty(total), empty(total)
+            self.prepare = lambda: [
+                O.fill(inp.narrow(0, j * c, c), (r * n + j) * c, pat) for j in range(n)
+            ]
+            self.fn = lambda: dist.all_to_all_single(out, inp, group=group)
+            self.input, self.output = inp, out
+            self.checks = [(out.narrow(0, s * c, c), (s * n + r) * c, 1) for s in range(n)]
+        elif op == "all_to_all_uneven":
+            base = O.uneven_base(nbytes, n, elem)
+            send = O.uneven_splits(r, n, base)
+            recv = [O.uneven_splits(s, n, base)[r] for s in range(n)]
+            inp, out = empty(sum(send)), empty(sum(recv))
+            cmax = base * n
+
+            def prep() -> None:
+                off = 0
+                for j in range(n):
+                    O.fill(inp.narrow(0, off, send[j]), (r * n + j) * cmax, pat)
+                    off += send[j]
+
+            self.prepare = prep
+            self.fn = lambda: dist.all_to_all_single(
+                out, inp, output_split_sizes=recv, input_split_sizes=send, group=group
+            )
+            self.input, self.output = inp, out
+            offs = [sum(recv[:s]) for s in range(n)]
+            self.checks = [
+                (out.narrow(0, offs[s], recv[s]), (s * n + r) * cmax, 1) for s in range(n)
+            ]
+        elif op == "broadcast":
+            buf = empty(total)
+            root = dist.get_global_rank(group, 0)
+            self.prepare = lambda: O.fill(buf, 0, pat) if r == 0 else buf.zero_()
+            self.fn = lambda: dist.broadcast(buf, src=root, group=group)
+            self.input, self.output = buf, buf
+            self.checks = [(buf, 0, 1)]
+        elif op == "reduce":
+            buf = empty(total)
+            root = dist.get_global_rank(group, 0)
+            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
+            self.fn = lambda: dist.reduce(buf, dst=root, group=group)
+            self.input, self.output = buf, buf
+            self.checks = [(buf, 0, pat.total_scale(n))] if r == 0 else []
+        elif op == "send_recv":
+            send, recv = empty(total), empty(total)
+            nxt = dist.get_global_rank(group, (r + 1) % n)
+            prv = dist.get_global_rank(group, (r - 1) % n)
+            self.prepare = lambda: O.fill(send, r * total, pat)
+
+            def sr() -> None:
+                p2p = [
+                    dist.P2POp(dist.isend, send, nxt, group=group),
+                    dist.P2POp(dist.irecv, recv, prv, group=group),
+                ]
+                for w in dist.batch_isend_irecv(p2p):
+                    w.wait()
+
+            self.fn = sr
+            self.input, self.output = send, recv
+            self.checks = [(recv, ((r - 1) % n) * total, 1)]
+        else:
+            raise AssertionError(f"no case for {op}")
+
+    def check(self) -> int | None:
+        """Run the op once on fresh inputs; the number of wrong elements (None: not checkable)."""
+        self.prepare()
+        self.fn()
+        if not self.pattern.exact:
+            return None
+        return sum(O.count_wrong(t, start, self.pattern, scale) for t, start, scale in self.checks)
+
+
+def _time_gpu(fn: Callable[[], None], iters: int, graph: bool, group: Any) -> list[float]:
+    """Per-op seconds for each sample: [mean, s_1, ..., s_k] on this rank."""
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # the communicator and any lazy state exist before capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            for _ in range(iters):
+                fn()
+        g.replay()  # warm the graph itself
+        torch.cuda.synchronize()
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        marks = [ev() for _ in range(SAMPLES + 1)]
+        marks[0].record()
+        for k in range(SAMPLES):
+            g.replay()
+            marks[k + 1].record()
+        torch.cuda.synchronize()
+        per = [marks[k].elapsed_time(marks[k + 1]) / 1e3 / iters for k in range(SAMPLES)]
+        del g
+        return [statistics.fmean(per), *per]
+    k = min(SAMPLES, iters)
+    bounds = [round(i * iters / k) for i in range(k + 1)]
+    dist.barrier(group=group)
+    torch.cuda.synchronize()
+    marks = [ev() for _ in range(k + 1)]
+    marks[0].record()
+    for j in range(k):
+        for _ in range(bounds[j + 1] - bounds[j]):
+            fn()
+        marks[j + 1].record()
+    torch.cuda.synchronize()
+    per = [
+        marks[j].elapsed_time(marks[j + 1]) / 1e3 / (bounds[j + 1] - bounds[j]) for j in range(k)
+    ]
+    total = marks[0].elapsed_time(marks[k]) / 1e3 / iters
+    return [total, *per]
+
+
+def _time_host(fn: Callable[[], None], iters: int, group: Any, cuda: bool) -> list[float]:
+    """Per-op seconds: [mean, t_1, ..., t_iters], each op timed on the host."""
+    dist.barrier(group=group)
+    per = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        per.append(time.perf_counter() - t0)
+    return [statistics.fmean(per), *per]
+
+
+def _slowest(ctx: RankContext, times: list[float]) -> tuple[list[float], list[float]]:
+    """Element-wise MAX of ``times`` over every rank, and every rank's mean."""
+    t = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    means = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+    dist.all_gather_into_tensor(means, t.new_tensor([times[0]]))
+    return t.tolist(), means.tolist()
+
+
+def _record(
+    op: str,
+    requested: int,
+    nbytes: int,
+    n: int,
+    elem: int,
+    dtype: torch.dtype,
+    timed: list[float],
+    means: list[float],
+    wrong: int | None,
+    inplace: bool,
+    graph: bool,
+    method: str,
+) -> dict[str, Any]:
+    mean, samples = timed[0], timed[1:]
+    algbw = nbytes / mean if mean > 0 and nbytes else 0.0
+    return {
+        "op": op,
+        "requested_bytes": requested,
+        "size": nbytes,
+        "count": O.count_of(op, nbytes, n, elem) if op != "barrier" else 0,
+        "type": O.dtype_name(dtype),
+        "redop": "sum" if O.SPECS[op].reduces else "none",
+        "root": 0 if op in ("broadcast", "reduce") else -1,
+        "inplace": inplace
+        if O.SPECS[op].inplace == "optional"
+        else O.SPECS[op].inplace == "always",
+        "graph": graph,
+        "method": method,
+        "time_s": mean,
+        "time_median_s": statistics.median(samples),
+        "time_min_s": min(samples),
+        "time_max_s": max(samples),
+        "samples": len(samples),
+        "time_per_rank_s": means,
+        "algbw": algbw,
+        "busbw": algbw * O.busbw_factor(op, n),
+        "wrong": wrong,
+        "group_size": n,
+    }
+
+
+def sweep_rank(
+    ctx: RankContext,
+    *,
+    ops: list[str],
+    sizes: list[int],
+    dtype: str = "float",
+    warmup: int = 5,
+    iters: int = 20,
+    inplace: bool = False,
+    graph: bool = False,
+    mesh: dict[str, int] | None = None,
+    axis: str | None = None,
+    progress_path: str | None = None,
+) -> dict[str, Any]:
+    """Measure every (op, size): see the module docstring."""
+    # torch 2.13 renames the tensor forms (all_gather_single, ...); the old names are what
+    # every torch parlab supports, so keep them and silence the notice
+    warnings.filterwarnings(
+        "ignore", message=r".*is deprecated\. Please use", category=FutureWarning
+    )
+    tdtype = O.parse_dtype(dtype)
+    group = _group(ctx, mesh, axis)
+    n = dist.get_world_size(group)
+    elem = torch.empty((), dtype=tdtype).element_size()
+    cuda = ctx.is_cuda
+    records: list[dict[str, Any]] = []
+    progress = open(progress_path, "a") if progress_path and ctx.rank == 0 else None  # noqa: SIM115
+    try:
+        for op in ops:
+            if op == "barrier":
+                for _ in range(warmup):
+                    dist.barrier(group=group)
+                timed = _time_host(lambda: dist.barrier(group=group), iters, group, cuda)
+                slow, means = _slowest(ctx, timed)
+                rec = _record(op, 0, 0, n, elem, tdtype, slow, means, 0, False, False, "host")
+                records.append(rec)
+                _emit(progress, rec)
+                continue
+            if op == "send_recv" and n < 2:
+                continue
+            seen = set()
+            for requested in sizes:
+                nbytes = O.round_size(op, requested, n, elem)
+                if nbytes == 0 or nbytes in seen:
+                    continue
+                seen.add(nbytes)
+                case = Case(op, nbytes, tdtype, inplace, group, ctx.device)
+                wrong = case.check()
+                ctx.sync()
+                for _ in range(warmup):
+                    case.fn()
+                if cuda:
+                    timed = _time_gpu(case.fn, iters, graph, group)
+                    method = "cuda-graph" if graph else "cuda-events"
+                else:
+                    timed = _time_host(case.fn, iters, group, cuda=False)
+                    method = "perf_counter"
+                slow, means = _slowest(ctx, timed)
+                total_wrong = None
+                if wrong is not None or not case.pattern.exact:
+                    w = torch.tensor(
+                        [wrong if wrong is not None else -1], dtype=torch.int64, device=ctx.device
+                    )
+                    dist.all_reduce(w)
+                    total_wrong = int(w.item()) if case.pattern.exact else None
+                rec = _record(
+                    op,
+                    requested,
+                    nbytes,
+                    n,
+                    elem,
+                    tdtype,
+                    slow,
+                    means,
+                    total_wrong,
+                    inplace,
+                    graph,
+                    method,
+                )
+                records.append(rec)
+                _emit(progress, rec)
+                del case
+    finally:
+        if progress is not None:
+            progress.close()
+    device = torch.cuda.get_device_name(ctx.device) if cuda else "cpu"
+    return {
+        "rank": ctx.rank,
+        "device": device,
+        "host": socket.gethostname(),
+        "group_size": n,
+        "records": records if ctx.rank == 0 else None,
+    }
+
+
+def _emit(progress: Any, rec: dict[str, Any]) -> None:
+    if progress is not None:
+        progress.write(json.dumps(rec) + "\n")
+        progress.flush()

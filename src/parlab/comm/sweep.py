@@ -1,0 +1,428 @@
+"""The sweep driver: validate, launch the ranks, follow progress, build the T1 document.
+
+``run_sweep(spec, command=...)`` launches ``parlab.comm.bench:sweep_rank`` on
+``spec.nproc`` ranks through torchrun (NCCL on GPUs, gloo on CPU). Rank 0
+appends each measurement to a progress file as it is made; a thread here
+reads it and calls ``on_record`` (the CLI's progress bar). If the user presses
+Ctrl-C, the launcher stops the ranks and everything measured so far is still
+turned into a document, marked partial in its notes.
+
+The document (project PAR-COLLECTIVES, task T1; evidence ``real-nccl`` on
+NCCL, ``cpu-mechanism`` on gloo):
+
+- ``workload.measurements``: one row per (op, size), the printed table:
+  ``op, size, count, type, redop, root, inplace, graph, method, time_s`` (mean
+  per op, slowest rank), ``time_median_s, time_min_s, time_max_s`` (over the
+  samples), ``time_per_rank_s``, ``algbw, busbw`` (bytes/s), ``wrong``,
+  ``group_size``, ``requested_bytes`` (before rounding);
+- ``metrics``: ``busbw_peak`` (B/s, the highest busbw of any row: the asset
+  table's headline), and per op ``<op>.busbw_peak`` (B/s),
+  ``<op>.busbw_peak_size`` (B), ``<op>.busbw_pct_of_link`` (%, None when the
+  link peak is unknown), ``<op>.latency`` (s, mean time at its smallest
+  size), ``<op>.wrong`` (count); ``barrier.latency`` (s); ``wrong_total``;
+- ``artifacts.busbw_plot``: the busbw-vs-size PNG beside the document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parlab.comm import ops as O
+from parlab.comm.calibration import SWEEP_KIND
+from parlab.comm.model import link_peak
+from parlab.contract import Document, Failure, Metric, new_run_id, now_iso, write_result
+from parlab.errors import UsageError
+from parlab.hardware import env as env_mod
+from parlab.runtime.launch import LaunchConfig, launch
+from parlab.topology import AXES, Topology
+
+ENTRY = "parlab.comm.bench:sweep_rank"
+
+
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    """``dp=2,tp=4`` -> ``{"dp": 2, "tp": 4}``."""
+    if not text:
+        return None
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, eq, value = part.strip().partition("=")
+        name = name.strip().lower()
+        if not eq or name not in AXES or not value.strip().isdigit():
+            raise UsageError(
+                f"cannot parse mesh part {part.strip()!r}: write axis=degree pairs "
+                f"like dp=2,tp=4 with axes from {', '.join(AXES)}"
+            )
+        out[name] = int(value)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSpec:
+    """What to measure: nccl-tests' options plus parlab's mesh axis and launcher."""
+
+    ops: tuple[str, ...]
+    """Ops in run order (``parlab.comm.ops.OPS`` names)."""
+    minbytes: int = 8
+    """Smallest size (nccl-tests -b)."""
+    maxbytes: int = 1 << 20
+    """Largest size (nccl-tests -e)."""
+    stepfactor: int = 2
+    """Multiplicative step between sizes (nccl-tests -f)."""
+    dtype: str = "float"
+    """Element type (nccl-tests -d)."""
+    warmup: int = 5
+    """Untimed iterations per size (nccl-tests -w)."""
+    iters: int = 20
+    """Timed iterations per size (nccl-tests -n)."""
+    inplace: bool = False
+    """In-place buffers for the ops that have both forms (all_gather, reduce_scatter)."""
+    graph: bool = False
+    """Capture each timed loop in a CUDA graph and time its replays (nccl-tests -G); GPUs only."""
+    mesh: dict[str, int] | None = None
+    """Mesh degrees (``Topology`` axes) when measuring a sub-group."""
+    axis: str | None = None
+    """The mesh axis whose groups run the collectives (None: the whole world)."""
+    nproc: int = 2
+    """Ranks (torchrun --nproc-per-node)."""
+    backend: str = "auto"
+    """``auto``, ``nccl`` or ``gloo``."""
+    timeout_s: float = 300.0
+    """Process-group timeout, seconds."""
+
+    def __post_init__(self) -> None:
+        if not self.ops:
+            raise UsageError("no ops to measure: pass --op all or a list")
+        O.size_range(self.minbytes, self.maxbytes, self.stepfactor)
+        O.parse_dtype(self.dtype)
+        if self.warmup < 0:
+            raise UsageError(f"-w/--warmup-iters {self.warmup} is negative: use 0 or more")
+        if self.iters < 1:
+            raise UsageError(f"-n/--iters {self.iters} must be at least 1")
+        if self.nproc < 1:
+            raise UsageError(f"--nproc {self.nproc} is below 1: run at least one rank")
+        if self.axis is not None and not self.mesh:
+            raise UsageError(f"--axis {self.axis} needs --mesh (e.g. --mesh dp=2,tp=4)")
+        if self.mesh:
+            Topology(world_size=self.nproc, **self.mesh)  # degrees must multiply to nproc
+            if self.axis is None:
+                raise UsageError("--mesh needs --axis naming the axis to measure (e.g. --axis tp)")
+            if self.axis not in self.mesh:
+                raise UsageError(
+                    f"--axis {self.axis} is not in --mesh {self.mesh_text}: "
+                    f"use one of {', '.join(self.mesh)}"
+                )
+            if self.mesh[self.axis] < 2:
+                raise UsageError(
+                    f"axis {self.axis} has degree 1: nothing crosses the wire; pick an axis of 2+"
+                )
+
+    @property
+    def mesh_text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in (self.mesh or {}).items())
+
+    @property
+    def group_size(self) -> int:
+        """n, the ranks of each group the collectives run over."""
+        return self.mesh[self.axis] if self.mesh and self.axis else self.nproc
+
+    @property
+    def sizes(self) -> list[int]:
+        return O.size_range(self.minbytes, self.maxbytes, self.stepfactor)
+
+    def plan(self) -> list[tuple[str, int, int]]:
+        """``(op, requested, rounded)`` for every measurement the ranks will make, in order."""
+        elem = O.parse_dtype(self.dtype).itemsize
+        n = self.group_size
+        out = []
+        for op in self.ops:
+            if op == "barrier":
+                out.append((op, 0, 0))
+                continue
+            if op == "send_recv" and n < 2:
+                continue
+            seen: set[int] = set()
+            for s in self.sizes:
+                r = O.round_size(op, s, n, elem)
+                if r and r not in seen:
+                    seen.add(r)
+                    out.append((op, s, r))
+        return out
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep produced."""
+
+    doc: Document
+    records: list[dict[str, Any]]
+    interrupted: bool = False
+    devices: list[str] = field(default_factory=list)
+
+
+def _follow(path: Path, stop: threading.Event, on_record: Callable[[dict], None]) -> None:
+    pos = 0
+    while True:
+        done = stop.is_set()
+        try:
+            with open(path) as f:
+                f.seek(pos)
+                while True:
+                    line = f.readline()
+                    if not line.endswith("\n"):
+                        break
+                    pos += len(line.encode())
+                    on_record(json.loads(line))
+        except FileNotFoundError:
+            pass
+        if done:
+            return
+        stop.wait(0.1)
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
+
+
+def resolve_backend(spec: SweepSpec) -> str:
+    backend = LaunchConfig(nproc=spec.nproc, backend=spec.backend).resolved_backend()
+    O.check_backend_dtype(backend, O.parse_dtype(spec.dtype), list(spec.ops))
+    if spec.graph and backend != "nccl":
+        raise UsageError(
+            "--graph captures CUDA graphs and needs GPUs with NCCL: drop --graph on CPU/gloo runs"
+        )
+    return backend
+
+
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    command: str,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepOutcome:
+    """Launch the sweep; return its document (not yet written) even when interrupted."""
+    backend = resolve_backend(spec)
+    snap = env_mod.snapshot()
+    interrupted = False
+    with tempfile.TemporaryDirectory(prefix="parlab-sweep-") as tmp:
+        progress = Path(tmp) / "progress.jsonl"
+        stop = threading.Event()
+        follower = None
+        if on_record is not None:
+            follower = threading.Thread(
+                target=_follow, args=(progress, stop, on_record), daemon=True
+            )
+            follower.start()
+        kwargs = {
+            "ops": list(spec.ops),
+            "sizes": spec.sizes,
+            "dtype": spec.dtype,
+            "warmup": spec.warmup,
+            "iters": spec.iters,
+            "inplace": spec.inplace,
+            "graph": spec.graph,
+            "mesh": spec.mesh,
+            "axis": spec.axis,
+            "progress_path": str(progress),
+        }
+        res = None
+        try:
+            res = launch(
+                ENTRY,
+                kwargs,
+                LaunchConfig(nproc=spec.nproc, backend=backend, timeout_s=spec.timeout_s),
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            stop.set()
+            if follower is not None:
+                follower.join(timeout=5)
+        if res is not None and res.ok:
+            records = res.results[0]["records"]
+            devices = [r["device"] for r in res.results]
+        else:
+            records = _read_records(progress)
+            devices = []
+    doc = build_document(
+        spec,
+        records,
+        backend=backend,
+        environment=snap,
+        devices=devices,
+        command=command,
+        failure=None if (res is None or res.ok) else res.failure,
+        interrupted=interrupted,
+    )
+    return SweepOutcome(doc=doc, records=records, interrupted=interrupted, devices=devices)
+
+
+def _group_ranks(spec: SweepSpec) -> list[int]:
+    if spec.mesh and spec.axis:
+        return Topology(world_size=spec.nproc, **spec.mesh).groups(spec.axis)[0]
+    return list(range(spec.nproc))
+
+
+def build_document(
+    spec: SweepSpec,
+    records: list[dict[str, Any]],
+    *,
+    backend: str,
+    environment: dict[str, Any],
+    devices: list[str],
+    command: str,
+    failure: Failure | None = None,
+    interrupted: bool = False,
+) -> Document:
+    """The T1 sweep document for ``records`` (see the module docstring)."""
+    n = spec.group_size
+    link_bw, link_src = link_peak(environment, _group_ranks(spec) if backend == "nccl" else None)
+    if backend != "nccl":
+        link_bw, link_src = None, "gloo CPU ranks: no link peak"
+    metrics: dict[str, Metric] = {}
+    sized = [r for r in records if r["op"] != "barrier"]
+    if sized:
+        metrics["busbw_peak"] = Metric(value=max(r["busbw"] for r in sized), unit="B/s")
+    wrong_total: int | None = 0
+    for op in spec.ops:
+        rows = [r for r in records if r["op"] == op]
+        if not rows:
+            continue
+        wrongs = [r["wrong"] for r in rows]
+        op_wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+        wrong_total = None if op_wrong is None or wrong_total is None else wrong_total + op_wrong
+        if op == "barrier":
+            metrics["barrier.latency"] = Metric(value=rows[0]["time_s"], unit="s")
+            continue
+        best = max(rows, key=lambda r: r["busbw"])
+        metrics[f"{op}.busbw_peak"] = Metric(value=best["busbw"], unit="B/s")
+        metrics[f"{op}.busbw_peak_size"] = Metric(value=best["size"], unit="B")
+        metrics[f"{op}.busbw_pct_of_link"] = Metric(
+            value=100.0 * best["busbw"] / link_bw if link_bw else None, unit="%"
+        )
+        metrics[f"{op}.latency"] = Metric(
+            value=min(rows, key=lambda r: r["size"])["time_s"], unit="s"
+        )
+        metrics[f"{op}.wrong"] = Metric(value=op_wrong, unit="count")
+    metrics["wrong_total"] = Metric(value=wrong_total, unit="count")
+    planned = spec.plan()
+    metrics["measurements"] = Metric(value=len(records), unit="count")
+    notes = [
+        "time = mean per op over the timed iterations on the slowest rank (MAX over ranks); "
+        "busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter, "
+        "all_to_all (n-1)/n; broadcast, reduce, send_recv 1)",
+        "results checked on one untimed iteration with exact integer patterns; "
+        "#wrong counts differing elements over all ranks",
+        "all_reduce, broadcast and reduce are in place (torch's API); all_to_all and "
+        "send_recv out of place; --inplace applies to all_gather and reduce_scatter",
+    ]
+    rounded = sorted({(op, req, got) for op, req, got in planned if op != "barrier" and req != got})
+    if rounded:
+        ex = ", ".join(f"{op} {req}->{got} B" for op, req, got in rounded[:4])
+        notes.append(
+            f"{len(rounded)} size(s) rounded down to a multiple of n x element size "
+            f"(n(n+1)/2 x for all_to_all_uneven), as nccl-tests does: {ex}"
+            + (" ..." if len(rounded) > 4 else "")
+        )
+    elem = O.parse_dtype(spec.dtype).itemsize
+    skipped = sorted(
+        {
+            op
+            for op in spec.ops
+            for s in spec.sizes
+            if op != "barrier" and O.round_size(op, s, n, elem) == 0
+        }
+    )
+    if skipped:
+        notes.append(f"sizes below one element per rank were skipped for {', '.join(skipped)}")
+    if "send_recv" in spec.ops and n < 2:
+        notes.append("send_recv needs 2 or more ranks: skipped")
+    if interrupted:
+        notes.append(
+            f"partial: interrupted (Ctrl-C) after {len(records)} of {len(planned)} measurements"
+        )
+    elif failure is not None:
+        notes.append(f"partial: the run failed after {len(records)} of {len(planned)} measurements")
+    if link_bw:
+        notes.append(f"link peak {link_bw / 1e9:.1f} GB/s per direction from {link_src}")
+    else:
+        notes.append(f"link peak unknown ({link_src}): percent of link not computed")
+    if backend == "gloo":
+        notes.append("gloo CPU ranks: proves the mechanism and the volumes, not GPU speed")
+    layout: dict[str, Any] = {
+        "world_size": spec.nproc,
+        "mesh": dict(spec.mesh) if spec.mesh else {"world": spec.nproc},
+        "axis": spec.axis,
+        "group_size": n,
+        "strategy": None,
+        "backend": backend,
+    }
+    workload = {
+        "kind": SWEEP_KIND,
+        "collectives": {
+            "ops": list(spec.ops),
+            "minbytes": spec.minbytes,
+            "maxbytes": spec.maxbytes,
+            "stepfactor": spec.stepfactor,
+            "dtype": O.dtype_name(O.parse_dtype(spec.dtype)),
+            "warmup_iters": spec.warmup,
+            "iters": spec.iters,
+            "inplace": spec.inplace,
+            "graph": spec.graph,
+            "timing": "cuda-graph replays"
+            if spec.graph
+            else ("cuda events around the timed loop" if backend == "nccl" else "perf_counter"),
+        },
+        "devices": devices,
+        "link_bw": link_bw,
+        "link_bw_source": link_src,
+        "partial": interrupted or failure is not None,
+        "measurements": records,
+    }
+    status = "ok" if failure is None else "failed"
+    return Document(
+        run_id=new_run_id("collectives"),
+        created=now_iso(),
+        project="PAR-COLLECTIVES",
+        task="T1",
+        role="baseline" if failure is None else "failure",
+        evidence_level="real-nccl" if backend == "nccl" else "cpu-mechanism",
+        command=command,
+        environment=environment,
+        workload=workload,
+        layout=layout,
+        metrics=metrics,
+        status=status,
+        failure=failure,
+        notes=notes,
+    )
+
+
+def write_sweep(doc: Document, results: Path) -> Path:
+    """Write the plot beside the document, then the document; return the document's path."""
+    from parlab.comm.report import plot_busbw
+
+    folder = Path(results) / doc.project
+    name = f"{doc.run_id}.busbw.png"
+    rows = doc.workload.get("measurements") or []
+    artifacts = dict(doc.artifacts)
+    if any(r["op"] != "barrier" for r in rows):
+        os.makedirs(folder, exist_ok=True)
+        plot_busbw(doc, folder / name)
+        artifacts["busbw_plot"] = name
+    from dataclasses import replace
+
+    return write_result(replace(doc, artifacts=artifacts), results)
