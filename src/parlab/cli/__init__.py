@@ -29,6 +29,7 @@ from parlab.cli import collectives
 from parlab.cli import layout
 from parlab.cli import moe
 from parlab.cli import profile
+from parlab.cli import serve
 
 
 def main(argv: list[str] | None = None) -> None:

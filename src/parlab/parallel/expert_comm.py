@@ -33,6 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old ones.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def group_size(group: Any) -> int:
     return 1 if group is None else dist.get_world_size(group)
@@ -168,7 +172,7 @@ class _AllGather(torch.autograd.Function):
         if n == 1:
             return x.clone()
         out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        _all_gather_tensor(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
@@ -181,7 +185,7 @@ def _reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
     if n == 1:
         return x.clone()
     out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    _reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
     return out
 
 
@@ -214,7 +218,7 @@ def all_gather_nograd(x: torch.Tensor, group: Any) -> torch.Tensor:
     if x.dtype == torch.bool:
         return all_gather_nograd(x.to(torch.uint8), group).bool()
     out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    _all_gather_tensor(out, x.contiguous(), group=group)
     return out
 
 

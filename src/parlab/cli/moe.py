@@ -1,0 +1,140 @@
+"""``parlab project moe``: routing, capacity, overflow and all-to-all over expert-parallel ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from parlab.cli import app
+from parlab.cli.common import ResultsOption, console, err_console, reproduce_command, results_dir
+
+try:  # the shared ``parlab project`` group, where it exists
+    from parlab.cli.project import project_app
+except ModuleNotFoundError as exc:
+    if exc.name != "parlab.cli.project":
+        raise
+    project_app = typer.Typer(
+        name="project",
+        help="The project runners (PAR-TRAINING-STATE, PAR-MODEL-INTERNAL, PAR-MOE-EXPERT, ...).",
+        no_args_is_help=True,
+    )
+    app.add_typer(project_app, name="project")
+
+
+@project_app.command("moe")
+def moe_cmd(
+    ep: int = typer.Option(2, "--ep", help="Expert-parallel degree (ranks; default 2)."),
+    experts: int = typer.Option(8, "--experts", help="Routed experts E (a multiple of --ep)."),
+    topk: int = typer.Option(2, "--topk", help="Experts per token k (at most E)."),
+    capacity_factor: float = typer.Option(
+        1.25, "--capacity-factor", help="Capacity = ceil(k*T/E x factor) per expert per rank."
+    ),
+    drop: str = typer.Option(
+        "position", help="Overflow policy: position, probability, or none (dropless)."
+    ),
+    gating: str = typer.Option("softmax", help="Gating: softmax or sigmoid (DeepSeek-V3)."),
+    skew: list[str] | None = typer.Option(
+        None,
+        "--skew",
+        help="Skewed workload(s) zipf:S (repeat or comma-separate; default zipf:1.2).",
+    ),
+    sweep: str = typer.Option(
+        "0.5,0.75,1,1.25,1.5,2", help="Capacity factors of the overflow sweep (comma-separated)."
+    ),
+    hidden: int = typer.Option(256, help="Hidden size H."),
+    ffn_hidden: int = typer.Option(512, "--ffn-hidden", help="Expert FFN size F."),
+    tokens: int = typer.Option(2048, help="Tokens per rank per forward."),
+    train_steps: int = typer.Option(
+        8, "--train-steps", help="Learned-routing training steps per balancing mode (0: skip)."
+    ),
+    balance: str = typer.Option(
+        "none,aux,bias", help="Balancing modes of the learned-routing workload: none, aux, bias."
+    ),
+    aux_coeff: float = typer.Option(0.01, "--aux-coeff", help="Auxiliary-loss coefficient."),
+    bias_rate: float = typer.Option(0.01, "--bias-rate", help="Aux-loss-free bias update rate."),
+    dtype: str = typer.Option("auto", help="bf16, fp32, or auto (bf16 on GPUs, fp32 on CPU)."),
+    warmup: int = typer.Option(2, help="Untimed forwards per workload."),
+    iters: int = typer.Option(5, help="Timed forwards per workload (the median is reported)."),
+    naive: bool = typer.Option(True, "--naive/--no-naive", help="Also time the all-gather path."),
+    seed: int = typer.Option(0, help="Seed of weights, tokens and routing draws."),
+    backend: str = typer.Option("auto", help="auto, nccl or gloo."),
+    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    calibration: Path | None = typer.Option(
+        None,
+        help="A `parlab collectives` document to compare with (default: the newest one in the "
+        "results folder, if any).",
+    ),
+    results: Path | None = ResultsOption,
+) -> None:
+    """PAR-MOE-EXPERT (T4): EP all-to-all vs naive, load per expert/rank, overflow, slowest rank."""
+    from parlab.projects.moe import MoERunConfig, parse_floats, parse_skews, run_moe_project
+
+    skews = parse_skews(skew) if skew else (1.2,)
+    cfg = MoERunConfig(
+        ep=ep,
+        experts=experts,
+        topk=topk,
+        capacity_factor=capacity_factor if drop != "none" else None,
+        drop=drop,
+        gating=gating,
+        hidden=hidden,
+        ffn_hidden=ffn_hidden,
+        tokens=tokens,
+        skews=skews,
+        sweep=parse_floats(sweep, "--sweep"),
+        train_steps=train_steps,
+        balance=tuple(b.strip() for b in balance.split(",") if b.strip()),
+        aux_coeff=aux_coeff,
+        bias_rate=bias_rate,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        naive=naive,
+        seed=seed,
+        backend=backend,
+        timeout_s=timeout,
+    )
+    if calibration is not None and not calibration.is_file():
+        raise ValueError(f"--calibration {calibration}: no such file; give a collectives document")
+    root = results_dir(results)
+    outcome = run_moe_project(
+        cfg, results=root, command=reproduce_command(), calibration=calibration
+    )
+    for p in outcome.paths:
+        err_console.print(f"wrote {p}")
+    if not outcome.ok:
+        f = outcome.documents[0].failure
+        err_console.print(f"moe run failed ({f.kind}, rank {f.rank}): {f.message}")
+        raise typer.Exit(1)
+    print_summary(outcome.documents)
+    console.print(f"report: {outcome.report}")
+
+
+def print_summary(docs: list) -> None:
+    from parlab.projects.moe import _cell
+
+    table = Table(title="PAR-MOE-EXPERT", title_justify="left")
+    cols = ("workload", "evidence", "overflow", "expert max/mean", "rank max/mean", "dispatch",
+            "combine", "a2a busbw", "vs plain a2a", "slowest rank", "layer", "naive")  # fmt: skip
+    for c in cols:
+        table.add_column(c, overflow="fold")
+    for d in docs:
+        if d.workload.get("kind") not in ("uniform", "zipf"):
+            continue
+        table.add_row(
+            d.workload["name"],
+            d.evidence_level,
+            _cell(d, "overflow_rate"),
+            _cell(d, "expert_load_max_over_mean"),
+            _cell(d, "rank_load_max_over_mean"),
+            f"{_cell(d, 'dispatch_bytes')} / {_cell(d, 'dispatch_time')}",
+            f"{_cell(d, 'combine_bytes')} / {_cell(d, 'combine_time')}",
+            _cell(d, "a2a_busbw"),
+            _cell(d, "a2a_busbw_vs_reference"),
+            f"{int(d.metrics['slowest_rank'].value or 0)} (+{_cell(d, 'slowest_rank_excess')})",
+            _cell(d, "layer_time"),
+            _cell(d, "naive_layer_time"),
+        )
+    console.print(table)
