@@ -1133,3 +1133,26 @@ def run_moe_project(
         outcome.paths.append(write_result(d, results))
     outcome.report = folder / art["report"]
     return outcome
+
+
+def demo_step(results: Path, console: Any) -> None:
+    """``parlab demo``: a CPU-sized run (2 ranks, 8 experts, top-2, uniform and Zipf 1.2)."""
+    args = "--ep 2 --experts 8 --topk 2 --capacity-factor 1.25 --skew zipf:1.2 --hidden 64 "
+    args += "--ffn-hidden 128 --tokens 256 --train-steps 4 --warmup 1 --iters 3"
+    cfg = MoERunConfig(
+        ep=2, experts=8, topk=2, capacity_factor=1.25, skews=(1.2,), hidden=64, ffn_hidden=128,
+        tokens=256, train_steps=4, warmup=1, iters=3,
+    )  # fmt: skip
+    out = run_moe_project(
+        cfg, results=results, command=f"parlab project moe {args} --results {results}"
+    )
+    if not out.ok:
+        f = out.documents[0].failure
+        raise RuntimeError(f"moe run failed: {f.message if f else '?'}")
+    for d in out.documents[:2]:
+        console.print(
+            f"{d.workload['name']}: overflow {_cell(d, 'overflow_rate')}, expert load max/mean "
+            f"{_cell(d, 'expert_load_max_over_mean')}, slowest rank {_cell(d, 'slowest_rank')} "
+            f"(+{_cell(d, 'slowest_rank_excess')}), dispatch {_cell(d, 'dispatch_time')}"
+        )
+    console.print(f"report: {out.report}")
