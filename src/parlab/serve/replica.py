@@ -8,7 +8,8 @@ streamed as SSE chunks (``protocol.py``), one token a chunk, then a usage
 chunk (``prompt_tokens_details.cached_tokens`` from the prefix cache) and
 ``[DONE]``. A client that disconnects cancels its request.
 
-Extra endpoints: ``GET /engine/stats`` (iterations run, by kind, with their
+Extra endpoints: ``POST /engine/reset`` (empty the prefix cache, when idle),
+``GET /engine/stats`` (iterations run, by kind, with their
 mean time; requests served; prefix-cache hits) and ``POST /engine/profile``
 (the short prefill/decode profile that feeds the simulator; only while idle).
 Listens on 127.0.0.1 unless given another host.
@@ -76,6 +77,7 @@ class ReplicaServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/engine/stats", self._stats)
         app.router.add_post("/engine/profile", self._profile)
+        app.router.add_post("/engine/reset", self._reset)
         return app
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
@@ -142,6 +144,14 @@ class ReplicaServer:
         loop = asyncio.get_running_loop()
         prof = await loop.run_in_executor(self._exec, self.engine.profile)
         return web.json_response(prof)
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        """Empty the prefix cache and the iteration log (between experiments)."""
+        if self.engine.has_work() or self._pending or self._busy:
+            return protocol.error_response("the replica is busy: reset it idle", status=409)
+        self.engine.prefix.clear()
+        self.engine.log.clear()
+        return web.json_response({"reset": True})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)

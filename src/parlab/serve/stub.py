@@ -65,6 +65,7 @@ class StubServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/engine/reset", self._reset)
         return app
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
@@ -84,6 +85,10 @@ class StubServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.cache.clear()
+        return web.json_response({"reset": True})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(protocol.models_body(self.config.name))
@@ -145,3 +150,19 @@ class StubServer:
             return resp
         finally:
             self.in_flight -= 1
+
+
+async def serve_forever(
+    config: StubConfig, *, host: str, port: int, duration_s: float | None
+) -> None:
+    """Run a stub until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
+    server = StubServer(config)
+    bound = await server.start(host, port)
+    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
+    try:
+        if duration_s is None:
+            await asyncio.Event().wait()
+        else:
+            await asyncio.sleep(duration_s)
+    finally:
+        await server.stop()

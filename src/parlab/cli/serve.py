@@ -1,0 +1,444 @@
+"""Serving commands: ``parlab bench serve``, ``parlab serve replica|router|sim|kv-transfer``,
+``parlab project serving``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import typer
+
+from parlab.cli import app
+from parlab.cli.common import (
+    ResultsOption,
+    console,
+    err_console,
+    print_json,
+    reproduce_command,
+    results_dir,
+    write,
+)
+from parlab.errors import UsageError
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks against running servers.")
+serve_app = typer.Typer(
+    no_args_is_help=True, help="Serving: reference replica, router, simulator, KV transfer."
+)
+app.add_typer(bench_app, name="bench")
+app.add_typer(serve_app, name="serve")
+
+
+def _dataset(
+    kind: str,
+    path: Path | None,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    num_groups: int,
+    prefix_len: int,
+    question_len: int,
+    seed: int,
+):
+    from parlab.serve import datasets
+
+    if kind == "synthetic":
+        return datasets.synthetic(
+            num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=seed
+        )
+    if kind == "shared-prefix":
+        if num_prompts < num_groups:
+            raise UsageError(f"--num-prompts {num_prompts} is below --num-groups {num_groups}")
+        return datasets.shared_prefix(
+            num_groups=num_groups,
+            prompts_per_group=num_prompts // num_groups,
+            prefix_len=prefix_len,
+            question_len=question_len,
+            output_len=output_len,
+            seed=seed,
+        )
+    if kind == "jsonl":
+        if path is None:
+            raise UsageError("--dataset jsonl needs --dataset-path FILE")
+        return datasets.jsonl(path, num_prompts=num_prompts)
+    raise UsageError(f"--dataset {kind!r} is not one of synthetic, shared-prefix, jsonl")
+
+
+@bench_app.command("serve")
+def bench_serve_cmd(
+    base_url: str = typer.Option("http://127.0.0.1:8000", help="Server or router URL."),
+    api: str = typer.Option("completions", help="completions or chat."),
+    model: str | None = typer.Option(None, help="Model name (default: the server's first)."),
+    dataset: str = typer.Option("synthetic", help="synthetic, shared-prefix or jsonl."),
+    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset jsonl)."),
+    num_prompts: int = typer.Option(100, help="Requests to send (at most, for jsonl)."),
+    input_len: int = typer.Option(128, help="Synthetic prompt length, tokens."),
+    output_len: int = typer.Option(32, help="Tokens to generate per request."),
+    num_groups: int = typer.Option(4, help="Shared-prefix groups."),
+    prefix_len: int = typer.Option(512, help="Shared-prefix length, tokens."),
+    question_len: int = typer.Option(32, help="Unique part after the shared prefix, tokens."),
+    request_rate: float = typer.Option(math.inf, help="Requests/s (inf: all at once)."),
+    burstiness: float = typer.Option(1.0, help="Gamma shape of arrival gaps (1: Poisson)."),
+    max_concurrency: int | None = typer.Option(None, help="Most requests in flight."),
+    replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
+    stream: bool = typer.Option(True, help="Stream (SSE)."),
+    seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
+    percentiles: str = typer.Option("90,99", help="Percentiles to report, comma-separated."),
+    goodput: list[str] | None = typer.Option(None, help="SLO KEY:MS (ttft, tpot, e2el)."),
+    request_timeout: float = typer.Option(60.0, help="Per-request timeout, s."),
+    max_duration: float = typer.Option(600.0, help="Whole-run time limit, s."),
+    allow_remote: bool = typer.Option(False, help="Allow a non-loopback target."),
+    role: str = typer.Option("baseline", help="Document role: baseline or candidate."),
+    save_result: Path | None = typer.Option(
+        None, help="Also write vLLM's result JSON here (always written beside the document)."
+    ),
+    progress: bool = typer.Option(True, help="Progress bar on stderr."),
+    results: Path | None = ResultsOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Load generator: vLLM/SGLang-defined TTFT, TPOT, ITL, E2E, throughput, goodput."""
+    from parlab.contract import atomic_write_text, new_run_id
+    from parlab.serve import bench
+    from parlab.serve.metrics import Slo, vllm_result_json
+
+    if role not in ("baseline", "candidate"):
+        raise UsageError(f"--role {role!r}: use baseline or candidate")
+    try:
+        pcts = tuple(float(p) for p in percentiles.split(",") if p.strip())
+    except ValueError:
+        raise UsageError(f"--percentiles {percentiles!r}: write numbers like 50,90,99") from None
+    cfg = bench.BenchConfig(
+        base_url=base_url,
+        api=api,
+        model=model,
+        request_rate=request_rate,
+        burstiness=burstiness,
+        max_concurrency=max_concurrency,
+        replay_timestamps=replay_timestamps,
+        stream=stream,
+        seed=seed,
+        request_timeout_s=request_timeout,
+        max_duration_s=max_duration,
+        percentiles=pcts,
+        slo=Slo.parse(goodput or []),
+        allow_remote=allow_remote,
+        progress=progress,
+    )
+    ds = _dataset(
+        dataset,
+        dataset_path,
+        num_prompts,
+        input_len,
+        output_len,
+        num_groups,
+        prefix_len,
+        question_len,
+        seed,
+    )
+    for line, why in ds.bad_lines[:20]:
+        err_console.print(f"{dataset_path}:{line}: skipped: {why}")
+    if len(ds.bad_lines) > 20:
+        err_console.print(f"... {len(ds.bad_lines) - 20} more bad lines")
+    res = bench.run(cfg, ds)
+    root = results_dir(results)
+    run_id = new_run_id("serve-bench")
+    rel = f"{run_id}.vllm.json"
+    extra = {
+        "backend": "openai-chat" if api == "chat" else "openai",
+        "model_id": res.model,
+        "num_prompts": len(ds.requests),
+        "request_rate": "inf" if math.isinf(request_rate) else request_rate,
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+    }
+    vjson = json.dumps(vllm_result_json(res.summary, res.outcomes, extra=extra))
+    atomic_write_text(root / bench.PROJECT / rel, vjson)
+    if save_result is not None:
+        atomic_write_text(save_result, vjson)
+    doc = bench.to_document(
+        res,
+        cfg,
+        ds,
+        command=reproduce_command(),
+        role=role,
+        artifacts={"vllm_result": rel},
+        run_id=run_id,
+    )
+    path = write(doc, root, quiet=as_json)
+    if as_json:
+        print_json(res.summary)
+    else:
+        print_summary(res.summary, res.errors, res.dispatch_lag_ms)
+        console.print(f"document: {path}")
+    if res.summary["completed"] == 0:
+        raise typer.Exit(1)
+
+
+def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None = None) -> None:
+    from rich.table import Table
+
+    console.print(
+        f"completed {s['completed']}, failed {s['failed']} in {s['duration']:.2f} s: "
+        f"{s['request_throughput']:.1f} req/s, {s['output_throughput']:.0f} output tok/s, "
+        f"{s['total_token_throughput']:.0f} total tok/s"
+        + (f", goodput {s['request_goodput']:.1f} req/s" if s.get("request_goodput") else "")
+        + (f", cache hit {s['cache_hit_rate']:.1%}" if s.get("cache_hit_rate") is not None else "")
+    )
+    t = Table(title="latency (ms)", title_justify="left")
+    t.add_column("metric")
+    cols = [k.split("_")[0] for k in s if k.endswith("_ttft_ms")]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        t.add_row(m.upper(), *(f"{s[f'{c}_{m}_ms']:.2f}" for c in cols))
+    console.print(t)
+    if lag:
+        console.print(
+            f"send-time accuracy: lag mean {lag['mean']:.3f} ms, p99 {lag['p99']:.3f} ms, "
+            f"max {lag['max']:.3f} ms"
+        )
+    for e, n in list(errors.items())[:10]:
+        err_console.print(f"failed x{n}: {e}")
+
+
+@serve_app.command("replica")
+def replica_cmd(
+    model: str = typer.Option("tiny", help="Reference model (parlab.models catalog name)."),
+    engine: str = typer.Option("model", help="model (the reference model) or stub (no model)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, help="Port (0: a free one, printed)."),
+    device: str = typer.Option("cpu", help="cpu or cuda:N."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    max_batch: int = typer.Option(16, help="KV slots (requests decoding at once)."),
+    max_len: int = typer.Option(2048, help="Longest prompt + output, tokens."),
+    prefix_cache: bool = typer.Option(True, help="Reuse KV of cached prompt prefixes."),
+    seed: int = typer.Option(0, help="Weight seed."),
+    threads: int = typer.Option(1, help="CPU threads for torch."),
+    duration: float | None = typer.Option(None, help="Stop after this many seconds."),
+    stub_token_s: float = typer.Option(0.0, help="Stub: seconds between tokens."),
+    stub_prefill_per_token_s: float = typer.Option(0.0, help="Stub: prefill s per token."),
+) -> None:
+    """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
+    if engine == "stub":
+        from parlab.serve import stub
+
+        cfg = stub.StubConfig(
+            token_s=stub_token_s,
+            prefill_per_token_s=stub_prefill_per_token_s,
+            prefix_cache=prefix_cache,
+        )
+        asyncio.run(stub.serve_forever(cfg, host=host, port=port, duration_s=duration))
+        return
+    if engine != "model":
+        raise UsageError(f"--engine {engine!r}: use model or stub")
+    import torch
+
+    from parlab.serve.engine import EngineConfig
+    from parlab.serve.replica import build_engine, serve_forever
+
+    torch.set_num_threads(max(1, threads))
+    eng = build_engine(
+        model,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        config=EngineConfig(max_batch=max_batch, max_len=max_len, prefix_cache=prefix_cache),
+    )
+    asyncio.run(
+        serve_forever(eng, host=host, port=port, name=f"parlab-{model}", duration_s=duration)
+    )
+
+
+@serve_app.command("router")
+def router_cmd(
+    replica: list[str] = typer.Option(..., help="Replica base URL (repeat for each)."),
+    policy: str = typer.Option(
+        "cache_aware",
+        help="round_robin, random, least_outstanding, power_of_two or cache_aware.",
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, help="Port (0: a free one, printed)."),
+    cache_threshold: float = typer.Option(0.5, help="cache_aware: matched fraction to follow."),
+    balance_abs: int = typer.Option(32, help="cache_aware: load gap counted as uneven."),
+    balance_rel: float = typer.Option(1.0001, help="cache_aware: load ratio counted as uneven."),
+    health_interval: float = typer.Option(1.0, help="Seconds between health checks."),
+    allow_remote: bool = typer.Option(False, help="Allow non-loopback replicas."),
+    duration: float | None = typer.Option(None, help="Stop after this many seconds."),
+    seed: int = typer.Option(0, help="Seed of random policies."),
+) -> None:
+    """HTTP router in front of replicas; prints its stats (JSON) when it stops."""
+    from parlab.serve.policy import PolicyConfig
+    from parlab.serve.router import Router, RouterConfig
+
+    cfg = RouterConfig(
+        replicas=tuple(replica),
+        policy=PolicyConfig(
+            name=policy,
+            seed=seed,
+            cache_threshold=cache_threshold,
+            balance_abs=balance_abs,
+            balance_rel=balance_rel,
+        ),
+        health_interval_s=health_interval,
+        allow_remote=allow_remote,
+    )
+
+    async def main() -> None:
+        r = Router(cfg)
+        bound = await r.start(host, port)
+        print(f"parlab router listening on http://{host}:{bound}", flush=True)
+        try:
+            if duration is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(duration)
+        finally:
+            print_json(r.stats())
+            await r.stop()
+
+    asyncio.run(main())
+
+
+@serve_app.command("kv-transfer")
+def kv_transfer_cmd(
+    model: str = typer.Option("tiny", help="Model whose KV layout is sent."),
+    tokens: str = typer.Option("16,64,256,1024", help="Request lengths, tokens."),
+    dtype: str = typer.Option("bfloat16", help="KV dtype."),
+    iters: int = typer.Option(10, help="Timed transfers per size."),
+    timeout: float = typer.Option(120.0, help="Process-group timeout, s."),
+    results: Path | None = ResultsOption,
+) -> None:
+    """KV-cache transfer (NCCL send/recv on GPUs, gloo on CPU) against request length."""
+    from parlab.projects.serving import kv_transfer_document
+
+    toks = [int(t) for t in tokens.split(",") if t.strip()]
+    if not toks or min(toks) < 1:
+        raise UsageError(f"--tokens {tokens!r}: give positive lengths like 16,256,4096")
+    doc = kv_transfer_document(
+        model=model,
+        tokens=toks,
+        dtype=dtype,
+        iters=iters,
+        timeout_s=timeout,
+        command=reproduce_command(),
+    )
+    path = write(doc, results_dir(results))
+    for r in doc.workload["rows"]:
+        console.print(
+            f"{r['tokens']:>7} tokens {r['bytes'] / 2**20:10.3f} MiB  {r['time_s'] * 1e3:9.3f} ms"
+            f"  {r['bytes'] / r['time_s'] / 1e9:8.2f} GB/s  wrong {r['wrong']}"
+        )
+    console.print(f"document: {path}")
+    if doc.status != "ok":
+        raise typer.Exit(1)
+
+
+@serve_app.command("sim")
+def sim_cmd(
+    replicas: int = typer.Option(8, help="Replicas (colocated)."),
+    requests: int = typer.Option(100_000, help="Requests."),
+    rate: float = typer.Option(400.0, help="Requests/s (Poisson)."),
+    groups: int = typer.Option(64, help="Shared-prefix groups."),
+    prefix_len: int = typer.Option(1024, help="Shared prefix, tokens."),
+    question_len: int = typer.Option(64, help="Unique part, tokens."),
+    output_len: int = typer.Option(128, help="Output tokens."),
+    policy: str = typer.Option("cache_aware", help="Routing policy."),
+    profile: Path | None = typer.Option(None, help="Replica profile JSON (Engine.profile)."),
+    max_batch: int = typer.Option(64, help="KV slots per replica."),
+    block: int = typer.Option(64, help="Prefix block, tokens."),
+    cache_blocks: int = typer.Option(4096, help="Prefix cache per replica, blocks."),
+    prefill_replicas: int = typer.Option(0, help="Disaggregated: prefill replicas (0: colocated)."),
+    kv_bytes_per_token: int = typer.Option(196608, help="Disaggregated: KV bytes per token."),
+    kv_bandwidth: float = typer.Option(3e11, help="Disaggregated: transfer bytes/s."),
+    kv_base: float = typer.Option(5e-5, help="Disaggregated: transfer latency, s."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Discrete-event simulation of replicas, routing and arrivals (analytic; nothing written)."""
+    import time
+
+    from parlab.serve import sim
+    from parlab.serve.policy import PolicyConfig
+
+    if profile is not None:
+        data = json.loads(Path(profile).read_text())
+        prof = sim.ReplicaProfile.from_json(
+            data, max_batch=max_batch, block=block, cache_blocks=cache_blocks
+        )
+    else:
+        prof = sim.ReplicaProfile(
+            prefill_base_s=2e-3,
+            prefill_per_token_s=2e-5,
+            decode_base_s=8e-3,
+            decode_per_seq_s=2e-4,
+            max_batch=max_batch,
+            block=block,
+            cache_blocks=cache_blocks,
+        )
+        err_console.print("no --profile: using illustrative iteration times (not measured)")
+    w = sim.shared_prefix_arrays(
+        n=requests,
+        groups=groups,
+        prefix_len=prefix_len,
+        question_len=question_len,
+        output_len=output_len,
+        rate=rate,
+    )
+    dis = None
+    if prefill_replicas:
+        dis = sim.Disaggregation(
+            prefill_replicas=prefill_replicas,
+            decode_replicas=replicas - prefill_replicas,
+            kv_bytes_per_token=kv_bytes_per_token,
+            kv_bandwidth=kv_bandwidth,
+            kv_base_s=kv_base,
+        )
+    t0 = time.perf_counter()
+    res = sim.simulate(
+        w, replicas=replicas, profile=prof, policy=PolicyConfig(name=policy), disagg=dis
+    )
+    res["wall_s"] = time.perf_counter() - t0
+    res.pop("per_replica_served")
+    if as_json:
+        print_json(res)
+        return
+    for k, v in res.items():
+        console.print(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
+
+
+def register_project_command() -> None:
+    """Add ``serving`` to the ``parlab project`` sub-app, when that sub-app exists."""
+    try:
+        from parlab.cli.project import project_app  # type: ignore[attr-defined]
+    except ImportError:
+        return
+
+    @project_app.command("serving")
+    def serving_cmd(
+        results: Path | None = ResultsOption,
+        preset: str = typer.Option("cpu", help="cpu (tiny model) or gpu (one replica per GPU)."),
+        policies: str = typer.Option(
+            "round_robin,random,least_outstanding,power_of_two,cache_aware",
+            help="Policies to compare, comma-separated.",
+        ),
+        num_prompts: int | None = typer.Option(None, help="Override requests per policy."),
+        request_rate: float | None = typer.Option(None, help="Override requests/s."),
+        kv_transfer: bool = typer.Option(True, help="Also measure the KV transfer (2 ranks)."),
+    ) -> None:
+        """Replicas + router + load per policy, simulator check, KV transfer; a report."""
+        from parlab.projects.serving import run_project
+
+        rc = run_project(
+            results_dir(results),
+            preset=preset,
+            policies=[p for p in policies.split(",") if p],
+            num_prompts=num_prompts,
+            request_rate=request_rate,
+            kv_transfer=kv_transfer,
+            console=console,
+        )
+        if rc:
+            raise typer.Exit(1)
+
+
+register_project_command()
