@@ -49,6 +49,7 @@ def env_step(results: Path, console: Console) -> None:
 STEPS: list[DemoStep] = [
     DemoStep(name="environment precheck", task="T1", entry="parlab.demo:env_step"),
     DemoStep(name="moe expert parallel", task="T4", entry="parlab.projects.moe:demo_step"),
+    DemoStep(name="serving", task="T4", entry="parlab.projects.serving:demo_step"),
 ]
 
 
