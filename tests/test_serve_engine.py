@@ -1,0 +1,185 @@
+"""Reference replica engine against the model's full forward; replica server; simulator; KV transfer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from parlab.models import get_spec
+from parlab.models.reference import build_model
+from parlab.runtime.testing import run_ranks
+from parlab.serve import bench, datasets, kvxfer, sim
+from parlab.serve.engine import PRINTABLE, Engine, EngineConfig, Sequence, encode
+from parlab.serve.policy import PolicyConfig
+from parlab.serve.replica import ReplicaServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model(get_spec("tiny"), seed=0)
+
+
+def _reference_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    mask = torch.full((256,), float("-inf"))
+    mask[PRINTABLE[0] : PRINTABLE[1]] = 0
+    toks, logits = list(prompt), []
+    for _ in range(n):
+        with torch.no_grad():
+            lg = model(torch.tensor([toks]))[0, -1].float()
+        logits.append(lg)
+        toks.append(int((lg + mask).argmax()))
+    return toks[len(prompt) :], logits
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_engine_equals_full_forward_under_continuous_batching(model, prefix_cache: bool) -> None:
+    eng = Engine(model, EngineConfig(max_batch=3, max_len=256, block=8, prefix_cache=prefix_cache))
+    prompts = [
+        encode("the shared system prompt, then question one"),
+        encode("x"),
+        encode("the shared system prompt, then question two"),
+        encode("the shared system prompt, then question one"),
+        encode("a different and somewhat longer prompt than the rest of them"),
+    ]
+    outs = eng.generate(prompts, 12)  # 5 requests through 3 slots: joins and leaves mid-run
+    for p, o in zip(prompts, outs, strict=True):
+        ref, _ = _reference_greedy(model, p, 12)
+        assert o == ref
+    kinds = {e["kind"] for e in eng.log}
+    assert kinds == {0, 1}
+    assert max(e["batch"] for e in eng.log if e["kind"] == 1) == 3
+
+
+def test_engine_logits_equal_and_prefix_cache_hits(model) -> None:
+    eng = Engine(model, EngineConfig(max_batch=2, max_len=256, block=8))
+    p = encode("0123456789abcdefghijklmnopqrstuv!")  # 33 tokens: 4 full blocks
+    eng.generate([p], 2)
+    s = Sequence(prompt=p, max_tokens=1)
+    eng.add(s)
+    eng.step()
+    assert s.cached_tokens == 32
+    slot_logits = eng.forward(torch.tensor([p[:5]]), [0], [0])[0]
+    with torch.no_grad():
+        ref = model(torch.tensor([p[:5]]))[0, -1].float()
+    torch.testing.assert_close(slot_logits, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_replica_server_streams_with_usage_and_cache(model) -> None:
+    async def main() -> bench.BenchResult:
+        srv = ReplicaServer(Engine(model, EngineConfig(max_batch=4, max_len=256)), name="tiny")
+        await srv.start()
+        try:
+            ds = datasets.shared_prefix(
+                num_groups=2, prompts_per_group=3, prefix_len=64, question_len=8, output_len=6
+            )
+            res = await bench.arun(
+                bench.BenchConfig(base_url=srv.url, request_rate=100.0, progress=False), ds
+            )
+            chat = await bench.arun(
+                bench.BenchConfig(base_url=srv.url, api="chat", stream=False, progress=False),
+                datasets.synthetic(num_prompts=2, input_len=10, output_len=3),
+            )
+            assert chat.summary["completed"] == 2, chat.errors
+            return res
+        finally:
+            await srv.stop()
+
+    res = asyncio.run(main())
+    assert res.summary["completed"] == 6, res.errors
+    assert res.summary["total_output_tokens"] == 36
+    assert all(len(o.generated_text) == 6 for o in res.outcomes)
+    assert res.summary["cache_hit_rate"] > 0.3  # 64-token prefixes reused within groups
+
+
+# ----- simulator --------------------------------------------------------------------------------
+
+
+PROF = sim.ReplicaProfile(
+    prefill_base_s=0.01,
+    prefill_per_token_s=0.001,
+    decode_base_s=0.02,
+    decode_per_seq_s=0.005,
+    max_batch=4,
+    block=16,
+    cache_blocks=100,
+)
+
+
+def _work(arrivals, plen=100, out=5) -> sim.Workload:
+    n = len(arrivals)
+    return sim.Workload(
+        arrival=np.asarray(arrivals, dtype=float),
+        prompt_len=np.full(n, plen),
+        output_len=np.full(n, out),
+        group=np.zeros(n, dtype=int),
+        prefix_len=np.full(n, 96),
+    )
+
+
+def test_sim_single_request_is_exact() -> None:
+    r = sim.simulate(_work([0.0]), replicas=1, profile=PROF, policy=PolicyConfig())
+    assert r["mean_ttft_ms"] == pytest.approx(110.0)  # 10 + 100 * 1 ms
+    assert r["mean_tpot_ms"] == pytest.approx(25.0)  # 20 + 5 * 1 ms per step
+    assert r["mean_e2el_ms"] == pytest.approx(110.0 + 4 * 25.0)
+
+
+def test_sim_join_interrupts_a_decode_leap_and_caches_prefix() -> None:
+    # B arrives at 0.2 s while A decodes (steps of 25 ms from 0.11): it waits for the step
+    # in progress (ends 0.21), prefills with A's 96-token prefix cached (6 blocks).
+    r = sim.simulate(_work([0.0, 0.2]), replicas=1, profile=PROF, policy=PolicyConfig())
+    assert r["cache_hit_rate"] == pytest.approx(96 / 200)
+    ttft_b = 0.21 + 0.01 + 0.001 * (100 - 96) - 0.2
+    assert r["mean_ttft_ms"] == pytest.approx((110.0 + ttft_b * 1e3) / 2)
+
+
+def test_sim_disaggregated_adds_the_transfer() -> None:
+    w = _work([0.0])
+    dis = sim.Disaggregation(
+        prefill_replicas=1, decode_replicas=1, kv_bytes_per_token=1000, kv_bandwidth=1e6
+    )
+    r = sim.simulate(w, replicas=2, profile=PROF, policy=PolicyConfig(), disagg=dis)
+    assert r["mean_ttft_ms"] == pytest.approx(110.0)
+    # transfer 100 tokens * 1000 B / 1e6 B/s = 0.1 s, then 4 decode steps of 25 ms
+    assert r["mean_e2el_ms"] == pytest.approx(110.0 + 100.0 + 100.0)
+
+
+def test_sim_cache_aware_beats_round_robin_on_shared_prefixes() -> None:
+    w = sim.shared_prefix_arrays(
+        n=3000, groups=40, prefix_len=512, question_len=32, output_len=16, rate=60.0
+    )
+    prof = sim.ReplicaProfile(
+        prefill_base_s=0.001,
+        prefill_per_token_s=0.0002,
+        decode_base_s=0.004,
+        decode_per_seq_s=0.0005,
+        max_batch=32,
+        block=16,
+        cache_blocks=400,
+    )
+    rr = sim.simulate(w, replicas=8, profile=prof, policy=PolicyConfig(name="round_robin"))
+    ca = sim.simulate(w, replicas=8, profile=prof, policy=PolicyConfig(name="cache_aware"))
+    assert ca["cache_hit_rate"] > rr["cache_hit_rate"] + 0.2
+    assert ca["mean_ttft_ms"] < rr["mean_ttft_ms"]
+
+
+# ----- KV transfer --------------------------------------------------------------------------------
+
+
+def _kv(ctx):
+    return kvxfer.rank_main(
+        ctx, tokens=[4, 32], layers=2, kv_heads=2, head_dim=8, dtype="float32", iters=2, warmup=1
+    )
+
+
+def test_kv_transfer_send_recv_arrives_intact() -> None:
+    out = run_ranks(_kv, 2)
+    rows = next(o for o in out if o["rank"] == 1)["rows"]
+    assert [r["bytes"] for r in rows] == [2 * 2 * 2 * 4 * 8 * 4, 2 * 2 * 2 * 32 * 8 * 4]
+    assert all(r["wrong"] == 0 and r["time_s"] > 0 for r in rows)
+    assert kvxfer.kv_bytes_per_token(2, 2, 8, "bfloat16") == 2 * 2 * 2 * 8 * 2
