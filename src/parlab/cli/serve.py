@@ -406,6 +406,53 @@ def sim_cmd(
         console.print(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
 
 
+def _serving_project(
+    results: Path | None,
+    preset: str,
+    policies: str,
+    num_prompts: int | None,
+    request_rate: float | None,
+    kv_transfer: bool,
+) -> None:
+    from parlab.projects.serving import run_project
+
+    rc = run_project(
+        results_dir(results),
+        preset=preset,
+        policies=[p for p in policies.split(",") if p],
+        num_prompts=num_prompts,
+        request_rate=request_rate,
+        kv_transfer=kv_transfer,
+        console=console,
+        command=reproduce_command(),
+    )
+    if rc:
+        raise typer.Exit(1)
+
+
+_PRESET = typer.Option("cpu", help="cpu (tiny model) or gpu (1.3B, one replica per GPU).")
+_POLICIES = typer.Option(
+    "round_robin,random,least_outstanding,power_of_two,cache_aware",
+    help="Policies to compare, comma-separated.",
+)
+_NUM = typer.Option(None, help="Override requests per policy.")
+_RATE = typer.Option(None, help="Override requests/s.")
+_KV = typer.Option(True, help="Also measure the KV transfer (2 ranks).")
+
+
+@serve_app.command("project")
+def serve_project_cmd(
+    results: Path | None = ResultsOption,
+    preset: str = _PRESET,
+    policies: str = _POLICIES,
+    num_prompts: int | None = _NUM,
+    request_rate: float | None = _RATE,
+    kv_transfer: bool = _KV,
+) -> None:
+    """The serving project (same as ``parlab project serving``)."""
+    _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
+
+
 def register_project_command() -> None:
     """Add ``serving`` to the ``parlab project`` sub-app, when that sub-app exists."""
     try:
@@ -416,29 +463,14 @@ def register_project_command() -> None:
     @project_app.command("serving")
     def serving_cmd(
         results: Path | None = ResultsOption,
-        preset: str = typer.Option("cpu", help="cpu (tiny model) or gpu (one replica per GPU)."),
-        policies: str = typer.Option(
-            "round_robin,random,least_outstanding,power_of_two,cache_aware",
-            help="Policies to compare, comma-separated.",
-        ),
-        num_prompts: int | None = typer.Option(None, help="Override requests per policy."),
-        request_rate: float | None = typer.Option(None, help="Override requests/s."),
-        kv_transfer: bool = typer.Option(True, help="Also measure the KV transfer (2 ranks)."),
+        preset: str = _PRESET,
+        policies: str = _POLICIES,
+        num_prompts: int | None = _NUM,
+        request_rate: float | None = _RATE,
+        kv_transfer: bool = _KV,
     ) -> None:
         """Replicas + router + load per policy, simulator check, KV transfer; a report."""
-        from parlab.projects.serving import run_project
-
-        rc = run_project(
-            results_dir(results),
-            preset=preset,
-            policies=[p for p in policies.split(",") if p],
-            num_prompts=num_prompts,
-            request_rate=request_rate,
-            kv_transfer=kv_transfer,
-            console=console,
-        )
-        if rc:
-            raise typer.Exit(1)
+        _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
 
 
 register_project_command()

@@ -95,7 +95,7 @@ def get_preset(name: str) -> Preset:
             dtype="bfloat16",
             max_batch=32,
             max_len=4096,
-            num_prompts=96,
+            num_prompts=64,
             groups=8,
             prefix_len=2048,
             question_len=64,

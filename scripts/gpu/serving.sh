@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# PAR-DISTRIBUTED-INFERENCE GPU evidence, in one go (about 80 s on 2xH200):
+#   - one reference replica (1.3B Llama-style, bf16, random weights) per GPU, behind parlab's
+#     router under each routing policy, with a seeded shared-prefix workload (serving-benchmark);
+#   - the replica's prefill/decode profile and the simulator's prediction for each run;
+#   - KV-cache transfer GPU0 -> GPU1 over NCCL send/recv against request length (real-nccl);
+#   - colocated vs prefill/decode split in the simulator, from those measurements (analytic);
+#   - the router's own overhead against stub replicas (serving-benchmark).
+# Without two GPUs it runs the same at CPU size (tiny model, gloo).
+#   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
+set -u
+OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/results"
+if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
+  PRESET=gpu
+else
+  PRESET=cpu
+fi
+echo "preset: $PRESET"
+rc=0
+timeout --kill-after=10 120 $PY -m parlab serve project --preset "$PRESET" \
+  --results "$OUT/results" 2>&1 | tee "$OUT/project.log" || rc=1
+# router overhead: two stub replicas, 500 req/s direct and through the router
+timeout --kill-after=10 40 $PY benchmarks/serve_router.py --rate 500 --requests 2000 \
+  --results "$OUT/results" 2>&1 | tee "$OUT/router_overhead.log" || rc=1
+exit $rc
