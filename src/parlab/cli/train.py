@@ -1,0 +1,148 @@
+"""``parlab train`` (one run, one document) and ``parlab project training-state`` (the set + report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from parlab.cli import app
+from parlab.cli.common import (
+    ResultsOption,
+    console,
+    err_console,
+    reproduce_command,
+    results_dir,
+    write,
+)
+from parlab.cli.project import project_app
+from parlab.units import format_bytes, parse_size
+
+
+def _fmt(v: float, unit: str) -> str:
+    return format_bytes(v) if unit == "B" else f"{v:.4g} {unit}"
+
+
+def _print_run(doc: object, path: Path) -> None:
+    from parlab.contract import Document
+
+    assert isinstance(doc, Document)
+    if doc.failure is not None:
+        err_console.print(
+            f"[red]{doc.layout['strategy']} failed ({doc.failure.kind})[/red]: {doc.failure.message}"
+        )
+        p = doc.predictions.get("peak_memory")
+        if p is not None and p.value is not None:
+            err_console.print(f"ledger predicted a peak of {format_bytes(p.value)} per rank")
+        err_console.print(f"document: {path}")
+        return
+    t = Table(
+        title=f"{doc.layout['strategy']} on {doc.layout['world_size']} ranks ({doc.evidence_level})"
+    )
+    for c in ("metric", "measured", "ledger"):
+        t.add_column(c)
+    for name, m in doc.metrics.items():
+        if name.startswith("comm_count"):
+            continue
+        p = doc.predictions.get(name)
+        t.add_row(
+            name,
+            "unknown" if m.value is None else _fmt(m.value, m.unit),
+            "" if p is None or p.value is None else _fmt(p.value, m.unit),
+        )
+    console.print(t)
+    console.print(f"document: {path}")
+
+
+@app.command("train")
+def train_cmd(
+    strategy: str = typer.Option(
+        ..., help="ddp | zero1 | zero2 | zero3 | fsdp | fsdp-hybrid (also ddp-bucket, *-naive)."
+    ),
+    model: str = typer.Option("tiny", help="Model preset (tiny, small, 1.3b, 8b, ...)."),
+    nproc: int = typer.Option(2, help="Ranks: GPUs, or gloo CPU processes without GPUs."),
+    steps: int = typer.Option(5, help="Timed steps."),
+    warmup: int = typer.Option(2, help="Untimed steps first (the last one is metered)."),
+    micro_batch: int = typer.Option(2, "--micro-batch", help="Sequences per rank per step."),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Sequences per step over all ranks (nproc must divide it)."
+    ),
+    seq: int = typer.Option(128, help="Tokens per sequence."),
+    dtype: str = typer.Option("fp32", help="Compute dtype: fp32 or bf16 (states stay fp32)."),
+    recompute: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile each block."),
+    optimizer: str = typer.Option("adamw", help="adamw (fused on CUDA) or sgd."),
+    lr: float = typer.Option(1e-3, help="Learning rate."),
+    reshard: bool = typer.Option(
+        True, "--reshard/--no-reshard", help="FSDP: free gathered params after forward."
+    ),
+    hybrid_shard: int | None = typer.Option(
+        None, "--hybrid-shard", help="fsdp-hybrid: ranks per shard group (default nproc/2)."
+    ),
+    memory_cap: str | None = typer.Option(
+        None, "--memory-cap", help="Per-rank memory limit (e.g. 2MiB): past it the run is an OOM."
+    ),
+    data: str | None = typer.Option(None, help="A local text file to train on (byte tokens)."),
+    seed: int = typer.Option(0, help="Seed of weights and data."),
+    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    results: Path | None = ResultsOption,
+) -> None:
+    """Train the reference model under one strategy; write one document with the ledger beside it."""
+    from parlab.projects.training_state import TrainConfig, run_training
+
+    cfg = TrainConfig(
+        strategy=strategy,
+        model=model,
+        nproc=nproc,
+        steps=steps,
+        warmup=warmup,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        seq=seq,
+        dtype=dtype,
+        recompute=recompute,
+        compile=compile_,
+        optimizer=optimizer,
+        lr=lr,
+        reshard_after_forward=reshard,
+        hybrid_shard=hybrid_shard,
+        memory_cap=parse_size(memory_cap) if memory_cap else None,
+        data=data,
+        seed=seed,
+        timeout_s=timeout,
+    )
+    doc = run_training(cfg, command=reproduce_command())
+    path = write(doc, results_dir(results))
+    _print_run(doc, path)
+    if doc.failure is not None:
+        raise typer.Exit(1)
+
+
+@project_app.command("training-state")
+def training_state_cmd(
+    results: Path | None = ResultsOption,
+    model: str | None = typer.Option(None, help="Model (default: 1.3b on GPUs, tiny on CPU)."),
+    nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
+    steps: int | None = typer.Option(None, help="Timed steps per run."),
+    seq: int | None = typer.Option(None, help="Tokens per sequence."),
+    only: list[str] | None = typer.Option(None, help="Only these strategies."),
+    report_only: bool = typer.Option(
+        False, "--report-only", help="Only render the report from the documents already there."
+    ),
+) -> None:
+    """The comparison set (DDP, ZeRO-1/2/3, FSDP) at CPU or GPU size, then the report."""
+    from parlab.projects.training_state import run_project
+
+    paths = run_project(
+        results_dir(results),
+        model=model,
+        nproc=nproc,
+        steps=steps,
+        seq=seq,
+        only=only,
+        report_only=report_only,
+        console=console,
+    )
+    for name, p in paths.items():
+        console.print(f"{name}: {p}")

@@ -1,0 +1,193 @@
+"""The production paths users run: torch DDP and FSDP2 (``fully_shard``), hybrid, recompute.
+
+Wrapped behind the same interface as parlab's own mechanisms
+(``parlab.parallel.data`` / ``parlab.parallel.zero``), so one training loop
+and one set of meters measure them all.
+
+What crosses the wire (D = the data-parallel group, or its sub-meshes):
+
+- ``TorchDDP``: torch's reducer all-reduces gradient buckets (``bucket_mb``)
+  during backward, overlapped with it; gradients are views of the buckets
+  (``gradient_as_bucket_view``), so they cost no second copy.
+- ``TorchFSDP``: ``fully_shard`` on every transformer block, then on the
+  root. Per block: all-gather of its parameters in ``param_dtype`` before
+  forward and (with ``reshard_after_forward``) again before backward;
+  reduce-scatter of its gradients in ``reduce_dtype`` after backward. Hybrid
+  (HSDP) shards over ``dp_shard`` and replicates over ``dp_replicate``: the
+  reduce-scatter runs inside a shard group, then an all-reduce of the
+  gradient shard across replicas.
+
+Composition order (``apply_recompute``, then compile, then DDP/FSDP) follows
+torchtitan: activation checkpointing wraps the block's own forward so that
+the FSDP hooks stay outside it (parameters are gathered once, not again for
+the recomputation); compile sees the checkpointed block; DDP/FSDP wrap last.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from parlab.errors import UsageError
+from parlab.parallel.data import OptimizerFactory, unique_params
+from parlab.runtime.meters import optimizer_tensors
+
+RECOMPUTE = ("none", "selective", "full")
+
+# Ops whose outputs selective recomputation keeps (the expensive ones); the rest are recomputed.
+_SAVE_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+}
+
+
+def _selective_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = func._schema.name if hasattr(func, "_schema") else str(func)
+    keep = name in _SAVE_OPS
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_recompute(model: nn.Module, mode: str) -> None:
+    """Activation checkpointing of every block: ``none``, ``selective`` (keep matmul and
+    attention outputs, recompute the rest) or ``full`` (keep only the block's input)."""
+    if mode not in RECOMPUTE:
+        raise UsageError(f"--recompute {mode!r} is not one of {', '.join(RECOMPUTE)}")
+    if mode == "none":
+        return
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    for block in model.layers:  # type: ignore[union-attr]
+        inner = block.forward
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if mode == "selective":
+            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+
+        def forward(*args: Any, _inner: Any = inner, _kw: dict[str, Any] = kwargs) -> Any:
+            return checkpoint(_inner, *args, **_kw)
+
+        block.forward = forward  # type: ignore[method-assign]
+
+
+def apply_compile(model: nn.Module) -> None:
+    """``torch.compile`` each block (after recompute, before DDP/FSDP, as torchtitan does)."""
+    for block in model.layers:  # type: ignore[union-attr]
+        block.compile()
+
+
+class TorchDDP:
+    """torch's ``DistributedDataParallel`` behind parlab's mechanism interface."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        group: Any,
+        make_optimizer: OptimizerFactory,
+        *,
+        bucket_mb: float = 25.0,
+    ) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        dev = next(model.parameters()).device
+        self.module = DistributedDataParallel(
+            model,
+            process_group=group,
+            device_ids=[dev] if dev.type == "cuda" else None,
+            bucket_cap_mb=bucket_mb,
+            gradient_as_bucket_view=True,
+        )
+        self.params = unique_params(model)
+        self.optimizer = make_optimizer(self.params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def finish_backward(self) -> None:
+        """Nothing: DDP's reducer waits for its all-reduces at the end of backward."""
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=False)  # keep the bucket views
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().float().clone() for n, p in self.module.module.named_parameters()}
+
+    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
+        return {
+            "params": list(self.params),
+            "grads": [p.grad for p in self.params],
+            "optimizer": optimizer_tensors(self.optimizer),
+        }
+
+
+class TorchFSDP:
+    """FSDP2 (``fully_shard`` per block, then the root) behind parlab's mechanism interface."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        mesh: Any,
+        make_optimizer: OptimizerFactory,
+        *,
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = torch.float32,
+        reshard_after_forward: bool = True,
+    ) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        for block in model.layers:  # type: ignore[union-attr]
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        # The root (embeddings, final norm, output) is needed again at once by backward: kept.
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        self.module = model
+        self.params = unique_params(model)
+        self.optimizer = make_optimizer(self.params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def finish_backward(self) -> None:
+        """Nothing: FSDP waits for its reduce-scatters at the end of backward."""
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return {
+            n: p.full_tensor().detach().float().clone() for n, p in self.module.named_parameters()
+        }
+
+    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
+        return {
+            "params": list(self.params),
+            "grads": [p.grad for p in self.params],
+            "optimizer": optimizer_tensors(self.optimizer),
+        }
+
+
+def hybrid_mesh(device_type: str, world: int, shard: int) -> Any:
+    """A 2-D ``(dp_replicate, dp_shard)`` mesh for hybrid sharding (HSDP)."""
+    if shard < 1 or world % shard:
+        raise UsageError(
+            f"--hybrid-shard {shard} does not divide {world} ranks: pick a divisor of the world size"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        device_type, (world // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+    )

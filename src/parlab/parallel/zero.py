@@ -1,0 +1,316 @@
+"""ZeRO-1/2/3 from torch.distributed primitives, each beside its naive form.
+
+The model's parameters are grouped into units (``default_units``: the
+embedding, each transformer block, the final norm with the output
+projection), and each unit into one flat fp32 buffer padded to a multiple of
+the data-parallel size N (``parlab.parallel.data_comm.FlatUnit``). Rank r owns
+chunk r of every unit -- its *shard*, ``ceil(numel / N)`` elements -- and the
+optimizer (AdamW, SGD, ...) runs on the shards only, so its state is 1/N.
+
+What crosses the wire, per unit, per step (D = data-parallel group):
+
+=======  ========================================  ==================  =======================
+stage    gradients                                 parameters           held per rank
+=======  ========================================  ==================  =======================
+ZeRO-1   reduce-scatter after backward (in place   all-gather after     full params, full
+         on the flat gradient buffer), fp32        the step, fp32       grads, 1/N optimizer
+ZeRO-2   reduce-scatter as soon as the unit's      all-gather after     full params, 1/N grads,
+         gradients are ready (async, overlapping   the step, fp32       1/N optimizer
+         the rest of backward); full grads freed
+ZeRO-3   as ZeRO-2                                 all-gather before    1/N of everything; one
+                                                   the unit's forward   unit's full params at a
+                                                   and again before     time (plus prefetch-free
+                                                   its backward, in     transients)
+                                                   the compute dtype;
+                                                   freed after use
+=======  ========================================  ==================  =======================
+
+Payload of each collective = the unit's padded flat buffer (``padded x
+element size``). Gradients are divided by N before the sum (an average).
+
+Naive forms (``naive=True``), equal in result, simpler and costlier:
+ZeRO-1/2 all-reduce the whole gradient and keep their chunk (2x the
+reduce-scatter's traffic on a ring); ZeRO-3 gathers every unit at the start
+of forward, keeps them through backward and reduce-scatters at the end (the
+memory of DDP during the step, the traffic of ZeRO-3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from parlab.errors import UsageError
+from parlab.parallel.data import OptimizerFactory, unique_params
+from parlab.parallel.data_comm import FlatUnit, all_gather_, all_reduce_, reduce_scatter_
+from parlab.runtime.meters import optimizer_tensors
+
+
+def default_units(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
+    """Units in forward order: ``tok_embeddings``, each of ``layers``, ``norm`` + ``output``.
+
+    Models without those names: each direct child that holds parameters.
+    """
+    if hasattr(model, "layers") and hasattr(model, "tok_embeddings"):
+        units: list[tuple[str, list[nn.Module]]] = []
+        first = [m for m in (model.tok_embeddings, getattr(model, "pos_embeddings", None)) if m]
+        units.append(("embeddings", first))
+        units += [(f"layers.{i}", [layer]) for i, layer in enumerate(model.layers)]
+        last = [m for m in (model.norm, model.output) if m is not None]
+        if last:
+            units.append(("head", last))
+        return units
+    return [(n, [c]) for n, c in model.named_children() if any(True for _ in c.parameters())]
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+class ZeroDataParallel:
+    """ZeRO stage 1, 2 or 3 over the data-parallel ``group``."""
+
+    MAX_IN_FLIGHT = 2
+    """Gradient reduce-scatters outstanding at once (ZeRO-2/3)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        group: Any,
+        make_optimizer: OptimizerFactory,
+        *,
+        stage: int,
+        naive: bool = False,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
+        if stage not in (1, 2, 3):
+            raise UsageError(f"ZeRO stage {stage} does not exist: use 1, 2 or 3")
+        dist = torch.distributed
+        self.module = model
+        self.group = group
+        self.stage = stage
+        self.naive = naive
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        # ZeRO-3 gathers parameters in the compute dtype (bf16 on GPUs), like FSDP's param_dtype.
+        self.gather_dtype = compute_dtype if stage == 3 and compute_dtype else None
+        units = default_units(model)
+        self.units: list[FlatUnit] = []
+        owner: dict[int, str] = {}
+        for name, modules in units:
+            params = []
+            for m in modules:
+                for p in unique_params(m):
+                    if id(p) in owner:
+                        if stage == 3:
+                            raise UsageError(
+                                f"parameter shared by units {owner[id(p)]} and {name} (tied "
+                                "embeddings?): ZeRO-3 gathers per unit; use an untied model or fsdp"
+                            )
+                        continue
+                    owner[id(p)] = name
+                    params.append(p)
+            if params:
+                self.units.append(FlatUnit(name, params, self.world, self.rank))
+        if len(owner) != len(unique_params(model)):
+            raise UsageError("some parameters belong to no unit: give units covering the model")
+        self.shards: list[nn.Parameter] = []
+        self.full: list[torch.Tensor | None] = []
+        self.full_grad: list[torch.Tensor | None] = []
+        for u in self.units:
+            flat = u.flatten([p.detach() for p in u.params], dtype=torch.float32)
+            if stage == 3:
+                self.shards.append(nn.Parameter(flat[u.shard_slice()].clone()))
+                self.full.append(None)
+                u.release()
+            else:
+                # The shard is a view of the full buffer: the optimizer updates it in place and
+                # the all-gather fills the other chunks around it.
+                self.shards.append(nn.Parameter(flat[u.shard_slice()]))
+                self.full.append(flat)
+                u.bind(flat)
+            self.full_grad.append(None)
+        self.optimizer = make_optimizer(self.shards)
+        self._unit_of: dict[int, int] = {
+            id(p): i for i, u in enumerate(self.units) for p in u.params
+        }
+        self._ready = [0] * len(self.units)
+        # (unit, work, output shard, input buffer kept alive until the work is done)
+        self._pending: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
+        self._reduced: set[int] = set()
+        if stage == 1:
+            self._bind_flat_grads()
+        elif not naive:
+            for u in self.units:
+                for p in u.params:
+                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        if stage == 3:
+            self._install_gather_hooks(units)
+
+    # ----- forward ------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stage == 3 and self.naive:
+            for i in range(len(self.units)):
+                self._gather(i)
+        return self.module(*args, **kwargs)
+
+    def _install_gather_hooks(self, units: list[tuple[str, list[nn.Module]]]) -> None:
+        if self.naive:
+            return
+        names = [u.name for u in self.units]
+        for name, modules in units:
+            if name not in names:
+                continue
+            i = names.index(name)
+            modules[0].register_forward_pre_hook(lambda _m, _a, i=i: self._gather(i))
+            modules[-1].register_forward_hook(lambda _m, _a, out, i=i: self._after_forward(i, out))
+
+    def _gather(self, i: int) -> None:
+        """All-gather unit ``i``'s parameters (ZeRO-3) unless they are already here."""
+        if self.full[i] is not None:
+            return
+        u = self.units[i]
+        shard = self.shards[i].detach()
+        if self.gather_dtype is not None:
+            shard = shard.to(self.gather_dtype)
+        full = torch.empty(u.padded, dtype=shard.dtype, device=shard.device)
+        all_gather_(full, shard, self.group)
+        self.full[i] = full
+        u.bind(full)
+
+    def _release(self, i: int) -> None:
+        self.full[i] = None
+        self.units[i].release()
+
+    def _after_forward(self, i: int, out: Any) -> None:
+        if _in_backward():  # recomputation inside backward: the parameters are needed next
+            return
+        self._release(i)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad, i=i: self._gather(i))
+
+    # ----- backward -----------------------------------------------------------------------------
+
+    def _bind_flat_grads(self) -> None:
+        for i, u in enumerate(self.units):
+            g = torch.zeros(u.padded, dtype=torch.float32, device=self.shards[i].device)
+            self.full_grad[i] = g
+            u.bind_grads(g)
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        i = self._unit_of[id(p)]
+        self._ready[i] += 1
+        if self._ready[i] == len(self.units[i].params):
+            self._reduce_unit(i, async_op=True)
+
+    def _unit_grad(self, i: int) -> torch.Tensor:
+        u = self.units[i]
+        dev = self.shards[i].device
+        grads = [
+            p.grad if p.grad is not None else torch.zeros(s, device=dev)
+            for p, s in zip(u.params, u.shapes, strict=True)
+        ]
+        flat = u.flatten(grads, dtype=torch.float32)
+        for p in u.params:
+            p.grad = None
+        return flat
+
+    def _reduce_unit(self, i: int, *, async_op: bool) -> None:
+        """Reduce-scatter unit ``i``'s gradients (ZeRO-2/3); free them (and ZeRO-3's params).
+
+        At most ``MAX_IN_FLIGHT`` reduce-scatters are outstanding: the oldest is waited
+        for first, so the full gradients of at most that many units are alive at once.
+        """
+        while len(self._pending) >= self.MAX_IN_FLIGHT:
+            self._wait_oldest()
+        flat = self._unit_grad(i).div_(self.world)
+        out = torch.empty(self.units[i].shard_numel, dtype=flat.dtype, device=flat.device)
+        work = reduce_scatter_(out, flat, self.group, async_op=async_op)
+        self._pending.append((i, work, out, flat))
+        self._reduced.add(i)
+        if self.stage == 3:
+            self._release(i)
+
+    def _wait_oldest(self) -> None:
+        i, work, out, _flat = self._pending.pop(0)
+        work.wait()
+        self.shards[i].grad = out
+
+    def finish_backward(self) -> None:
+        """Finish the gradient exchange; every shard's ``.grad`` is then the global average."""
+        if self.stage == 1:
+            for i, u in enumerate(self.units):
+                g = self.full_grad[i]
+                assert g is not None
+                g.div_(self.world)
+                if self.naive:
+                    all_reduce_(g, self.group)
+                else:
+                    reduce_scatter_(g[u.shard_slice()], g, self.group)  # in place: our chunk
+                self.shards[i].grad = g[u.shard_slice()]
+            return
+        if self.naive:
+            for i, u in enumerate(self.units):
+                g = self._unit_grad(i).div_(self.world)
+                if self.stage == 3:
+                    reduce_scatter_(g[u.shard_slice()], g, self.group)
+                    self._release(i)
+                else:
+                    all_reduce_(g, self.group)
+                self.shards[i].grad = g[u.shard_slice()].clone()
+            return
+        for i in range(len(self.units)):  # units with unused parameters, in order
+            if i not in self._reduced:
+                self._reduce_unit(i, async_op=True)
+        while self._pending:
+            self._wait_oldest()
+        self._reduced.clear()
+        self._ready = [0] * len(self.units)
+
+    # ----- step ---------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Update this rank's shards; ZeRO-1/2 then all-gather the full parameters."""
+        self.optimizer.step()
+        if self.stage == 3:
+            return
+        for i, u in enumerate(self.units):
+            full = self.full[i]
+            assert full is not None
+            all_gather_(full, full[u.shard_slice()], self.group)  # in place: our chunk
+
+    def zero_grad(self) -> None:
+        if self.stage == 1:
+            for g in self.full_grad:
+                assert g is not None
+                g.zero_()
+        else:
+            for s in self.shards:
+                s.grad = None
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, in fp32, by name (ZeRO-3 all-gathers: call on every rank)."""
+        names: dict[int, str] = {}
+        for n, p in self.module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), n)
+        out: dict[str, torch.Tensor] = {}
+        for i, u in enumerate(self.units):
+            full = torch.empty(u.padded, dtype=torch.float32, device=self.shards[i].device)
+            all_gather_(full, self.shards[i].detach(), self.group)
+            for p, shape, a, b in zip(
+                u.params, u.shapes, u.offsets[:-1], u.offsets[1:], strict=True
+            ):
+                out[names[id(p)]] = full[a:b].view(shape).clone()
+        return out
+
+    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
+        params: list[torch.Tensor | None] = list(self.shards)
+        if self.stage < 3:
+            params += list(self.full)
+        grads: list[torch.Tensor | None] = [s.grad for s in self.shards]
+        if self.stage == 1:
+            grads += list(self.full_grad)
+        return {"params": params, "grads": grads, "optimizer": optimizer_tensors(self.optimizer)}

@@ -1,0 +1,819 @@
+"""PAR-TRAINING-STATE: train the reference model under DDP, ZeRO-1/2/3 or FSDP and measure it.
+
+``run_training(cfg)`` launches ``train_rank`` on ``cfg.nproc`` ranks through
+torchrun (NCCL on GPUs, gloo on CPU) and turns what comes back into one
+contract document: role ``baseline`` for ``ddp``, ``candidate`` for the rest,
+``failure`` when a rank fails (an ``oom`` carries the ledger's prediction
+too). Evidence level: ``real-training`` on NCCL, ``cpu-mechanism`` on gloo.
+
+On every rank, one run is: build the model from its preset (same seed on
+every rank), apply recomputation, compile, then the strategy; train
+``warmup + steps`` steps on the rank's slice of a seeded synthetic global
+batch (or a local text file). The last warm-up step is the *metered* step:
+the comm meter records every collective it issues (payload per op). The
+``steps`` timed steps run with no meter in the way. Peak memory covers the
+whole run (CUDA allocator, or tracked tensor bytes on CPU); state bytes are
+counted from the real tensors after the last step's optimizer update. After
+training, the metered step's collectives are replayed alone to time them
+(``comm_time``), and the per-step losses are averaged over the ranks (one
+all-reduce) so they can be compared with single-process training.
+
+Strategies: ``ddp`` (torch DDP, the baseline), ``fsdp`` (FSDP2),
+``fsdp-hybrid`` (FSDP2 over ``dp_replicate x dp_shard``), parlab's own
+``zero1|zero2|zero3`` and ``ddp-bucket`` (and each one's ``-naive`` form).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.errors import UsageError
+from parlab.runtime.context import RankContext
+
+PROJECT = "PAR-TRAINING-STATE"
+
+STRATEGIES = (
+    "ddp",
+    "ddp-bucket",
+    "ddp-naive",
+    "zero1",
+    "zero1-naive",
+    "zero2",
+    "zero2-naive",
+    "zero3",
+    "zero3-naive",
+    "fsdp",
+    "fsdp-hybrid",
+)
+"""``ddp``/``fsdp``/``fsdp-hybrid``: torch's paths; the others: parlab's mechanisms."""
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPTIMIZERS = ("adamw", "sgd")
+STATE_ITEMS = ("params", "grads", "optimizer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run."""
+
+    strategy: str
+    """One of ``STRATEGIES``."""
+    model: str
+    """Model preset or catalog name (``tiny``, ``small``, ``1.3b``, ``8b``, ...)."""
+    nproc: int = 2
+    """Ranks (GPUs, or gloo CPU processes); all of them form the data-parallel group."""
+    steps: int = 5
+    """Timed steps."""
+    warmup: int = 2
+    """Untimed steps first; the last one is the metered step (at least 1)."""
+    micro_batch: int = 2
+    """Sequences per rank per step."""
+    global_batch: int | None = None
+    """Sequences per step over all ranks (default micro_batch x nproc); nproc must divide it."""
+    seq: int = 128
+    """Tokens per sequence."""
+    dtype: str = "fp32"
+    """Compute dtype: ``fp32`` or ``bf16`` (parameters, gradients, optimizer state stay fp32)."""
+    recompute: str = "none"
+    """Activation checkpointing per block: ``none``, ``selective`` or ``full``."""
+    compile: bool = False
+    """``torch.compile`` each block."""
+    optimizer: str = "adamw"
+    """``adamw`` (fused on CUDA) or ``sgd``."""
+    lr: float = 1e-3
+    """Learning rate."""
+    seed: int = 0
+    """Seed of the weights and the data."""
+    reshard_after_forward: bool = True
+    """FSDP: free gathered parameters after forward (gather again for backward)."""
+    hybrid_shard: int | None = None
+    """``fsdp-hybrid``: ranks per shard group (default: nproc // 2, at least 1)."""
+    bucket_mb: float = 25.0
+    """DDP bucket size, MiB."""
+    memory_cap: int | None = None
+    """Per-rank memory limit in bytes: going past it is an out-of-memory failure."""
+    data: str | None = None
+    """A local text file to train on (byte tokens) instead of synthetic tokens."""
+    timeout_s: float = 300.0
+    """Process-group timeout, seconds."""
+
+    def __post_init__(self) -> None:
+        from parlab.models import get_spec
+        from parlab.parallel.fsdp import RECOMPUTE
+
+        if self.strategy not in STRATEGIES:
+            raise UsageError(
+                f"unknown strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}"
+            )
+        spec = get_spec(self.model)  # UsageError naming the known presets
+        for name in ("nproc", "steps", "warmup", "micro_batch", "seq"):
+            if getattr(self, name) < 1:
+                raise UsageError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1"
+                )
+        if self.global_batch is not None and self.global_batch % self.dp:
+            raise UsageError(
+                f"global batch {self.global_batch} is not divisible by the data-parallel degree "
+                f"{self.dp}: use a multiple of {self.dp}"
+            )
+        if self.global_batch is not None and self.global_batch < self.dp:
+            raise UsageError(
+                f"global batch {self.global_batch} gives a rank nothing: use >= {self.dp}"
+            )
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.recompute not in RECOMPUTE:
+            raise UsageError(f"--recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(
+                f"--optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}"
+            )
+        if spec.moe is not None:
+            raise UsageError(f"model {self.model!r} is MoE: training-state runs take dense models")
+        if self.strategy.startswith("zero3") and spec.tied_embeddings:
+            raise UsageError(
+                f"model {self.model!r} ties its embeddings: zero3 gathers per unit and cannot "
+                "share a weight between the first and last unit; use fsdp"
+            )
+        if spec.position == "learned" and self.seq > spec.max_seq_len:
+            raise UsageError(f"--seq {self.seq} exceeds the model's {spec.max_seq_len} positions")
+        if self.data is None and spec.vocab_size < 2:
+            raise UsageError("the model's vocabulary is too small for synthetic tokens")
+        if self.data is not None and spec.vocab_size < 256:
+            raise UsageError("a text file needs a vocabulary of at least 256 (byte tokens)")
+        if self.strategy == "fsdp-hybrid" and self.nproc % self.shard_size:
+            raise UsageError(
+                f"--hybrid-shard {self.shard_size} does not divide --nproc {self.nproc}: "
+                "pick a divisor"
+            )
+        if self.memory_cap is not None and self.memory_cap < 1:
+            raise UsageError("--memory-cap must be a positive size")
+
+    @property
+    def dp(self) -> int:
+        return self.nproc
+
+    @property
+    def shard_size(self) -> int:
+        return self.hybrid_shard or max(1, self.nproc // 2)
+
+    @property
+    def batch(self) -> int:
+        """The global batch, in sequences."""
+        return self.global_batch or self.micro_batch * self.dp
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.batch // self.dp
+
+    @property
+    def role(self) -> str:
+        return "baseline" if self.strategy == "ddp" else "candidate"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------
+# On every rank
+
+
+def _make_optimizer(cfg: dict[str, Any], device: torch.device) -> Any:
+    def make(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if cfg["optimizer"] == "sgd":
+            return torch.optim.SGD(params, lr=cfg["lr"])
+        return torch.optim.AdamW(
+            params, lr=cfg["lr"], weight_decay=0.0, fused=device.type == "cuda"
+        )
+
+    return make
+
+
+def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module) -> Any:
+    """Wrap ``model`` in the run's strategy over all ranks (the data-parallel group)."""
+    from parlab.parallel import data, fsdp, zero
+    from parlab.topology import Topology
+
+    make_opt = _make_optimizer(cfg, ctx.device)
+    name = cfg["strategy"]
+    compute = DTYPES[cfg["dtype"]]
+    group = dist.group.WORLD
+    if name == "ddp":
+        return fsdp.TorchDDP(model, group, make_opt, bucket_mb=cfg["bucket_mb"])
+    if name == "ddp-naive":
+        return data.DataParallelNaive(model, group, make_opt)
+    if name == "ddp-bucket":
+        return data.DataParallelBucket(
+            model, group, make_opt, bucket_bytes=int(cfg["bucket_mb"] * 2**20)
+        )
+    if name.startswith("zero"):
+        return zero.ZeroDataParallel(
+            model,
+            group,
+            make_opt,
+            stage=int(name[4]),
+            naive=name.endswith("-naive"),
+            compute_dtype=compute if compute != torch.float32 else None,
+        )
+    if name == "fsdp":
+        mesh = Topology(world_size=ctx.world_size, dp=ctx.world_size).build_mesh(ctx.device.type)
+    else:
+        shard = cfg["hybrid_shard"] or max(1, ctx.world_size // 2)
+        mesh = fsdp.hybrid_mesh(ctx.device.type, ctx.world_size, shard)
+    return fsdp.TorchFSDP(
+        model,
+        mesh,
+        make_opt,
+        param_dtype=compute if compute != torch.float32 else None,
+        reduce_dtype=torch.float32,
+        reshard_after_forward=cfg["reshard_after_forward"],
+    )
+
+
+def train_rank(ctx: RankContext, **cfg: Any) -> dict[str, Any]:
+    """Rank function: one training run (``TrainConfig.to_json()``); returns this rank's measurements."""
+    from parlab.data import SyntheticTokens, TextTokens, rank_batch
+    from parlab.models import get_spec
+    from parlab.models.reference import build_model
+    from parlab.parallel.fsdp import apply_compile, apply_recompute
+    from parlab.runtime import meters
+
+    spec = get_spec(cfg["model"])
+    dev = ctx.device
+    compute = DTYPES[cfg["dtype"]]
+    mem = meters.MemoryMeter(dev, cap_bytes=cfg["memory_cap"])
+    comm = meters.CommMeter()
+    seq = cfg["seq"]
+    dataset = (
+        TextTokens(cfg["data"], seq=seq, seed=cfg["seed"])
+        if cfg["data"]
+        else SyntheticTokens(vocab_size=spec.vocab_size, seq=seq, seed=cfg["seed"])
+    )
+    global_batch = cfg["global_batch"] or cfg["micro_batch"] * ctx.world_size
+    warmup, steps = cfg["warmup"], cfg["steps"]
+    metered_step = warmup - 1
+    autocast = (
+        torch.autocast(dev.type, dtype=compute)
+        if compute != torch.float32 and not cfg["strategy"].startswith("fsdp")
+        else contextlib.nullcontext()
+    )
+    losses: list[torch.Tensor] = []
+    timer = meters.StepTimer(dev)
+    with mem:
+        model = build_model(spec, device=dev, dtype=torch.float32, seed=cfg["seed"])
+        apply_recompute(model, cfg["recompute"])
+        if cfg["compile"]:
+            apply_compile(model)
+        strat = build_strategy(ctx, cfg, model)
+        state: dict[str, int] = {}
+        for step in range(warmup + steps):
+            if step == warmup:
+                timer.mark()
+            batch = rank_batch(
+                dataset.global_batch(step, global_batch), ctx.rank, ctx.world_size, dev
+            )
+            metering = comm if step == metered_step else contextlib.nullcontext()
+            comm.step = step
+            with metering:
+                with autocast:
+                    logits = strat(batch.inputs)
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
+                loss.backward()
+                strat.finish_backward()
+                strat.step()
+            if step == warmup + steps - 1:
+                state = meters.state_bytes(strat.state_items())
+            strat.zero_grad()
+            losses.append(loss.detach())
+            if step >= warmup:
+                timer.mark()
+        step_times = timer.step_times()
+        peak = mem.peak_bytes()
+    mem.release_cap()
+    comm_time = comm.replay(metered_step, dev)
+    loss_t = torch.stack(losses).float()
+    dist.all_reduce(loss_t)
+    loss_t /= ctx.world_size
+    return {
+        "rank": ctx.rank,
+        "device": meters.device_name(dev),
+        "losses": loss_t.tolist(),
+        "step_times": step_times,
+        "peak_memory": peak,
+        "memory_source": mem.source,
+        "state_bytes": state,
+        "comm_by_op": comm.by_op(metered_step),
+        "comm_bytes_per_step": comm.bytes_in_step(metered_step),
+        "comm_time": comm_time,
+        "tokens_per_step": global_batch * seq // ctx.world_size,
+    }
+
+
+# ---------------------------------------------------------------------------
+# In the launching process
+
+
+def backend_for(nproc: int) -> str:
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+
+
+def ledger_strategy(strategy: str) -> str:
+    """The ledger's name for a strategy (parlab's DDP forms are all ``ddp``; naive forms share
+    their stage's memory)."""
+    base = strategy.removesuffix("-naive")
+    return "ddp" if base in ("ddp", "ddp-bucket") else base
+
+
+def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Prediction], list[str]]:
+    """The ledger's predictions for this run: state bytes per item, peak memory, comm per step.
+
+    Comm predictions are left out for the naive forms (they move different collectives
+    than the ledger's table, on purpose).
+    """
+    from parlab.ledger import predict
+    from parlab.ledger.traffic import traffic
+    from parlab.models import get_spec
+    from parlab.topology import Topology
+
+    spec = get_spec(cfg.model)
+    topo = Topology(world_size=cfg.nproc, dp=cfg.dp)
+    strategy = ledger_strategy(cfg.strategy)
+    shard = cfg.shard_size if strategy == "fsdp-hybrid" else None
+    dtype = "fp32" if cfg.dtype == "fp32" else "bf16-mixed"
+    optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
+    common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
+    led = predict(
+        spec,
+        strategy=strategy,
+        topology=topo,
+        optimizer=optimizer,
+        recompute=cfg.recompute,
+        shard_size=shard,
+        bucket_view=True,
+        **common,
+    )
+    model = f"ledger:{strategy}"
+    preds = {
+        f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
+        for item in STATE_ITEMS
+    }
+    preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
+    notes = [f"ledger peak phase: {led.peak_phase[0]}"]
+    if cfg.strategy.endswith("-naive"):
+        notes.append("naive form: no comm prediction (the ledger tables the real mechanism)")
+        return preds, notes
+    wire = traffic(
+        spec,
+        topo,
+        strategy,
+        shard_size=shard,
+        bucket_bytes=int(cfg.bucket_mb * 2**20),
+        **common,
+    )
+    by_op: dict[str, int] = {}
+    for w in wire:
+        op = w.collective.replace("-", "_")
+        by_op[op] = by_op.get(op, 0) + w.total_bytes
+    preds["comm_bytes_per_step"] = Prediction(
+        value=sum(by_op.values()), unit="B", model=f"ledger.traffic:{strategy}"
+    )
+    for op, b in by_op.items():
+        preds[f"comm_bytes_per_step.{op}"] = Prediction(
+            value=b, unit="B", model=f"ledger.traffic:{strategy}"
+        )
+    return preds, notes
+
+
+def _per_rank(results: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in results]
+
+
+def _layout(cfg: TrainConfig) -> dict[str, Any]:
+    mesh = (
+        {"dp_replicate": cfg.nproc // cfg.shard_size, "dp_shard": cfg.shard_size}
+        if cfg.strategy == "fsdp-hybrid"
+        else {"dp": cfg.dp}
+    )
+    return {
+        "world_size": cfg.nproc,
+        "mesh": mesh,
+        "strategy": cfg.strategy,
+        "knobs": {
+            "recompute": cfg.recompute,
+            "compile": cfg.compile,
+            "reshard_after_forward": cfg.reshard_after_forward,
+            "bucket_mb": cfg.bucket_mb,
+            "dtype": cfg.dtype,
+            "memory_cap": cfg.memory_cap,
+        },
+    }
+
+
+def _workload(cfg: TrainConfig) -> dict[str, Any]:
+    from parlab.models import get_spec
+
+    spec = get_spec(cfg.model)
+    return {
+        "model": spec.to_json(),
+        "preset": cfg.model,
+        "params": spec.num_params(),
+        "global_batch": cfg.batch,
+        "micro_batch": cfg.per_rank_batch,
+        "seq": cfg.seq,
+        "steps": cfg.steps,
+        "warmup": cfg.warmup,
+        "optimizer": cfg.optimizer,
+        "lr": cfg.lr,
+        "dataset": {"kind": "text-bytes", "path": cfg.data}
+        if cfg.data
+        else {"kind": "synthetic", "seed": cfg.seed, "vocab_size": spec.vocab_size},
+    }
+
+
+def flops_per_token(cfg: TrainConfig) -> float | None:
+    """Training FLOPs per token from the model side, or ``None`` when it has no formula."""
+    try:
+        from parlab.models import flops  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    from parlab.models import get_spec
+
+    return float(flops.train_flops_per_token(get_spec(cfg.model), seq=cfg.seq))
+
+
+def document(
+    cfg: TrainConfig,
+    results: list[dict[str, Any]] | None,
+    failure: Failure | None,
+    *,
+    command: str,
+    backend: str,
+    environment: dict[str, Any] | None = None,
+) -> Document:
+    """The contract document of one run (``results``: every rank's ``train_rank`` return)."""
+    from parlab.hardware.env import snapshot
+    from parlab.runtime import meters
+
+    preds, notes = ledger_predictions(cfg, backend)
+    metrics: dict[str, Metric] = {}
+    if results:
+        r0 = results[0]
+        step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+        step_time = meters.median(step_times)
+        tps = r0["tokens_per_step"] / step_time if step_time > 0 else None
+        fpt = flops_per_token(cfg)
+        mfu = (
+            meters.mfu(tps, fpt, r0["device"], "bf16" if cfg.dtype == "bf16" else "fp32")
+            if tps
+            else None
+        )
+        if mfu is None:
+            why = (
+                "no FLOPs formula" if fpt is None else f"device {r0['device']!r} not in the catalog"
+            )
+            notes.append(f"mfu unknown: {why}")
+        metrics["tokens_per_s_per_gpu"] = Metric(value=tps, unit="tokens/s")
+        metrics["step_time"] = Metric(value=step_time, unit="s", per_rank=None)
+        metrics["peak_memory"] = Metric(
+            value=max(_per_rank(results, "peak_memory")),
+            unit="B",
+            per_rank=_per_rank(results, "peak_memory"),
+        )
+        metrics["mfu"] = Metric(value=mfu, unit="fraction")
+        metrics["comm_time"] = Metric(
+            value=max(_per_rank(results, "comm_time")),
+            unit="s",
+            per_rank=_per_rank(results, "comm_time"),
+        )
+        metrics["comm_bytes_per_step"] = Metric(
+            value=max(_per_rank(results, "comm_bytes_per_step")),
+            unit="B",
+            per_rank=_per_rank(results, "comm_bytes_per_step"),
+        )
+        for op in sorted(r0["comm_by_op"]):
+            per = [float(r["comm_by_op"].get(op, {}).get("bytes", 0)) for r in results]
+            metrics[f"comm_bytes_per_step.{op}"] = Metric(value=max(per), unit="B", per_rank=per)
+            cnt = [float(r["comm_by_op"].get(op, {}).get("count", 0)) for r in results]
+            metrics[f"comm_count_per_step.{op}"] = Metric(
+                value=max(cnt), unit="count", per_rank=cnt
+            )
+        for item in r0["state_bytes"]:
+            per = [float(r["state_bytes"][item]) for r in results]
+            metrics[f"state_bytes.{item}"] = Metric(value=max(per), unit="B", per_rank=per)
+        losses = r0["losses"]
+        metrics["loss_first"] = Metric(value=losses[0], unit="nats")
+        metrics["loss_last"] = Metric(value=losses[-1], unit="nats")
+        notes.append(
+            f"peak memory source: {r0['memory_source']}; comm_time: the metered step's "
+            "collectives replayed alone, one after another (not the exposed time)"
+        )
+        if backend == "gloo":
+            notes.append("gloo CPU ranks: proves the mechanism and its bytes, not GPU speed")
+    status = "ok" if failure is None else "failed"
+    return Document(
+        run_id=new_run_id(f"train-{cfg.strategy}-{cfg.model}"),
+        created=now_iso(),
+        project=PROJECT,
+        task="T2",
+        role=cfg.role if failure is None else "failure",
+        evidence_level="real-training" if backend == "nccl" else "cpu-mechanism",
+        command=command,
+        environment=environment or snapshot(probe_links=backend == "nccl"),
+        workload={**_workload(cfg), **({"losses": results[0]["losses"]} if results else {})},
+        layout=_layout(cfg),
+        metrics=metrics,
+        predictions=preds,
+        status=status,
+        failure=failure,
+        notes=notes,
+    )
+
+
+def run_training(cfg: TrainConfig, *, command: str) -> Document:
+    """Launch one run on ``cfg.nproc`` ranks and return its document (not yet written)."""
+    from parlab.runtime.launch import LaunchConfig, launch
+
+    backend = backend_for(cfg.nproc)
+    res = launch(
+        "parlab.projects.training_state:train_rank",
+        cfg.to_json(),
+        LaunchConfig(nproc=cfg.nproc, backend=backend, timeout_s=cfg.timeout_s),
+    )
+    return document(
+        cfg,
+        res.results if res.ok else None,
+        None if res.ok else res.failure,
+        command=command,
+        backend=backend,
+    )
+
+
+# ---------------------------------------------------------------------------
+# The comparison set and its report
+
+
+CPU_SET = ("ddp", "ddp-bucket", "zero1", "zero2", "zero3", "fsdp")
+GPU_SET = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+
+
+def comparison_configs(
+    *, model: str | None, nproc: int | None, steps: int | None, gpu: bool, seq: int | None
+) -> list[TrainConfig]:
+    """The comparison set: GPU size (1.3B, bf16, seq 4096) on GPUs, CPU size otherwise."""
+    if gpu:
+        base = {
+            "model": model or "1.3b",
+            "nproc": nproc or torch.cuda.device_count(),
+            "steps": steps or 5,
+            "warmup": 3,
+            "micro_batch": 2,
+            "seq": seq or 4096,
+            "dtype": "bf16",
+        }
+        names = GPU_SET
+    else:
+        base = {
+            "model": model or "tiny",
+            "nproc": nproc or 2,
+            "steps": steps or 3,
+            "warmup": 1,
+            "micro_batch": 2,
+            "seq": seq or 64,
+            "dtype": "fp32",
+        }
+        names = CPU_SET
+    return [TrainConfig(strategy=s, **base) for s in names]
+
+
+def fmt_bytes(v: float | None) -> str:
+    from parlab.units import format_bytes
+
+    return "unknown" if v is None else format_bytes(v)
+
+
+def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
+    """Markdown + PNG plots from training-state documents alone; returns name -> path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ok = [d for d in docs if d.status == "ok"]
+    failed = [d for d in docs if d.status != "ok"]
+    levels = sorted({d.evidence_level for d in docs})
+    lines = [
+        "# Training state: DDP, ZeRO-1/2/3, FSDP",
+        "",
+        f"Evidence level(s): {', '.join(levels)}. Each row is one contract document; "
+        "predictions come from the ledger, measurements from the meters.",
+        "",
+        "| strategy | role | ranks | tokens/s/GPU | step time | MFU | peak memory (max rank) "
+        "| predicted peak | comm bytes/step | predicted comm | comm time | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pv(d: Document, name: str) -> float | None:
+        p = d.predictions.get(name)
+        return None if p is None else p.value
+
+    for d in ok:
+        m = d.metric
+        tps, st, mfu, ct = m("tokens_per_s_per_gpu"), m("step_time"), m("mfu"), m("comm_time")
+        lines.append(
+            f"| {d.layout['strategy']} | {d.role} | {d.layout['world_size']} | "
+            f"{'unknown' if tps is None else f'{tps:,.0f}'} | "
+            f"{'unknown' if st is None else f'{st * 1e3:.1f} ms'} | "
+            f"{'unknown' if mfu is None else f'{mfu:.1%}'} | {fmt_bytes(m('peak_memory'))} | "
+            f"{fmt_bytes(pv(d, 'peak_memory'))} | {fmt_bytes(m('comm_bytes_per_step'))} | "
+            f"{fmt_bytes(pv(d, 'comm_bytes_per_step'))} | "
+            f"{'unknown' if ct is None else f'{ct * 1e3:.2f} ms'} | "
+            f"{d.run_id} |"
+        )
+    for d in failed:
+        f = d.failure
+        lines.append(
+            f"| {d.layout['strategy']} | failure | {d.layout['world_size']} | "
+            f"failed ({f.kind if f else '?'}): {f.message if f else ''} | | | | "
+            f"{fmt_bytes(pv(d, 'peak_memory'))} | | | | {d.run_id} |"
+        )
+    lines += ["", "## Per-rank state bytes by item (rank 0 / max), measured vs ledger", ""]
+    lines += ["| strategy | item | measured | predicted | error |", "|---|---|---|---|---|"]
+    for d in ok:
+        for item in STATE_ITEMS:
+            mv = d.metric(f"state_bytes.{item}")
+            p = pv(d, f"state_bytes.{item}")
+            err = "" if mv is None or not p else f"{(mv - p) / p:+.2%}"
+            lines.append(
+                f"| {d.layout['strategy']} | {item} | {fmt_bytes(mv)} | {fmt_bytes(p)} | {err} |"
+            )
+    paths: dict[str, Path] = {}
+    if ok:
+        names = [d.layout["strategy"] for d in ok]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        bottom = [0.0] * len(ok)
+        for item in STATE_ITEMS:
+            vals = [(d.metric(f"state_bytes.{item}") or 0) / 2**20 for d in ok]
+            ax.bar(names, vals, bottom=bottom, label=item)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        peaks = [(d.metric("peak_memory") or 0) / 2**20 for d in ok]
+        ax.plot(names, peaks, "k_", markersize=30, label="peak (measured)")
+        pp = [pv(d, "peak_memory") for d in ok]
+        if any(p is not None for p in pp):
+            ax.plot(names, [(p or math.nan) / 2**20 for p in pp], "rx", label="peak (ledger)")
+        ax.set_ylabel("MiB per rank (max rank)")
+        ax.set_title("Per-rank memory by state item")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths["memory"] = out_dir / "training-state-memory.png"
+        fig.savefig(paths["memory"], dpi=110)
+        plt.close(fig)
+
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        a1.bar(names, [d.metric("tokens_per_s_per_gpu") or 0 for d in ok])
+        a1.set_ylabel("tokens/s per GPU")
+        a1.set_title("Throughput")
+        a2.bar(names, [(d.metric("comm_time") or 0) * 1e3 for d in ok])
+        a2.set_ylabel("ms per step (replayed alone)")
+        a2.set_title("Communication time")
+        for a in (a1, a2):
+            a.tick_params(axis="x", rotation=30)
+        fig.tight_layout()
+        paths["throughput"] = out_dir / "training-state-throughput.png"
+        fig.savefig(paths["throughput"], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(5, 5))
+        for d in ok:
+            for name, mark in (("peak_memory", "o"), ("comm_bytes_per_step", "s")):
+                p, mv = pv(d, name), d.metric(name)
+                if p and mv:
+                    ax.scatter(p / 2**20, mv / 2**20, marker=mark)
+                    ax.annotate(
+                        f"{d.layout['strategy']}:{name[:4]}", (p / 2**20, mv / 2**20), fontsize=7
+                    )
+        lim = ax.get_xlim()
+        ax.plot(lim, lim, "k--", lw=0.8)
+        ax.set_xlabel("predicted (MiB)")
+        ax.set_ylabel("measured (MiB)")
+        ax.set_title("Predicted vs measured (o peak, s comm/step)")
+        fig.tight_layout()
+        paths["predicted"] = out_dir / "training-state-predicted-vs-measured.png"
+        fig.savefig(paths["predicted"], dpi=110)
+        plt.close(fig)
+        lines += [""] + [f"![{k}]({p.name})" for k, p in paths.items()]
+    for d in docs:
+        for n in d.notes:
+            if n.startswith("no predictions") or n.startswith("mfu unknown"):
+                lines.append(f"\n- {d.layout['strategy']}: {n}")
+    paths["report"] = out_dir / "training-state.md"
+    paths["report"].write_text("\n".join(lines) + "\n")
+    return paths
+
+
+def train_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank function: several runs one after another in one launch (CPU sets: saves start-ups)."""
+    out = []
+    for cfg in runs:
+        out.append(train_rank(ctx, **cfg))
+        dist.barrier()
+    return out
+
+
+def run_set(configs: list[TrainConfig], *, command: str, grouped: bool) -> list[Document]:
+    """Run every config; ``grouped`` runs them in one launch (falling back to one each on failure)."""
+    from parlab.runtime.launch import LaunchConfig, launch
+
+    if grouped and len({c.nproc for c in configs}) == 1 and len(configs) > 1:
+        backend = backend_for(configs[0].nproc)
+        res = launch(
+            "parlab.projects.training_state:train_many",
+            {"runs": [c.to_json() for c in configs]},
+            LaunchConfig(
+                nproc=configs[0].nproc,
+                backend=backend,
+                timeout_s=max(c.timeout_s for c in configs),
+            ),
+        )
+        if res.ok:
+            from parlab.hardware.env import snapshot
+
+            env = snapshot(probe_links=backend == "nccl")
+            return [
+                document(
+                    c,
+                    [per_rank[i] for per_rank in res.results],
+                    None,
+                    command=f"{command} --strategy {c.strategy}",
+                    backend=backend,
+                    environment=env,
+                )
+                for i, c in enumerate(configs)
+            ]
+    return [run_training(c, command=f"{command} --strategy {c.strategy}") for c in configs]
+
+
+def run_project(
+    results: Path,
+    *,
+    model: str | None = None,
+    nproc: int | None = None,
+    steps: int | None = None,
+    seq: int | None = None,
+    only: list[str] | tuple[str, ...] | None = None,
+    report_only: bool = False,
+    console: Any = None,
+) -> dict[str, Path]:
+    """``parlab project training-state``: run the comparison set, write documents, render the report."""
+    from parlab.contract import read_results, write_result
+
+    out_dir = results / PROJECT
+    if report_only:
+        entries, _ = read_results(results)
+        latest: dict[str, Document] = {}
+        for e in entries:
+            if e.doc.project == PROJECT and e.doc.task == "T2":
+                latest[str(e.doc.layout.get("strategy"))] = e.doc
+        if not latest:
+            raise UsageError(f"no {PROJECT} documents under {results}: run the set first")
+        return render_report(list(latest.values()), out_dir)
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= (nproc or 1)
+    configs = comparison_configs(model=model, nproc=nproc, steps=steps, gpu=gpu, seq=seq)
+    if only:
+        unknown = [s for s in only if s not in STRATEGIES]
+        if unknown:
+            raise UsageError(f"unknown strategy {unknown[0]!r}: use one of {', '.join(STRATEGIES)}")
+        base = configs[0]
+        configs = [dataclasses.replace(base, strategy=s) for s in only]
+    command = f"parlab train --model {configs[0].model} --nproc {configs[0].nproc} --steps {configs[0].steps} --seq {configs[0].seq} --dtype {configs[0].dtype}"
+    docs = run_set(configs, command=command, grouped=not gpu)
+    for d in docs:
+        path = write_result(d, results)
+        if console is not None:
+            status = "ok" if d.failure is None else f"failed ({d.failure.kind})"
+            console.print(f"{d.layout['strategy']}: {status} -> {path}")
+    return render_report(docs, out_dir)
+
+
+def demo_step(results: Path, console: Any) -> None:
+    """``parlab demo``: the CPU-sized comparison set (DDP, ZeRO-1/2/3, FSDP on 2 gloo ranks)."""
+    paths = run_project(
+        results,
+        model="tiny",
+        nproc=2,
+        steps=2,
+        seq=32,
+        only=("ddp", "zero1", "zero2", "zero3", "fsdp"),
+        console=console,
+    )
+    console.print(f"report: {paths['report']}")

@@ -1,0 +1,410 @@
+"""Meters shared by every project: state bytes, peak memory, step time, throughput, MFU, comm.
+
+What each meter counts, and how:
+
+- ``state_bytes(items)``: the bytes this rank holds for each state item
+  (``params``, ``grads``, ``optimizer``, ...), counted from the real tensors,
+  each storage once (views of one flat buffer count once; a ``DTensor``
+  counts its local shard).
+- ``MemoryMeter``: peak memory. On CUDA it is the caching allocator's
+  ``max_memory_allocated`` (a cap, when set, is the allocator's per-process
+  memory fraction, so running out is a real ``torch.OutOfMemoryError``). On
+  the CPU it is the tracked tensor bytes: a dispatch mode registers every
+  storage an op creates (and the ones passed to ``track``), a weak finalizer
+  subtracts it when the storage dies, and the high-water mark is the peak; a
+  cap raises ``torch.OutOfMemoryError`` the moment live bytes pass it.
+- ``CommMeter``: a dispatch mode that records every ``c10d`` collective issued
+  while it is active -- parlab's own mechanisms and torch's DDP/FSDP alike,
+  since both go through the ``c10d::*`` dispatcher ops -- with its payload
+  (all-reduce, broadcast: the tensor; all-gather: the gathered output;
+  reduce-scatter: the scattered input, as nccl-tests counts sizes). Its time
+  is measured by ``replay``: each recorded collective runs again, alone, on
+  the same process group with fresh buffers of the same shape, timed with a
+  device synchronize around it. Nothing crosses the wire from the meter
+  itself except those replays.
+- ``StepTimer``: step wall time (CUDA events on GPU, ``perf_counter`` on CPU);
+  ``mfu`` turns tokens/s into a fraction of the catalog's peak, or ``None``
+  when the device is not in the catalog (unknown, never guessed).
+
+The dispatch modes cost Python time per op: on GPUs use them on one metered
+step, not on the timed steps.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten, tree_map
+
+# ---------------------------------------------------------------------------
+# State bytes
+
+
+def _plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding ``t``'s data (a DTensor's local shard, ...)."""
+    if is_traceable_wrapper_subclass(t):
+        attrs, _ = t.__tensor_flatten__()
+        out: list[torch.Tensor] = []
+        for a in attrs:
+            inner = getattr(t, a)
+            if isinstance(inner, torch.Tensor):
+                out += _plain_tensors(inner)
+        return out
+    return [t]
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, str]:
+    s = t.untyped_storage()
+    return (s.data_ptr(), str(t.device)) if s.data_ptr() else (id(s), str(t.device))
+
+
+def count_bytes(tensors: Iterable[torch.Tensor | None], seen: set[Any] | None = None) -> int:
+    """Bytes of the storages behind ``tensors``, each storage once (``seen`` spans calls)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        for p in _plain_tensors(t):
+            key = _storage_key(p)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += p.untyped_storage().nbytes()
+    return total
+
+
+def state_bytes(items: dict[str, Iterable[torch.Tensor | None]]) -> dict[str, int]:
+    """Bytes per state item; a storage already counted under an earlier item is not counted again."""
+    seen: set[Any] = set()
+    return {name: count_bytes(ts, seen) for name, ts in items.items()}
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor in an optimizer's state (moments, momentum buffers; not scalar steps)."""
+    out = []
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor) and v.numel() > 1:
+                out.append(v)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Memory
+
+
+class _TensorTracker(TorchDispatchMode):
+    """Live and peak bytes of every storage created by an op while active (CPU meter)."""
+
+    def __init__(self, cap_bytes: int | None) -> None:
+        super().__init__()
+        self.cap_bytes = cap_bytes
+        self.live = 0
+        self.peak = 0
+        self._keys: set[int] = set()
+
+    def track(self, tensors: Iterable[torch.Tensor | None]) -> None:
+        for t in tensors:
+            if t is not None:
+                for p in _plain_tensors(t):
+                    self._register(p)
+        self._check()
+
+    def _register(self, t: torch.Tensor) -> None:
+        s = t.untyped_storage()
+        key = id(s)
+        if key in self._keys or s.nbytes() == 0:
+            return
+        self._keys.add(key)
+        n = s.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(s, self._free, key, n)
+
+    def _free(self, key: int, n: int) -> None:
+        self._keys.discard(key)
+        self.live -= n
+
+    def _check(self) -> None:
+        if self.cap_bytes is not None and self.live > self.cap_bytes:
+            raise torch.OutOfMemoryError(
+                f"out of memory: {self.live} tracked tensor bytes exceed the memory cap of "
+                f"{self.cap_bytes} bytes"
+            )
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                for p in _plain_tensors(t):
+                    self._register(p)
+        self._check()
+        return out
+
+
+class MemoryMeter:
+    """Peak memory of this rank: the CUDA allocator on GPU, tracked tensor bytes on CPU.
+
+    Use as a context manager around the steps; ``track`` registers tensors made
+    before it (the model, the optimizer). ``cap_bytes`` makes running past it a
+    ``torch.OutOfMemoryError``.
+    """
+
+    def __init__(self, device: torch.device, *, cap_bytes: int | None = None) -> None:
+        self.device = device
+        self.cap_bytes = cap_bytes
+        self._tracker = None if device.type == "cuda" else _TensorTracker(cap_bytes)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            if cap_bytes is not None:
+                total = torch.cuda.get_device_properties(device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+
+    @property
+    def source(self) -> str:
+        return "cuda-allocator" if self._tracker is None else "tracked-tensor-bytes"
+
+    def track(self, tensors: Iterable[torch.Tensor | None]) -> None:
+        if self._tracker is not None:
+            self._tracker.track(tensors)
+
+    def __enter__(self) -> MemoryMeter:
+        if self._tracker is not None:
+            self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._tracker is not None:
+            self._tracker.__exit__(*exc)
+
+    def peak_bytes(self) -> int:
+        if self._tracker is None:
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return self._tracker.peak
+
+    def live_bytes(self) -> int:
+        if self._tracker is None:
+            return int(torch.cuda.memory_allocated(self.device))
+        return self._tracker.live
+
+    def release_cap(self) -> None:
+        if self._tracker is None and self.cap_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+
+
+# ---------------------------------------------------------------------------
+# Communication
+
+_OP_NAMES = {
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "reduce_": "reduce",
+    "alltoall_base_": "all_to_all",
+    "alltoall_": "all_to_all",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "barrier": "barrier",
+}
+
+
+def _nbytes(x: Any) -> int:
+    return sum(
+        t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)
+    )
+
+
+def _dtype_of(x: Any) -> str:
+    for t in tree_flatten(x)[0]:
+        if isinstance(t, torch.Tensor):
+            return str(t.dtype).removeprefix("torch.")
+    return "-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRecord:
+    """One collective issued on this rank."""
+
+    op: str
+    """``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``, ..."""
+    payload_bytes: int
+    """The buffer size nccl-tests would name: gathered output, scattered input, or the tensor."""
+    dtype: str
+    """Element type of the payload."""
+    group_size: int | None
+    """Ranks in the process group it ran on."""
+    step: int
+    """The step it belongs to (``CommMeter.step``)."""
+
+
+class CommMeter(TorchDispatchMode):
+    """Records every ``c10d`` collective issued while active; ``replay`` times them alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[CollectiveRecord] = []
+        self.step = 0
+        self._replay: list[tuple[Any, tuple[Any, ...], dict[str, Any], int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "c10d":
+            self._record(func, args, kwargs)
+        return out
+
+    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        name = func._schema.name.split("::")[-1]
+        op = _OP_NAMES.get(name, name)
+        if op == "reduce_scatter":
+            payload = _nbytes(args[1])  # the full input being scattered
+        elif op == "all_gather":
+            payload = _nbytes(args[0])  # the full output being gathered
+        else:
+            payload = _nbytes(args[0])
+        group_size = None
+        for a in args:
+            if type(a).__name__ == "ScriptObject":
+                try:
+                    group_size = torch.distributed.ProcessGroup.unbox(a).size()
+                    break
+                except Exception:
+                    continue
+        self.records.append(
+            CollectiveRecord(
+                op=op,
+                payload_bytes=payload,
+                dtype=_dtype_of(args[0]),
+                group_size=group_size,
+                step=self.step,
+            )
+        )
+        # Keep shapes, not tensors: a replay needs no memory of the real buffers.
+        shapes = tree_map(
+            lambda x: (
+                ("tensor", tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else x
+            ),
+            (args, kwargs),
+        )
+        self._replay.append((func, shapes[0], shapes[1], self.step))
+
+    def by_op(self, step: int | None = None) -> dict[str, dict[str, int]]:
+        """``op -> {count, bytes}`` over one step (or all)."""
+        out: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+        for r in self.records:
+            if step is None or r.step == step:
+                out[r.op]["count"] += 1
+                out[r.op]["bytes"] += r.payload_bytes
+        return dict(out)
+
+    def bytes_in_step(self, step: int) -> int:
+        return sum(r.payload_bytes for r in self.records if r.step == step)
+
+    def replay(self, step: int, device: torch.device, *, iters: int = 3) -> float:
+        """Seconds the collectives of ``step`` take when run again alone, one after another.
+
+        Every rank must call it (the replays are collectives), with the same step.
+        """
+
+        def fresh(x: Any) -> Any:
+            if isinstance(x, tuple) and len(x) == 4 and x[0] == "tensor":
+                return torch.zeros(x[1], dtype=x[2], device=x[3])
+            return x
+
+        def is_leaf(x: Any) -> bool:
+            return isinstance(x, tuple) and len(x) == 4 and x[0] == "tensor"
+
+        total = 0.0
+        for func, args_s, kwargs_s, s in self._replay:
+            if s != step:
+                continue
+            args = tree_map(fresh, args_s, is_leaf=is_leaf)
+            kwargs = tree_map(fresh, kwargs_s, is_leaf=is_leaf)
+            _wait_all(func(*args, **kwargs))  # warm-up
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                _wait_all(func(*args, **kwargs))
+            _sync(device)
+            total += (time.perf_counter() - t0) / iters
+        return total
+
+
+def _wait_all(out: Any) -> None:
+    for x in tree_flatten(out)[0]:
+        if type(x).__name__ == "ScriptObject" and hasattr(x, "wait"):
+            x.wait()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------
+# Time, throughput, MFU
+
+
+class StepTimer:
+    """Wall time of each step: CUDA events on GPU (no host sync inside), ``perf_counter`` on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._marks: list[Any] = []
+
+    def mark(self) -> None:
+        """Call before the first timed step and after each one."""
+        if self.device.type == "cuda":
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._marks.append(e)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def step_times(self) -> list[float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return [
+                a.elapsed_time(b) / 1e3
+                for a, b in zip(self._marks[:-1], self._marks[1:], strict=True)
+            ]
+        return [b - a for a, b in zip(self._marks[:-1], self._marks[1:], strict=True)]
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def mfu(
+    tokens_per_s: float, flops_per_token: float | None, device: str, dtype: str = "bf16"
+) -> float | None:
+    """Model FLOPs utilisation (0..1) against the catalog peak; ``None`` when unknown."""
+    from parlab.hardware.catalog import peak_flops
+
+    peak = peak_flops(device, dtype)
+    if peak is None or flops_per_token is None:
+        return None
+    return tokens_per_s * flops_per_token / peak
