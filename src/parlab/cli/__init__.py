@@ -31,6 +31,7 @@ from parlab.cli import layout
 from parlab.cli import moe
 from parlab.cli import profile
 from parlab.cli import serve
+from parlab.cli import plan
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -109,7 +109,8 @@ class CollectiveStats:
     time_s: float
     """Sum of their durations."""
     exposed_s: float
-    """The part of that time no compute covers."""
+    """Its share of the exposed communication: the part of its spans no compute covers,
+    scaled so that concurrent collectives add up to the step's exposed time."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -490,6 +491,11 @@ def _summarize_rank(
         cm = kd == 1
         cs, ce = s[cm], e[cm]
         exposed_each = (ce - cs) - iv.covered(cs, ce, comp)
+        # concurrent collectives would count shared exposed time twice: scale each one's
+        # share so that they add up to the step's exposed communication
+        total_each = float(exposed_each.sum())
+        if total_each > 0:
+            exposed_each = exposed_each * (max(comm_t - overlap, 0.0) / total_each)
         cb = nbytes[m][cm]
         cc = coll[m][cm]
         for c, b, dur, ex in zip(cc, cb, ce - cs, exposed_each, strict=True):

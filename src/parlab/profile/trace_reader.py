@@ -171,17 +171,17 @@ class TraceScanner:
             self._pos += 1
             return
         ws = _WS.match
-        decode = self._decoder.raw_decode
+        scan = self._decoder.scan_once  # raw_decode without its costly error objects
         while True:
             # fast path: the whole event is in the buffer and followed by a delimiter
             buf = self._buf
-            pos = self._pos
+            pos = ws(buf, self._pos).end()
             try:
-                ev, end = decode(buf, pos)
+                ev, end = scan(buf, pos)
                 end = ws(buf, end).end()
                 if end >= len(buf):
                     raise ValueError
-            except ValueError:
+            except (StopIteration, ValueError):
                 if not self._skip_ws():
                     raise self._fail(
                         f"truncated: the file ends inside the traceEvents list "

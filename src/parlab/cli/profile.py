@@ -1,0 +1,534 @@
+"""``parlab profile``: per-rank traces -> overlap, exposed communication, idle, hotspots, stragglers.
+
+Subcommands:
+
+- ``analyze DIR``: analyse a folder of per-rank Chrome traces (any torch.profiler output);
+- ``run [--nproc N] -- script.py ARGS`` / ``run -- parlab CMD ...``: capture, then analyse;
+- presets, each a sweep with a plot: ``ddp`` / ``ddp-buckets`` (exposed comm against
+  ``bucket_cap_mb``), ``fsdp`` (prefetch x reshard_after_forward), ``tp`` (without and with
+  sequence parallelism).
+
+Each profiled configuration writes one T5 document and, beside it, the merged
+multi-rank trace (opens in ui.perfetto.dev), the timeline PNG of one step and
+the hotspot text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from parlab.cli import app
+from parlab.cli.common import (
+    ResultsOption,
+    console,
+    err_console,
+    print_json,
+    reproduce_command,
+    results_dir,
+    write,
+)
+from parlab.errors import UsageError
+from parlab.units import format_bytes, format_seconds
+
+profile_app = typer.Typer(
+    help="Profile runs on every rank: overlap, exposed communication, idle, hotspots, stragglers.",
+    no_args_is_help=True,
+)
+app.add_typer(profile_app, name="profile")
+
+ScheduleOption = typer.Option(
+    "1,1,2", "--schedule", help="Profiler schedule wait,warmup,active (steps)."
+)
+TraceDirOption = typer.Option(
+    None,
+    "--trace-dir",
+    help="Where the ranks write traces (default: <results>/profile-traces/<run>).",
+)
+
+
+def _outcome_row(o: Any) -> list[str]:
+    s = o.summary
+    ov = s.mean("overlap_pct")
+    top = s.hotspots[0] if s.hotspots else None
+    return [
+        o.doc.workload.get("label") or "-",
+        format_seconds(s.mean("step_time_s") or 0.0),
+        format_seconds(s.mean("compute_s") or 0.0),
+        format_seconds(s.mean("comm_s") or 0.0),
+        "n/a" if ov is None else f"{ov:.1f}%",
+        format_seconds(s.mean("exposed_s") or 0.0),
+        format_seconds(s.mean("idle_s") or 0.0),
+        f"{s.mean('comm_count'):.0f} / {format_bytes(s.mean('comm_bytes') or 0.0)}",
+        f"{top.name} ({format_seconds(top.exposed_per_step_s)} exposed)" if top else "-",
+    ]
+
+
+def print_outcomes(outcomes: list[Any]) -> None:
+    level = outcomes[0].doc.evidence_level
+    t = Table(title=f"parlab profile ({level}; per step, mean over ranks)", title_justify="left")
+    for c in (
+        "config",
+        "step",
+        "compute",
+        "comm",
+        "overlap",
+        "exposed",
+        "idle",
+        "colls/bytes",
+        "top hotspot",
+    ):
+        t.add_column(c)
+    for o in outcomes:
+        t.add_row(*_outcome_row(o))
+    console.print(t)
+    if len(outcomes) == 1:
+        console.print(outcomes[0].text.rstrip(), markup=False)
+    for o in outcomes:
+        arts = ", ".join(str(p) for p in o.artifacts.values())
+        console.print(f"{o.doc.workload.get('label')}: {o.path} ({arts})", markup=False)
+
+
+@profile_app.command("analyze")
+def analyze_cmd(
+    trace_dir: Path = typer.Argument(..., help="Folder of per-rank traces (.json or .json.gz)."),
+    results: Path | None = ResultsOption,
+    project: str | None = typer.Option(
+        None,
+        help="Project of the profiled run (default: from the traces, else PAR-TRAINING-STATE).",
+    ),
+    label: str | None = typer.Option(None, help="Name of the profiled configuration."),
+    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+) -> None:
+    """Analyse a folder of per-rank Chrome traces (one per rank, any torch.profiler output)."""
+    from parlab.profile.report import profile_folder
+
+    o = profile_folder(
+        trace_dir,
+        results=results_dir(results),
+        command=reproduce_command(),
+        project=project,
+        label=label,
+    )
+    if as_json:
+        print_json(o.doc.to_json())
+        return
+    print_outcomes([o])
+    for p in o.run.problems:
+        err_console.print(f"warning: {p.message}")
+
+
+def _profile_env(
+    trace_dir: Path, schedule: str, run_id: str, project: str | None
+) -> dict[str, str]:
+    from parlab.profile import capture
+
+    env = dict(os.environ)
+    env[capture.ENV_DIR] = str(trace_dir)
+    env[capture.ENV_SCHEDULE] = schedule
+    env[capture.ENV_RUN_ID] = run_id
+    if project:
+        env[capture.ENV_PROJECT] = project
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@profile_app.command(
+    "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def run_cmd(
+    ctx: typer.Context,
+    nproc: int = typer.Option(2, help="Ranks for a script (torchrun --nproc-per-node)."),
+    schedule: str = ScheduleOption,
+    trace_dir: Path | None = TraceDirOption,
+    results: Path | None = ResultsOption,
+    project: str | None = typer.Option(None, help="Project of the profiled run."),
+    timeout: float = typer.Option(
+        1800.0, help="Wall-clock limit for the profiled command, seconds."
+    ),
+) -> None:
+    """Profile a command: ``parlab profile run --nproc 2 -- train.py ARGS`` or ``-- parlab train ...``."""
+    from parlab.contract import new_run_id
+    from parlab.profile.capture import parse_schedule
+    from parlab.profile.report import profile_folder
+
+    cmd = list(ctx.args)
+    if not cmd:
+        raise UsageError(
+            "nothing to profile: give a command after --, e.g. -- train.py or -- parlab train"
+        )
+    parse_schedule(schedule)
+    if nproc < 1:
+        raise UsageError(f"--nproc {nproc} is below 1: run at least one rank")
+    root = results_dir(results)
+    run_id = new_run_id("profile-run")
+    tdir = trace_dir or root / "profile-traces" / run_id
+    if cmd[0].endswith(".py"):
+        if not Path(cmd[0]).is_file():
+            raise UsageError(f"script {cmd[0]} does not exist: give the path of a torchrun script")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        argv += ["--nproc-per-node", str(nproc), "--max-restarts", "0"]
+        argv += ["-m", "parlab.profile.runner", *cmd]
+    elif cmd[0] == "parlab":
+        argv = [sys.executable, "-m", "parlab", *cmd[1:]]
+    else:
+        raise UsageError(
+            f"cannot profile {cmd[0]!r}: give a torchrun script (script.py ARGS) or a parlab command"
+        )
+    tdir.mkdir(parents=True, exist_ok=True)
+    err_console.print(f"profiling: {' '.join(argv)}  (traces -> {tdir})")
+    try:
+        rc = subprocess.run(
+            argv, env=_profile_env(tdir, schedule, run_id, project), timeout=timeout
+        ).returncode
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"the profiled command passed --timeout {timeout:.0f} s and was stopped"
+        ) from None
+    if rc != 0:
+        err_console.print(f"the profiled command exited with status {rc}; analysing what it wrote")
+    if not any(tdir.glob("*.json*")):
+        raise UsageError(
+            f"the command wrote no trace in {tdir}: a parlab command must profile its loop with "
+            "parlab.profile.capture.maybe_profile, and a script must run at least wait+warmup+active "
+            f"optimizer steps ({schedule})"
+        )
+    o = profile_folder(
+        tdir, results=root, command=reproduce_command(), project=project, run_id=None
+    )
+    print_outcomes([o])
+    if rc != 0:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------
+# presets
+
+
+def _default_nproc() -> int:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return n if n >= 2 else 2
+
+
+def run_preset(
+    preset: str,
+    kwargs: dict[str, Any],
+    *,
+    nproc: int | None,
+    backend: str,
+    timeout: float,
+    results: Path,
+    trace_dir: Path | None,
+    schedule: str,
+    project: str,
+    command: str,
+    plot: tuple[str, str] | None,
+    quiet: bool = False,
+) -> list[Any]:
+    """Launch a preset on every rank, analyse each configuration's traces, write the documents.
+
+    ``plot``: (title, x label) of the sweep plot across configurations.
+    """
+    from parlab.contract import Document, Failure, new_run_id, now_iso, write_result
+    from parlab.hardware.env import snapshot
+    from parlab.profile.capture import parse_schedule
+    from parlab.profile.export import write_sweep_png
+    from parlab.profile.presets import PRESETS
+    from parlab.profile.report import profile_folder
+    from parlab.runtime.launch import LaunchConfig, launch
+
+    sched = list(parse_schedule(schedule))
+    nproc = nproc or _default_nproc()
+    config = LaunchConfig(nproc=nproc, backend=backend, timeout_s=timeout)
+    run_id = new_run_id(f"profile-{preset}")
+    tdir = trace_dir or results / "profile-traces" / run_id
+    kwargs = {**kwargs, "out_dir": str(tdir.resolve()), "schedule": sched, "run_id": run_id}
+    res = launch(PRESETS[preset], kwargs, config)
+    resolved = config.resolved_backend()
+    level = "real-training" if resolved == "nccl" else "cpu-mechanism"
+    workload = {k: v for k, v in kwargs.items() if k in ("model", "batch", "seq")}
+    if not res.ok:
+        failure = res.failure or Failure(kind="crash", message="the preset failed")
+        doc = Document(
+            run_id=run_id,
+            created=now_iso(),
+            project=project,
+            task="T5",
+            role="failure",
+            evidence_level=level,
+            command=command,
+            environment=snapshot(),
+            workload={"preset": preset, **workload},
+            layout={"world_size": nproc, "backend": resolved, "strategy": preset},
+            metrics={},
+            status="failed",
+            failure=failure,
+        )
+        path = write(doc, results)
+        raise UsageError(
+            f"profile preset {preset} failed ({failure.kind}, rank {failure.rank}): "
+            f"{failure.message} (document {path})"
+        )
+    configs = res.results[0]
+    outcomes = []
+    for i, c in enumerate(configs):
+        outcomes.append(
+            profile_folder(
+                c["dir"],
+                results=results,
+                command=command,
+                project=project,
+                label=c["label"],
+                role="baseline" if i == 0 else "candidate",
+                workload={
+                    "preset": preset,
+                    "sweep_run_id": run_id,
+                    **workload,
+                    "knobs": c["knobs"],
+                },
+                layout={
+                    "strategy": preset,
+                    "mesh": {"tp" if preset == "tp" else "dp": nproc},
+                    **c["knobs"],
+                },
+            )
+        )
+    if plot is not None and len(outcomes) > 1:
+        first = outcomes[0]
+        png = results / project / first.doc.run_id / "sweep.png"
+        labels = [o.doc.workload["label"] for o in outcomes]
+
+        def ms(name: str) -> list[float | None]:
+            return [
+                None if o.summary.mean(name) is None else 1e3 * o.summary.mean(name)
+                for o in outcomes
+            ]
+
+        write_sweep_png(
+            png,
+            labels=labels,
+            series={
+                "exposed comm": ms("exposed_s"),
+                "comm": ms("comm_s"),
+                "step": ms("step_time_s"),
+            },
+            title=f"{plot[0]} ({level}, {nproc} ranks, {workload.get('model')})",
+            ylabel="ms per step (mean over ranks)",
+            xlabel=plot[1],
+        )
+        rel = str(png.relative_to(results / project))
+        updated = []
+        for o in outcomes:
+            doc = dataclasses.replace(o.doc, artifacts={**o.doc.artifacts, "sweep_png": rel})
+            write_result(doc, results)
+            updated.append(dataclasses.replace(o, doc=doc))
+        outcomes = updated
+        err_console.print(f"sweep plot: {png}")
+    if not quiet:
+        print_outcomes(outcomes)
+    return outcomes
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v <= 0 for v in vals):
+        raise UsageError(
+            f"{what} {text!r} is not a comma-separated list of positive numbers, e.g. 1,25,100"
+        )
+    return vals
+
+
+def _check_shape(model: str, batch: int, seq: int) -> None:
+    from parlab.models import get_spec
+
+    spec = get_spec(model)
+    if batch < 1 or seq < 2:
+        raise UsageError(f"--batch {batch} / --seq {seq}: need batch >= 1 and seq >= 2")
+    if seq > spec.max_seq_len:
+        raise UsageError(f"--seq {seq} is longer than {model}'s max_seq_len {spec.max_seq_len}")
+
+
+ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
+BatchOption = typer.Option(2, help="Micro-batch per rank.")
+SeqOption = typer.Option(64, help="Sequence length.")
+NprocOption = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU).")
+BackendOption = typer.Option("auto", help="auto (NCCL on GPUs, else gloo), nccl or gloo.")
+TimeoutOption = typer.Option(300.0, help="Process-group timeout, seconds.")
+
+
+@profile_app.command("ddp-buckets")
+def ddp_buckets_cmd(
+    buckets: str = typer.Option("1,5,25", help="bucket_cap_mb values, comma-separated."),
+    model: str = ModelOption,
+    batch: int = BatchOption,
+    seq: int = SeqOption,
+    nproc: int | None = NprocOption,
+    backend: str = BackendOption,
+    schedule: str = ScheduleOption,
+    timeout: float = TimeoutOption,
+    trace_dir: Path | None = TraceDirOption,
+    results: Path | None = ResultsOption,
+) -> None:
+    """DDP bucket-size sweep: exposed communication against bucket_cap_mb (torch DDP, reference model)."""
+    _check_shape(model, batch, seq)
+    run_preset(
+        "ddp-buckets",
+        {"model": model, "batch": batch, "seq": seq, "buckets_mb": _floats(buckets, "--buckets")},
+        nproc=nproc,
+        backend=backend,
+        timeout=timeout,
+        results=results_dir(results),
+        trace_dir=trace_dir,
+        schedule=schedule,
+        project="PAR-TRAINING-STATE",
+        command=reproduce_command(),
+        plot=("DDP: exposed communication vs bucket_cap_mb", "bucket_cap_mb"),
+    )
+
+
+@profile_app.command("ddp")
+def ddp_cmd(
+    bucket_mb: float = typer.Option(25.0, help="DDP bucket_cap_mb."),
+    model: str = ModelOption,
+    batch: int = BatchOption,
+    seq: int = SeqOption,
+    nproc: int | None = NprocOption,
+    backend: str = BackendOption,
+    schedule: str = ScheduleOption,
+    timeout: float = TimeoutOption,
+    trace_dir: Path | None = TraceDirOption,
+    results: Path | None = ResultsOption,
+) -> None:
+    """Profile one DDP run of the reference model."""
+    _check_shape(model, batch, seq)
+    run_preset(
+        "ddp",
+        {
+            "model": model,
+            "batch": batch,
+            "seq": seq,
+            "buckets_mb": _floats(str(bucket_mb), "--bucket-mb"),
+        },
+        nproc=nproc,
+        backend=backend,
+        timeout=timeout,
+        results=results_dir(results),
+        trace_dir=trace_dir,
+        schedule=schedule,
+        project="PAR-TRAINING-STATE",
+        command=reproduce_command(),
+        plot=None,
+    )
+
+
+FSDP_CONFIGS = {
+    "noprefetch-reshard": {"prefetch": False, "reshard_after_forward": True},
+    "prefetch-reshard": {"prefetch": True, "reshard_after_forward": True},
+    "noprefetch-keep": {"prefetch": False, "reshard_after_forward": False},
+    "prefetch-keep": {"prefetch": True, "reshard_after_forward": False},
+}
+
+
+@profile_app.command("fsdp")
+def fsdp_cmd(
+    configs: str = typer.Option(
+        ",".join(FSDP_CONFIGS),
+        help="FSDP2 settings to compare, comma-separated: " + ", ".join(FSDP_CONFIGS) + ".",
+    ),
+    model: str = ModelOption,
+    batch: int = BatchOption,
+    seq: int = SeqOption,
+    nproc: int | None = NprocOption,
+    backend: str = BackendOption,
+    schedule: str = ScheduleOption,
+    timeout: float = TimeoutOption,
+    trace_dir: Path | None = TraceDirOption,
+    results: Path | None = ResultsOption,
+) -> None:
+    """FSDP2 with and without explicit prefetch and reshard_after_forward."""
+    _check_shape(model, batch, seq)
+    names = [c.strip() for c in configs.split(",") if c.strip()]
+    bad = [c for c in names if c not in FSDP_CONFIGS]
+    if bad or not names:
+        raise UsageError(f"--configs {configs!r}: use some of {', '.join(FSDP_CONFIGS)}")
+    run_preset(
+        "fsdp",
+        {"model": model, "batch": batch, "seq": seq, "configs": [FSDP_CONFIGS[c] for c in names]},
+        nproc=nproc,
+        backend=backend,
+        timeout=timeout,
+        results=results_dir(results),
+        trace_dir=trace_dir,
+        schedule=schedule,
+        project="PAR-TRAINING-STATE",
+        command=reproduce_command(),
+        plot=("FSDP2: prefetch and reshard_after_forward", "setting"),
+    )
+
+
+@profile_app.command("tp")
+def tp_cmd(
+    model: str = ModelOption,
+    batch: int = BatchOption,
+    seq: int = SeqOption,
+    nproc: int | None = NprocOption,
+    backend: str = BackendOption,
+    schedule: str = ScheduleOption,
+    timeout: float = TimeoutOption,
+    trace_dir: Path | None = TraceDirOption,
+    results: Path | None = ResultsOption,
+) -> None:
+    """Tensor parallelism over all ranks, without and with sequence parallelism."""
+    _check_shape(model, batch, seq)
+    n = nproc or _default_nproc()
+    if seq % n:
+        raise UsageError(f"--seq {seq} must divide by the {n} TP ranks for sequence parallelism")
+    run_preset(
+        "tp",
+        {"model": model, "batch": batch, "seq": seq, "sequence_parallel": [False, True]},
+        nproc=n,
+        backend=backend,
+        timeout=timeout,
+        results=results_dir(results),
+        trace_dir=trace_dir,
+        schedule=schedule,
+        project="PAR-MODEL-INTERNAL",
+        command=reproduce_command(),
+        plot=("TP: without and with sequence parallelism", "setting"),
+    )
+
+
+def demo_step(results: Path, console_: Any) -> None:
+    """``parlab demo``: a CPU-sized DDP bucket sweep on 2 gloo ranks, profiled and analysed."""
+    outcomes = run_preset(
+        "ddp-buckets",
+        {"model": "tiny", "batch": 2, "seq": 64, "buckets_mb": [0.01, 1.0]},
+        nproc=2,
+        backend="gloo",
+        timeout=60.0,
+        results=results,
+        trace_dir=None,
+        schedule="1,1,2",
+        project="PAR-TRAINING-STATE",
+        command=f"parlab profile ddp-buckets --buckets 0.01,1 --backend gloo --nproc 2 --results {results}",
+        plot=("DDP: exposed communication vs bucket_cap_mb", "bucket_cap_mb"),
+        quiet=True,
+    )
+    print_outcomes(outcomes)
+    for o in outcomes:
+        if o.doc.status != "ok":
+            raise RuntimeError(f"profile of {o.doc.workload.get('label')} failed")
