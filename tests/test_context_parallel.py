@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+import torch.fx.experimental.symbolic_shapes
 import torch.nn.functional as F
 
 from parlab.models import get_spec

@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor.parallel
+import torch.fx.experimental.symbolic_shapes
 import torch.nn.functional as F
 
 from parlab.models import get_spec

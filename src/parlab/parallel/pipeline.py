@@ -1,0 +1,227 @@
+"""Pipeline parallelism: stages cut from the reference model, and an executor of schedules.
+
+``build_stage(model, stage, n_stages)`` prunes a reference model to one
+stage's layers (the first keeps the embedding, the last the final norm and
+output projection), as torchtitan does; ``Transformer.forward`` skips what
+was pruned.
+
+``run_schedule`` executes one rank's action list from ``pipeline_schedules``.
+What crosses the wire, per micro-batch per stage boundary: the activation
+``(b, S, H)`` forward (send to the next stage's rank) and its gradient
+backward (send to the previous stage's rank), point-to-point. An action's
+outgoing send is posted together with the receive the rank's *next* action
+needs, as one ``batch_isend_irecv`` (NCCL groups them), which is what keeps
+1F1B's steady state (send an activation while the neighbour sends a
+gradient) from deadlocking. Stages on the same rank (``pp`` = 1) hand
+tensors over in memory.
+
+Timing: each forward and backward is timed (CUDA events on GPUs, the wall
+clock after the work on CPU) so the measured bubble is
+``1 - busy / step time`` per rank, against ``pipeline_schedules.formula``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parlab.parallel import tensor_comm
+from parlab.parallel.pipeline_schedules import Action, n_stages, simulate
+
+
+def build_stage(model: nn.Module, stage: int, n_stages: int, *, copy_model: bool = True) -> Any:
+    """The reference model pruned to stage ``stage`` of ``n_stages`` (equal layer counts)."""
+    m = copy.deepcopy(model) if copy_model else model
+    n = len(m.layers)
+    assert n % n_stages == 0, "layers % stages checked by the layout"
+    per = n // n_stages
+    m.layers = nn.ModuleList(list(m.layers)[stage * per : (stage + 1) * per])
+    if stage > 0:
+        m.tok_embeddings = None
+        if getattr(m, "pos_embeddings", None) is not None:
+            m.pos_embeddings = None
+    if stage < n_stages - 1:
+        m.norm = None
+        m.output = None
+    return m
+
+
+@dataclass
+class ScheduleStats:
+    """What one rank measured while running its actions."""
+
+    busy_s: float = 0.0
+    """Time spent in forward and backward compute."""
+    wall_s: float = 0.0
+    """Step time from the first action to the last (after a device sync)."""
+    loss: float | None = None
+    """Sum of the micro-batch losses / m (last stage only)."""
+    action_s: dict[str, float] = field(default_factory=dict)
+    """Time of each action (``1F0`` -> seconds)."""
+    sent_bytes: int = 0
+    """Bytes this rank sent point-to-point."""
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - self.busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class _Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, Any, Any]] = []
+
+    def start(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, name: str, t0: Any) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((name, t0, e))
+        else:
+            self.marks.append((name, t0, time.perf_counter()))
+
+    def results(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {n: a.elapsed_time(b) / 1e3 for n, a, b in self.marks}
+        return {n: b - a for n, a, b in self.marks}
+
+
+def lockstep(schedule: list[list[Action]]) -> list[list[Action | None]]:
+    """Each rank's action at each step of the unit-time grid (``None``: idle)."""
+    tl = simulate(schedule, t_f=1.0, t_b=1.0)
+    v = n_stages(schedule) // len(schedule)
+    steps = round(tl.makespan * v)
+    out: list[list[Action | None]] = [[None] * steps for _ in schedule]
+    for r, spans in enumerate(tl.spans):
+        for start, _, a in spans:
+            out[r][round(start * v)] = a
+    return out
+
+
+def _message(a: Action, n_stages: int) -> tuple[str, int, int] | None:
+    """What action ``a`` produces for another stage: (kind, destination stage, micro-batch)."""
+    if a.kind == "F" and a.stage < n_stages - 1:
+        return ("act", a.stage + 1, a.mb)
+    if a.kind == "B" and a.stage > 0:
+        return ("grad", a.stage - 1, a.mb)
+    return None
+
+
+def run_schedule(
+    schedule: list[list[Action]],
+    stages: dict[int, nn.Module],
+    *,
+    microbatches: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    act_shape: tuple[int, ...],
+    act_dtype: torch.dtype,
+    group: Any,
+    device: torch.device,
+) -> ScheduleStats:
+    """Run this rank's part of ``schedule`` over its ``stages`` (stage -> module); its stats.
+
+    Rank ``r`` of ``group`` holds stages ``r, r+p, ...``; ``microbatches`` are the
+    first stage's inputs, ``targets`` the last stage's. The summed loss is scaled
+    by ``1/m`` so gradients equal those of the mean loss over the whole batch.
+
+    Ranks walk the schedule's unit-time grid in lockstep: after its step-``t``
+    action, a rank posts one batch with what it produced at step ``t`` and the
+    receives of what its neighbours produced at step ``t``, so both sides of
+    every message sit in the same step's batch (deadlock-free under NCCL
+    grouping). Only receives are waited for; sends complete in the background.
+    """
+    p = len(schedule)
+    n = n_stages(schedule)
+    m = len(microbatches)
+    me = dist.get_rank(group) if p > 1 else 0
+    grid = lockstep(schedule)
+    inbox: dict[tuple[str, int, int], torch.Tensor] = {}
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
+    sends_pending: list[Any] = []
+    stats = ScheduleStats()
+    timer = _Timer(device)
+    loss_sum = torch.zeros((), device=device)
+
+    def peer(stage: int) -> int:
+        return dist.get_global_rank(group, stage % p) if p > 1 else 0
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_start = time.perf_counter()
+    for t in range(len(grid[me])):
+        a = grid[me][t]
+        out_msg: tuple[tuple[str, int, int], torch.Tensor] | None = None
+        if a is not None:
+            mod = stages[a.stage]
+            t0 = timer.start()
+            if a.kind == "F":
+                x = microbatches[a.mb] if a.stage == 0 else inbox.pop(("act", a.stage, a.mb))
+                if a.stage > 0:
+                    x.requires_grad_(True)
+                inputs[(a.stage, a.mb)] = x
+                y = mod(x)
+                if a.stage == n - 1:
+                    y = loss_fn(y, targets[a.mb]) / m
+                    loss_sum += y.detach()
+                else:
+                    out_msg = (("act", a.stage + 1, a.mb), y.detach())
+                outputs[(a.stage, a.mb)] = y
+            else:
+                y = outputs.pop((a.stage, a.mb))
+                y.backward(None if a.stage == n - 1 else inbox.pop(("grad", a.stage, a.mb)))
+                x = inputs.pop((a.stage, a.mb))
+                if a.stage > 0:
+                    assert x.grad is not None, "a non-first stage's input requires grad"
+                    out_msg = (("grad", a.stage - 1, a.mb), x.grad)
+            timer.stop(str(a), t0)
+        ops = []
+        if out_msg is not None:
+            key, tensor = out_msg
+            if key[1] % p == me:
+                inbox[key] = tensor
+            else:
+                tensor = tensor.contiguous()
+                stats.sent_bytes += tensor.numel() * tensor.element_size()
+                tensor_comm._log("send_recv", tensor, axis="pp")
+                ops.append(dist.P2POp(dist.isend, tensor, peer(key[1]), group))
+        n_recv = 0
+        for q in range(p):
+            b = grid[q][t] if q != me else None
+            msg = _message(b, n) if b is not None else None
+            if msg is not None and msg[1] % p == me:
+                buf = torch.empty(act_shape, dtype=act_dtype, device=device)
+                ops.append(dist.P2POp(dist.irecv, buf, peer(q), group))
+                inbox[msg] = buf
+                n_recv += 1
+        if ops:
+            works = dist.batch_isend_irecv(ops)
+            if n_recv:
+                for w in works:
+                    w.wait()
+            else:
+                sends_pending += works
+    for w in sends_pending:
+        w.wait()
+    stats.action_s = timer.results()
+    stats.wall_s = time.perf_counter() - t_start
+    stats.busy_s = sum(stats.action_s.values())
+    if any(s == n - 1 for s in stages):
+        stats.loss = float(loss_sum)
+    assert not outputs and not inputs, "every forward was matched by its backward"
+    return stats
