@@ -1,0 +1,116 @@
+"""T6 commands: ``plan`` (admit or reject layouts, predict), ``decide`` (choose among measured
+runs), ``report`` (the results folder as HTML and Markdown)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from parlab.cli import app
+from parlab.cli.common import console, err_console, print_json, reproduce_command, results_dir
+from parlab.errors import UsageError
+
+
+@app.command("report")
+def report_cmd(
+    folder: Path | None = typer.Argument(None, help="Results folder (default: ./parlab-results)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output folder (default: <results>/report)."
+    ),
+) -> None:
+    """The results folder as one self-contained HTML file (plots embedded) and a Markdown twin."""
+    from parlab.report import build_report
+
+    root = results_dir(folder)
+    outcome = build_report(root, out)
+    console.print(
+        f"report of {outcome.documents} document(s), {outcome.figures} figure(s)"
+        + (f", {outcome.skipped} file(s) skipped" if outcome.skipped else "")
+    )
+    console.print(f"HTML: {outcome.html}")
+    console.print(f"Markdown: {outcome.markdown}")
+
+
+@app.command("decide")
+def decide_cmd(
+    folder: Path | None = typer.Argument(None, help="Results folder (default: ./parlab-results)."),
+    project: str | None = typer.Option(
+        None, help="The project to decide (default: every project with runs to compare)."
+    ),
+    run_id: list[str] | None = typer.Option(
+        None, "--run-id", help="Decide among exactly these runs (repeat the option)."
+    ),
+    metric: str | None = typer.Option(
+        None, help="Objective metric (default per project, e.g. tokens_per_s_per_gpu)."
+    ),
+    lower_is_better: bool | None = typer.Option(
+        None, "--lower-is-better/--higher-is-better", help="Direction of --metric."
+    ),
+    memory_budget: str | None = typer.Option(
+        None, help="Reject runs whose peak memory exceeds this (e.g. 80GB, 70GiB)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the decision document(s) as JSON."),
+) -> None:
+    """Choose among a project's measured runs; write the decision document."""
+    from parlab import contract
+    from parlab.plan.decide import decide, eligible_projects
+    from parlab.units import parse_size
+
+    root = results_dir(folder)
+    budget = float(parse_size(memory_budget)) if memory_budget else None
+    if project is None and not run_id:
+        entries, _ = contract.read_results(root)
+        projects = eligible_projects(entries)
+        if not projects:
+            raise UsageError(f"no project under {root} has runs to decide on: run one first")
+    else:
+        projects = [project] if project else [None]  # type: ignore[list-item]
+    docs = []
+    for p in projects:
+        outcome = decide(
+            root,
+            project=p,
+            run_ids=run_id or None,
+            metric=metric,
+            lower_is_better=lower_is_better,
+            memory_budget=budget,
+            command=reproduce_command(),
+        )
+        docs.append(outcome.doc.to_json())
+        if not as_json:
+            print_decision(outcome)
+    if as_json:
+        print_json(docs if len(docs) > 1 else docs[0])
+
+
+def print_decision(outcome) -> None:  # type: ignore[no-untyped-def]
+    d = outcome.doc
+    dec = d.decision
+    assert dec is not None
+    console.rule(f"{d.project}: decision [{d.evidence_level}]")
+    console.print(f"chosen: {dec.chosen or 'none'}")
+    console.print(dec.reason)
+    if dec.rejected:
+        t = Table(title="rejected", title_justify="left")
+        t.add_column("run")
+        t.add_column("kind")
+        t.add_column("reason", overflow="fold")
+        for r in dec.rejected:
+            t.add_row(r["candidate"], r.get("kind", ""), r["reason"])
+        console.print(t)
+    errs = {k: m for k, m in d.metrics.items() if k.startswith("prediction_error.")}
+    if errs:
+        t = Table(title="prediction error (predicted - measured) / measured", title_justify="left")
+        t.add_column("run")
+        t.add_column("metric")
+        t.add_column("error", justify="right")
+        for k, m in errs.items():
+            _, run, name = k.split(".", 2)
+            t.add_row(run, name, "unknown" if m.value is None else f"{m.value:+.1f} %")
+        console.print(t)
+    for n in d.notes:
+        console.print(f"- {n}")
+    if outcome.path is not None:
+        err_console.print(f"wrote {outcome.path} ({d.evidence_level}, decision)")
