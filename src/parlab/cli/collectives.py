@@ -90,6 +90,9 @@ def collectives_cmd(
     calibration: Path | None = typer.Option(
         None, "--calibration", help="With --explain: calibration document or results folder."
     ),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="With --explain and no calibration: catalog GPU (default: this one)."
+    ),
     results: Path | None = ResultsOption,
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
 ) -> None:
@@ -100,7 +103,7 @@ def collectives_cmd(
         _fit(fit, results, as_json)
         return
     if explain is not None:
-        _explain(explain, layout, strategy, micro_batch, seq, calibration, results, as_json)
+        _explain(explain, layout, strategy, micro_batch, seq, calibration, gpu, results, as_json)
         return
     _sweep(
         op=op,
@@ -255,6 +258,7 @@ def _explain(
     micro_batch: int,
     seq: int | None,
     calibration: Path | None,
+    gpu: str | None,
     results: Path | None,
     as_json: bool,
 ) -> None:
@@ -263,12 +267,13 @@ def _explain(
     if not layout:
         raise ValueError("--explain needs --layout (e.g. --layout dp=8,tp=2)")
     doc = explain_document(
-        model=model,
+        model_name=model,
         layout=layout,
         strategy=strategy,
         micro_batch=micro_batch,
         seq=seq,
         calibration=calibration,
+        gpu=gpu,
         command=reproduce_command(),
     )
     path = write(doc, results_dir(results), quiet=as_json)
