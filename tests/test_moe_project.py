@@ -43,7 +43,8 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     )  # fmt: skip
     ranks = run_ranks(moe_rank, 2, **_to_json(cfg))
     kw = {"tag": "moe-test", "command": "parlab project moe", "environment": ENV}
-    docs = [workload_document(cfg, ranks, i, **kw) for i in range(2)]
+    cal = {"run_id": "collectives-x", "points": [(1e3, 1e9), (1e7, 2e9)]}
+    docs = [workload_document(cfg, ranks, i, calibration=cal, **kw) for i in range(2)]
     docs += [sweep_document(cfg, ranks, **kw), training_document(cfg, ranks, **kw)]
     art = render_report(docs, tmp_path / "PAR-MOE-EXPERT", "moe-test")
     for d in docs:
@@ -77,7 +78,11 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     assert rates == sorted(rates, reverse=True) and rates[-1] == 0.0
     assert sweep.metrics["min_dropless_capacity_factor_uniform"].value in (1.0, 4.0)
     assert set(train.workload["per_step"]) == {"none", "aux", "bias"}
+    pred = uniform.predictions["dispatch_time"]
+    assert pred.model == "calibration:collectives-x" and pred.value > 0
+    assert uniform.metrics["a2a_busbw_vs_calibration"].value is not None
     report = (tmp_path / "PAR-MOE-EXPERT" / art["report"]).read_text()
+    assert "of parlab collectives" in report
     assert "How skew moves the slowest rank" in report and "r1e3" in report
     for key in ("load_png", "a2a_png", "overflow_png", "training_png"):
         assert (tmp_path / "PAR-MOE-EXPERT" / art[key]).stat().st_size > 1000

@@ -83,6 +83,29 @@ def check_ep(num_experts: int, ep: int) -> int:
     return num_experts // ep
 
 
+_GROUPED_MM_OK: dict[str, bool] = {}
+
+
+def grouped_mm_works(device: torch.device) -> bool:
+    """Whether ``torch._grouped_mm`` runs forward and backward in bf16 on ``device`` and
+    matches one matmul per expert (checked once per device; ``auto`` falls back to a loop)."""
+    key = str(device)
+    if key not in _GROUPED_MM_OK:
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            x = torch.randn(40, 64, generator=g, device=device).bfloat16().requires_grad_()
+            w = torch.randn(3, 64, 32, generator=g, device=device).bfloat16().requires_grad_()
+            offs = torch.tensor([16, 16, 40], device=device, dtype=torch.int32)
+            y = torch._grouped_mm(x, w, offs=offs)
+            y.float().square().sum().backward()
+            ref = torch.cat([x[:16] @ w[0], x[16:40] @ w[2]])
+            ok = torch.allclose(y.float(), ref.float(), atol=0.1, rtol=0.05)
+            _GROUPED_MM_OK[key] = bool(ok and x.grad is not None and w.grad is not None)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _GROUPED_MM_OK[key] = False
+    return _GROUPED_MM_OK[key]
+
+
 class GroupedExperts(nn.Module):
     """L SwiGLU experts computed together over rows sorted by expert.
 
@@ -132,7 +155,11 @@ class GroupedExperts(nn.Module):
         if self.impl == "grouped_mm":
             return True
         dims_ok = all(d % 8 == 0 for d in self.w_gate.shape[1:])
-        return x.is_cuda and x.dtype == torch.bfloat16 and dims_ok
+        return x.is_cuda and x.dtype == torch.bfloat16 and dims_ok and grouped_mm_works(x.device)
+
+    def resolved_impl(self, x: torch.Tensor) -> str:
+        """``grouped_mm`` or ``loop``: what ``forward`` runs for inputs like ``x``."""
+        return "grouped_mm" if self._use_grouped_mm(x) else "loop"
 
     def forward(self, x_NH: torch.Tensor, counts_L: list[int]) -> torch.Tensor:
         assert sum(counts_L) == x_NH.shape[0], "rows must equal the sum of per-expert counts"

@@ -306,6 +306,7 @@ def _workload_run(
         "rows_computed": sum(plan.tokens_per_local_expert) if plan else None,
         "send_counts": plan.send_counts if plan else None,
         "capacity": cfg.router_config().capacity(cfg.tokens),
+        "expert_impl": layer.experts.resolved_impl(x),
     }
     if cfg.naive:
         naive = ExpertParallelMoE(
@@ -594,9 +595,15 @@ def workload_document(
                 value=sum(nv.values()) / m["layer_time"].value, unit="ratio"
             )
     predictions = {}
+    cal_workload = None
     if calibration and n > 1:
         bw = calibration_busbw(calibration, d_mean)
+        cal_workload = {"run_id": calibration["run_id"], "points": calibration["points"]}
         if bw:
+            m["calibration_a2a_busbw"] = Metric(value=bw / 1e9, unit="GB/s")
+            m["a2a_busbw_vs_calibration"] = Metric(
+                value=100 * a2a_bw / (bw / 1e9) if a2a_bw else None, unit="%"
+            )
             predictions["dispatch_time"] = Prediction(
                 value=d_mean * (n - 1) / n / bw,
                 unit="s",
@@ -629,8 +636,10 @@ def workload_document(
             "per_expert_routed": routed,
             "per_expert_kept": kept,
             "dispatch_plan": [r["workloads"][i]["send_counts"] for r in ranks],
+            "expert_impl": w0.get("expert_impl"),
             "phases": {p: _per_rank(ranks, i, "phases", p) for p in phases},
             "reference_a2a_curve": ranks[0]["reference_a2a"],
+            "calibration_a2a": cal_workload,
         },
         layout=_layout(cfg, n, ranks[0]["backend"]),
         metrics=m,
@@ -938,6 +947,11 @@ def render_report(docs: list[Any], folder: Path, stem: str) -> dict[str, str]:
         if curve:
             ax.loglog([c["bytes"] for c in curve], [c["seconds"] for c in curve], "o-", color="gray",
                       label="all_to_all_single, equal splits (this run)")  # fmt: skip
+        cal = loads[0].workload.get("calibration_a2a")
+        if cal and cal.get("points") and n > 1:
+            pts = cal["points"]
+            ax.loglog([p[0] for p in pts], [p[0] * (n - 1) / n / p[1] for p in pts], "s--",
+                      color="black", markersize=4, label=f"parlab collectives {cal['run_id']}")  # fmt: skip
         cal_pred = [d.predictions.get("dispatch_time") for d in loads]
         for d in loads:
             for phase, marker in (("dispatch", "^"), ("combine", "v")):
@@ -990,6 +1004,17 @@ def render_report(docs: list[Any], folder: Path, stem: str) -> dict[str, str]:
     return art
 
 
+def _verdict(d: Any) -> str:
+    parts = []
+    for key, what in (("a2a_busbw_vs_reference", "plain a2a in this run"),
+                      ("a2a_busbw_vs_calibration", "parlab collectives")):  # fmt: skip
+        v = _m(d, key)[0]
+        if v is not None:
+            parts.append(f"{v:.0f}% of {what} ({'met' if v >= 85 else 'not met'})")
+    name = d.workload["name"]
+    return f"{name}: " + (", ".join(parts) if parts else "no reference (one rank)")
+
+
 def _markdown(
     docs: list[Any],
     loads: list[Any],
@@ -1011,7 +1036,8 @@ def _markdown(
         f"({lay['backend']}; torch {sw.get('torch')}, CUDA {sw.get('cuda') or '-'}, NCCL {sw.get('nccl') or '-'})",
         f"- layer: hidden {wl.get('hidden')}, expert FFN {wl.get('ffn_hidden')}, {lay['gating']} gating, "
         f"capacity factor {lay['capacity_factor']}, drop {lay['drop_policy']}, {wl.get('dtype')}, "
-        f"{wl.get('tokens_per_rank')} tokens per rank; experts per rank {lay['expert_placement']}",
+        f"{wl.get('tokens_per_rank')} tokens per rank; experts per rank {lay['expert_placement']}; "
+        f"expert FFNs run as {wl.get('expert_impl')}",
         f"- command: `{first.command}`",
         "- documents: " + ", ".join(f"`{d.run_id}`" for d in docs),
         "",
@@ -1021,8 +1047,9 @@ def _markdown(
             "## Routing workloads",
             "",
             "| workload | overflow | expert max/mean | expert MaxVio | rank max/mean | dispatch | combine "
-            "| a2a busbw | vs plain a2a | expert compute (max) | slowest rank | layer | naive layer |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| a2a busbw | vs plain a2a | vs calibration | expert compute (max) | slowest rank | layer "
+            "| naive layer |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in loads:
             slow = int(d.metrics["slowest_rank"].value or 0)
@@ -1032,9 +1059,12 @@ def _markdown(
                 f"| {_cell(d, 'dispatch_bytes')} in {_cell(d, 'dispatch_time')} "
                 f"| {_cell(d, 'combine_bytes')} in {_cell(d, 'combine_time')} | {_cell(d, 'a2a_busbw')} "
                 f"| {_cell(d, 'a2a_busbw_vs_reference')} of {_cell(d, 'reference_a2a_busbw')} "
+                f"| {_cell(d, 'a2a_busbw_vs_calibration')} of {_cell(d, 'calibration_a2a_busbw')} "
                 f"| {_cell(d, 'expert_compute_time')} | rank {slow} (+{_cell(d, 'slowest_rank_excess')} over mean) "
                 f"| {_cell(d, 'layer_time')} | {_cell(d, 'naive_layer_time')} |"
             )
+        out += ["", "Target (issue 7): dispatch + combine busbw at least 85% of the all_to_all busbw at the "
+                "same payload. " + "; ".join(_verdict(d) for d in loads) + "."]  # fmt: skip
         out += ["", "### How skew moves the slowest rank", "", "| workload | " + " | ".join(
             f"rank {r} rows / compute" for r in range(n)) + " |", "|---|" + "---|" * n]  # fmt: skip
         for d in loads:
