@@ -48,6 +48,7 @@ def env_step(results: Path, console: Console) -> None:
 # One line per step, in T0-T6 order; each step's code lives in its own module.
 STEPS: list[DemoStep] = [
     DemoStep(name="environment precheck", task="T1", entry="parlab.demo:env_step"),
+    DemoStep(name="collectives sweep", task="T1", entry="parlab.comm.demo:demo_step"),
     DemoStep(name="moe expert parallel", task="T4", entry="parlab.projects.moe:demo_step"),
     DemoStep(name="serving", task="T4", entry="parlab.projects.serving:demo_step"),
 ]
