@@ -204,3 +204,29 @@ def test_plan_formats_as_a_grid() -> None:
     lines = text.splitlines()
     assert "r0e0" in lines[0] and "r1e3" in lines[0]
     assert lines[-1].split()[1:] == ["4", "2", "4", "2", "12"]
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_layer_computes_what_the_reference_model_moe_block_computes(scoring: str) -> None:
+    """``parlab.models.reference.MoE`` (dropless, top-k renormalised) with the same weights."""
+    from parlab.models import MoESpec as ModelMoESpec
+    from parlab.models.reference import MoE
+    from parlab.models.spec import ModelSpec
+
+    mspec = ModelSpec(
+        name="t", vocab_size=32, hidden=H, layers=1, heads=2, ffn_hidden=32,
+        moe=ModelMoESpec(num_experts=4, top_k=2, expert_ffn_hidden=FF, scoring=scoring),
+    )  # fmt: skip
+    block = MoE(mspec)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    layer = MoELayer(_spec(4, 2, gating=scoring, normalize_weights=True))
+    with torch.no_grad():
+        layer.router.gate.weight.copy_(block.router.gate.weight)
+        layer.experts.w_gate.copy_(block.experts.w1.transpose(1, 2))
+        layer.experts.w_up.copy_(block.experts.w3.transpose(1, 2))
+        layer.experts.w_down.copy_(block.experts.w2.transpose(1, 2))
+    x = torch.randn(1, T, H)
+    torch.testing.assert_close(layer(x[0]).y_TH, block(x)[0], atol=1e-5, rtol=1e-5)
