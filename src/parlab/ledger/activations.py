@@ -1,0 +1,202 @@
+"""Activation memory per layer and per pipeline stage (what autograd keeps for backward).
+
+The structure is Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models"): per layer, per token, the bytes of every tensor a
+block saves for backward, split into the terms tensor parallelism divides
+(attention and MLP interiors) and the ones only sequence parallelism divides
+(norm inputs/outputs, linear inputs). Their GPT layer is ``34 s b h + 5 a s^2 b``
+bytes in 16-bit; the terms here are the same accounting done for parlab's
+reference model (``parlab.models.reference``), with these corrections:
+
+- **SwiGLU**: the MLP keeps the gate output, ``silu`` output, up output and
+  their product: ``4 f`` elements per token (GeLU: ``2 f``), with f the FFN width.
+- **GQA**: K and V are projected to ``kv_heads * head_dim``; the reference
+  repeats them to the query heads before attention, so attention's K and V
+  inputs are ``q_dim`` wide (``kv_repeat=False`` counts them unrepeated).
+- **Flash / memory-efficient SDPA** keeps no ``s x s`` scores, only the output
+  and a float32 log-sum-exp per head (``flash=True``); ``flash=False`` adds
+  the math kernel's ``heads * s`` scores per token (Korthikanti's ``5 a s / h``
+  term without dropout).
+- **No dropout** (no masks); **RMSNorm in float32** keeps a float32 copy of its
+  input plus its normalised output; RoPE keeps only its cos/sin table (its
+  multiplications need no saved input); under **autocast** every linear keeps
+  its own bf16 copy of its input.
+
+Dtypes: ``r`` is the residual stream's element size (fp32 under autocast),
+``e`` the compute dtype's. Recompute modes: ``none``; ``selective``
+(Korthikanti's: the attention core is recomputed, so the ``s^2`` term goes;
+identical to ``none`` with flash attention); ``full`` (only each layer's input
+is kept; one layer's activations live again during its backward).
+
+Micro-batches in flight on pipeline rank k of p with m micro-batches:
+GPipe m; 1F1B ``min(p - k, m)``; interleaved 1F1B with v chunks
+``min(2 (p - k - 1) + (v - 1) p + 1, m v)`` chunks of ``L / (p v)`` layers
+(Megatron's warm-up count plus one; rank 0 holds ``L (1 + (p-1)/(p v))``
+layer-micro-batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parlab.errors import UsageError
+from parlab.models.spec import ModelSpec
+
+RECOMPUTE = ("none", "selective", "full")
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActTerm:
+    """One saved tensor (or group) of a block, in bytes per token."""
+
+    name: str
+    """What it is (``attn_norm``, ``mlp_hidden``, ...)."""
+    bytes_per_token: float
+    """Bytes per token of the local sequence, before any TP division."""
+    split: str
+    """``tp``: divided by the TP degree; ``sp``: divided only with sequence parallelism."""
+
+
+def _norm(spec: ModelSpec, width: int, r: int) -> int:
+    # RMSNorm (float32 math): float32 input copy + normalised output in the input dtype.
+    # LayerNorm (native kernel): its input only (mean/rstd are per token, negligible).
+    # plus the per-token statistics: rsqrt (RMSNorm) or mean and rstd (LayerNorm), float32
+    return (4 + r) * width + 4 if spec.norm == "rmsnorm" else r * width + 8
+
+
+def layer_terms(
+    spec: ModelSpec,
+    layer_id: int,
+    *,
+    seq_len: int,
+    r: int,
+    e: int,
+    autocast: bool,
+    flash: bool = True,
+    kv_repeat: bool = True,
+) -> list[ActTerm]:
+    """The activation terms of block ``layer_id`` (bytes per token), see the module docstring."""
+    h = spec.hidden
+    out: list[ActTerm] = [ActTerm(name="attn_norm", bytes_per_token=_norm(spec, h, r), split="sp")]
+
+    def lin_in(count: int) -> float:
+        # inputs of ``count`` linears fed by one tensor: one shared tensor, or a bf16 copy each
+        return count * e * h if autocast else r * h
+
+    if spec.mla is not None:
+        m = spec.mla
+        n = spec.heads
+        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(2), split="sp"))
+        lat = (4 + e) * m.kv_lora_rank + e * m.kv_lora_rank
+        if m.q_lora_rank:
+            lat += (4 + e) * m.q_lora_rank + e * m.q_lora_rank
+        out.append(ActTerm(name="mla_latents", bytes_per_token=lat, split="sp"))
+        qk = n * m.qk_head_dim
+        out.append(
+            ActTerm(
+                name="sdpa_io",
+                bytes_per_token=e * (2 * qk + 2 * n * m.v_head_dim) + 4 * n,
+                split="tp",
+            )
+        )
+    else:
+        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(3), split="sp"))
+        q, kv = spec.q_dim, spec.kv_dim
+        kv_in = 2 * q if kv_repeat else 2 * kv
+        out.append(
+            ActTerm(
+                name="sdpa_io", bytes_per_token=e * (q + kv_in + q) + 4 * spec.heads, split="tp"
+            )
+        )
+    if not flash:
+        out.append(
+            ActTerm(name="attn_scores", bytes_per_token=e * spec.heads * seq_len, split="tp")
+        )
+    out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r), split="sp"))
+    hid = 4 if spec.activation == "swiglu" else 2
+    mats_in = 2 if spec.activation == "swiglu" else 1
+    if spec.is_moe_layer(layer_id):
+        m = spec.moe
+        assert m is not None
+        # router: its input (or bf16 copy), float32 scores per expert, top-k ids and weights
+        out.append(
+            ActTerm(
+                name="moe_router",
+                bytes_per_token=(e * h if autocast else r * h)
+                + 4 * m.num_experts
+                + 16 * m.top_k
+                + 4,
+                split="sp",
+            )
+        )
+        # per routed copy: gathered input, the FFN interior, expert output and weighted output,
+        # the token index (int64) and routing weight (float32)
+        per_route = (
+            (mats_in * e * h if autocast else r * h)
+            + hid * e * m.expert_ffn_hidden
+            + 2 * e * h
+            + 12
+        )
+        out.append(ActTerm(name="moe_routed", bytes_per_token=m.top_k * per_route, split="tp"))
+        if m.shared_hidden:
+            shared_in = mats_in * e * h if autocast else 0  # shares the router's input otherwise
+            out.append(
+                ActTerm(
+                    name="moe_shared",
+                    bytes_per_token=shared_in + hid * e * m.shared_hidden,
+                    split="tp",
+                )
+            )
+    else:
+        out.append(ActTerm(name="mlp_in", bytes_per_token=lin_in(mats_in), split="sp"))
+        out.append(
+            ActTerm(name="mlp_hidden", bytes_per_token=hid * e * spec.ffn_hidden, split="tp")
+        )
+    return out
+
+
+def layer_bytes_per_token(
+    terms: list[ActTerm],
+    *,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    r: int = 2,
+    hidden: int = 0,
+) -> float:
+    """Bytes per (local) token one block keeps, under TP/SP and a recompute mode."""
+    if recompute == "full":
+        return r * hidden / (tp if sp else 1)
+    total = 0.0
+    for t in terms:
+        if recompute == "selective" and t.name == "attn_scores":
+            continue
+        div = tp if (t.split == "tp" or sp) else 1
+        total += t.bytes_per_token / div
+    return total
+
+
+def head_bytes_per_token(
+    spec: ModelSpec, *, r: int, e: int, autocast: bool, tp: int, sp: bool
+) -> float:
+    """The final norm and the output projection's input (last stage)."""
+    norm = _norm(spec, spec.hidden, r) + (e if autocast else r) * spec.hidden
+    return norm / (tp if sp else 1)
+
+
+def in_flight(schedule: str, pp: int, stage: int, microbatches: int, virtual: int = 1) -> float:
+    """Micro-batches of the whole stage whose activations are alive at once on pipeline rank ``stage``.
+
+    Interleaved schedules return a fraction of whole-stage micro-batches (chunks / v).
+    """
+    if schedule not in PP_SCHEDULES:
+        raise UsageError(f"pp_schedule = {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(microbatches)
+    if schedule == "1f1b" or virtual == 1:
+        return float(min(pp - stage, microbatches))
+    chunks = min(2 * (pp - stage - 1) + (virtual - 1) * pp + 1, microbatches * virtual)
+    return chunks / virtual

@@ -1,0 +1,691 @@
+"""The memory ledger: per-rank bytes of one training (or inference) layout, as named items.
+
+``predict(spec, strategy=..., topology=..., micro_batch=..., seq_len=...)``
+returns a ``Ledger``: every item in bytes on every pipeline stage (ranks of
+one stage hold the same bytes; ``Ledger.per_rank`` spreads them over the
+world), and the predicted peak with the phase it happens in. Pure arithmetic:
+no torch, no process group; microseconds per call.
+
+State items (exact: what the tensors of a real implementation hold, by the
+rules of ``parlab.ledger.sharding``):
+
+=================  =========================================================================
+item               bytes per rank (P: parameters this rank's stage holds after TP/PP/EP)
+=================  =========================================================================
+``params``         ddp: P x param_bytes. zero1/zero2: the padded flat units (sum of
+                   ``ceil(u / N) * N``) x param_bytes. zero3: ``sum ceil(u / N)``.
+                   fsdp / fsdp-hybrid: ``sum ceil(dim0 / N) * rest`` per parameter.
+``grads``          as params with grad_bytes; zero1 keeps full flat grads, zero2/zero3 shards.
+``optimizer``      AdamW: exp_avg + exp_avg_sq (2 x state_bytes) of what the optimizer steps
+                   on (ddp: P; zero*: the shards; fsdp: the dim-0 shards). SGD: none;
+                   sgd-momentum: 1. Adam's ``step`` scalars are not counted (host scalars
+                   in torch's default AdamW; parlab's meters skip them too).
+``master_params``  fp32 master copy where the dtype policy keeps one (``bf16-master``),
+                   sharded like the optimizer states.
+=================  =========================================================================
+
+N is the shard count: ``dp`` (``fsdp-hybrid``: ``shard_size``); routed experts
+(ep > 1) shard over ``N / ep``.
+
+Transient items (the forward/backward phase): ``activations`` (per layer from
+``parlab.ledger.activations``, times the micro-batches in flight),
+``recompute_buffer`` (full recompute: one layer's activations during its
+backward), ``logits`` (``tokens x vocab`` in the compute dtype),
+``loss_buffers`` (float32 log-probabilities kept by cross-entropy and their
+gradient: ``2 x tokens x vocab x 4``), ``backward_transient`` (one block's
+activation gradients: ``tokens x (2 f + 2 h) x e``), ``autocast_weight_copies``
+(bf16 copies of fp32 matmul weights autocast makes and autograd keeps until
+backward), ``gather_buffers`` (ZeRO-3/FSDP: two units' unsharded parameters in
+the compute dtype, plus FSDP's root unit -- embeddings and head -- held
+through the step), ``reduce_buffers`` (ZeRO-2/3/FSDP: two units' unsharded
+gradients before their reduce-scatter), ``ddp_buckets`` (resident: DDP's
+gradient buckets, a copy of every gradient unless ``bucket_view``).
+Optimizer phase: ``optimizer_temporaries`` (foreach AdamW: one state-sized
+temporary, ``sqrt(v)``; fused AdamW: none). ``allocator_overhead``: an
+explicit, settable number (``overhead_bytes``), never a hidden factor.
+
+Peak (per stage) = resident (params, optimizer, master, ddp_buckets, overhead)
++ max(forward/backward transients + the gradients alive then,
+gradients + optimizer temporaries). Gradients alive at the start of
+backward are all of them when they accumulate over micro-batches (``microbatches
+> 1`` or pp > 1) and otherwise only the output layer's.
+
+CPU offload moves items to the host (``offload="optimizer"``: optimizer and
+master; ``"params"``: params, grads, optimizer and master); host items are
+listed with ``on_device=False`` and left out of the peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from parlab.errors import UsageError
+from parlab.ledger import activations as act
+from parlab.ledger.sharding import (
+    Holding,
+    check_ep,
+    check_pp,
+    check_tp,
+    dim0_chunk_numel,
+    dim0_shard_numel,
+    flat_shard_numel,
+    holding,
+)
+from parlab.models.spec import ModelSpec
+from parlab.topology import Topology
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
+"""Data-parallel strategies (``fsdp`` is FSDP2 full shard; zero3 the flat-unit form)."""
+
+OFFLOADS = ("none", "optimizer", "params")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DtypePolicy:
+    """Element sizes of each kind of tensor under one precision recipe."""
+
+    name: str
+    """Policy name."""
+    param_bytes: int
+    """Bytes per parameter element as stored (and as the optimizer updates it)."""
+    grad_bytes: int
+    """Bytes per gradient element (and of the gradient reduction)."""
+    master_bytes: int
+    """Bytes per element of a separate master copy (0: none; the params are the master)."""
+    state_bytes: int
+    """Bytes per optimizer-state element (AdamW's exp_avg, exp_avg_sq)."""
+    compute_bytes: int
+    """Bytes per element of activations and of gathered (ZeRO-3/FSDP) parameters."""
+    residual_bytes: int
+    """Bytes per element of the residual stream (fp32 under autocast)."""
+    autocast: bool
+    """Compute runs under ``torch.autocast`` over fp32 parameters."""
+
+
+POLICIES: dict[str, DtypePolicy] = {
+    "fp32": DtypePolicy(
+        name="fp32", param_bytes=4, grad_bytes=4, master_bytes=0, state_bytes=4,
+        compute_bytes=4, residual_bytes=4, autocast=False,
+    ),
+    # fp32 params are the master copy; bf16 compute (autocast, or FSDP2's param_dtype=bf16
+    # with reduce_dtype=fp32): the common torch recipe.
+    "bf16-mixed": DtypePolicy(
+        name="bf16-mixed", param_bytes=4, grad_bytes=4, master_bytes=0, state_bytes=4,
+        compute_bytes=2, residual_bytes=4, autocast=True,
+    ),
+    # bf16 params and grads with a separate fp32 master (Megatron / DeepSpeed): 2+2+4+8.
+    "bf16-master": DtypePolicy(
+        name="bf16-master", param_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4,
+        compute_bytes=2, residual_bytes=2, autocast=False,
+    ),
+    # everything bf16, AdamW states too (torch's AdamW allocates them in the param dtype).
+    "bf16": DtypePolicy(
+        name="bf16", param_bytes=2, grad_bytes=2, master_bytes=0, state_bytes=2,
+        compute_bytes=2, residual_bytes=2, autocast=False,
+    ),
+}  # fmt: skip
+
+OPTIMIZERS: dict[str, tuple[int, bool]] = {
+    "adamw": (2, True),
+    "adamw-fused": (2, False),
+    "adam": (2, True),
+    "sgd": (0, False),
+    "sgd-momentum": (1, False),
+}
+"""Optimizer -> (state tensors per parameter, whether a foreach step makes a state-sized temporary)."""
+
+
+def dtype_policy(name: str | DtypePolicy) -> DtypePolicy:
+    """The named policy (``fp32``, ``bf16-mixed``, ``bf16-master``, ``bf16``)."""
+    if isinstance(name, DtypePolicy):
+        return name
+    key = {"mixed": "bf16-mixed", "amp": "bf16-mixed", "float32": "fp32"}.get(name, name)
+    if key not in POLICIES:
+        raise UsageError(f"dtype = {name!r}: use one of {', '.join(POLICIES)}")
+    return POLICIES[key]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerItem:
+    """One named entry of the ledger."""
+
+    name: str
+    """Stable item name (``params``, ``grads``, ``optimizer``, ``activations``, ...)."""
+    per_stage: tuple[int, ...]
+    """Bytes on a rank of each pipeline stage (length pp)."""
+    kind: str
+    """``state``, ``transient`` (forward/backward), ``optimizer-step``, ``buffer`` or ``overhead``."""
+    formula: str
+    """How it is computed, in words."""
+    on_device: bool = True
+    """False when offloaded to host memory (not in the device peak)."""
+
+    @property
+    def bytes(self) -> int:
+        """The largest value over stages (the value of every rank when pp = 1)."""
+        return max(self.per_stage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ledger:
+    """Per-rank memory of one layout."""
+
+    model: str
+    """Spec name."""
+    strategy: str
+    """Data-parallel strategy."""
+    topology: Topology
+    """The layout's degrees."""
+    knobs: dict[str, Any]
+    """Every other input (batch, sequence, dtype, optimizer, recompute, schedule, ...)."""
+    items: tuple[LedgerItem, ...]
+    """Named items in ledger order."""
+    peak_per_stage: tuple[int, ...]
+    """Predicted peak device bytes on a rank of each stage."""
+    peak_phase: tuple[str, ...]
+    """Where each stage's peak happens: ``forward-backward`` or ``optimizer-step``."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Assumptions a reader needs."""
+    shard_detail: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    """Items that differ by shard index (FSDP's unpadded optimizer states): item -> per stage
+    -> bytes per shard index 0..N-1. Filled when N <= 64."""
+    shard_count: int = 1
+    """N, the shard count of ``strategy`` (shard index of a rank = its dp coordinate mod N)."""
+
+    def item(self, name: str) -> LedgerItem | None:
+        for it in self.items:
+            if it.name == name:
+                return it
+        return None
+
+    def value(self, name: str, stage: int = 0) -> int:
+        """Bytes of item ``name`` on a rank of ``stage`` (0 when absent)."""
+        it = self.item(name)
+        return 0 if it is None else it.per_stage[stage]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest per-rank peak over all ranks."""
+        return max(self.peak_per_stage)
+
+    def state_bytes(self, stage: int = 0) -> int:
+        """Params + grads + optimizer + master on a rank of ``stage`` (device or host)."""
+        return sum(self.value(n, stage) for n in ("params", "grads", "optimizer", "master_params"))
+
+    def per_rank(self, name: str | None = None) -> list[int]:
+        """Item ``name`` (or the peak, when None) on every rank 0..world-1."""
+        topo = self.topology
+        vals = (
+            self.peak_per_stage if name is None else (self.item(name) or _zero(topo.pp)).per_stage
+        )
+        detail = self.shard_detail.get(name or "")
+        out = []
+        for r in range(topo.world_size):
+            c = topo.coords(r)
+            if detail is not None:
+                out.append(detail[c["pp"]][c["dp"] % self.shard_count])
+            else:
+                out.append(vals[c["pp"]])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "strategy": self.strategy,
+            "topology": self.topology.to_json(),
+            "knobs": dict(self.knobs),
+            "items": [
+                {
+                    "name": it.name,
+                    "bytes": it.bytes,
+                    "per_stage": list(it.per_stage),
+                    "kind": it.kind,
+                    "on_device": it.on_device,
+                    "formula": it.formula,
+                }
+                for it in self.items
+            ],
+            "peak_bytes": self.peak_bytes,
+            "peak_per_stage": list(self.peak_per_stage),
+            "peak_phase": list(self.peak_phase),
+            "notes": list(self.notes),
+            "shard_count": self.shard_count,
+            "shard_detail": {k: [list(x) for x in v] for k, v in self.shard_detail.items()},
+        }
+
+
+def _zero(pp: int) -> LedgerItem:
+    return LedgerItem(name="", per_stage=(0,) * pp, kind="state", formula="")
+
+
+def _positive(**values: int) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UsageError(f"{name} = {v!r}: give a whole number of at least 1")
+
+
+def check_layout(
+    spec: ModelSpec,
+    topology: Topology,
+    *,
+    strategy: str,
+    shard_size: int | None = None,
+    virtual_stages: int = 1,
+    kv_replicate: bool = True,
+) -> int:
+    """Validate a layout for ``spec``; return the shard count N. ``UsageError`` names the field."""
+    if strategy not in STRATEGIES:
+        raise UsageError(f"strategy = {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    check_tp(spec, topology.tp, kv_replicate=kv_replicate)
+    check_pp(spec, topology.pp, virtual_stages)
+    check_ep(spec, topology.ep)
+    n = topology.dp
+    if strategy == "fsdp-hybrid":
+        if shard_size is None:
+            raise UsageError("fsdp-hybrid needs shard_size (ranks of one shard group)")
+        _positive(shard_size=shard_size)
+        if topology.dp % shard_size:
+            raise UsageError(f"shard_size = {shard_size} does not divide dp = {topology.dp}")
+        n = shard_size
+    if strategy == "zero3" and spec.tied_embeddings:
+        raise UsageError(
+            "zero3 gathers per unit and cannot shard tied embeddings: use fsdp or an untied model"
+        )
+    return n
+
+
+def _state_numels(h: Holding, strategy: str, n: int, ep: int) -> tuple[int, int, int, int, int]:
+    """(held params, held grads, optimizer numel, largest unit padded, root numel) in elements."""
+    ne = max(1, n // ep)
+    if strategy == "ddp":
+        p = h.numel
+        return p, p, p, max(h.unit_numels()), 0
+    if strategy in ("zero1", "zero2", "zero3"):
+        shard = sum(flat_shard_numel(u, n) for u in h.unit_numels(experts=False)) + sum(
+            flat_shard_numel(u, ne) for u in h.unit_numels(experts=True)
+        )
+        padded = sum(flat_shard_numel(u, n) * n for u in h.unit_numels(experts=False)) + sum(
+            flat_shard_numel(u, ne) * ne for u in h.unit_numels(experts=True)
+        )
+        largest = max(h.unit_numels())
+        params = shard if strategy == "zero3" else padded
+        grads = padded if strategy == "zero1" else shard
+        return params, grads, shard, math.ceil(largest / n) * n, 0
+    # fsdp / fsdp-hybrid: dim-0 shards of every parameter
+    shard = sum(dim0_shard_numel(s, n) for s in h.shapes(experts=False)) + sum(
+        dim0_shard_numel(s, ne) for s in h.shapes(experts=True)
+    )
+    root = 0
+    largest = 0
+    for name, ps in h.units:
+        u = sum(dim0_shard_numel(s, n) for _, s in ps) * n
+        if name in ("embeddings", "head"):
+            root += u
+        else:
+            largest = max(largest, u)
+    return shard, shard, shard, largest, root
+
+
+def predict(
+    spec: ModelSpec,
+    *,
+    strategy: str = "ddp",
+    topology: Topology | None = None,
+    micro_batch: int = 1,
+    seq_len: int | None = None,
+    dtype: str | DtypePolicy = "bf16-mixed",
+    optimizer: str = "adamw",
+    recompute: str = "none",
+    pp_schedule: str = "1f1b",
+    microbatches: int = 1,
+    virtual_stages: int = 1,
+    sp: bool = False,
+    shard_size: int | None = None,
+    offload: str = "none",
+    flash: bool = True,
+    kv_repeat: bool = True,
+    bucket_view: bool = False,
+    loss_parallel: bool = False,
+    kv_replicate: bool = True,
+    overhead_bytes: int = 0,
+) -> Ledger:
+    """The per-rank memory ledger of one training step (see the module docstring).
+
+    ``micro_batch`` sequences of ``seq_len`` tokens per rank per micro-batch; ``microbatches``
+    micro-batches per step (pipeline micro-batches, or gradient accumulation without PP).
+    """
+    topo = topology or Topology(world_size=1)
+    seq_len = seq_len or spec.max_seq_len
+    _positive(micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches)
+    _positive(virtual_stages=virtual_stages)
+    if overhead_bytes < 0:
+        raise UsageError(f"overhead_bytes = {overhead_bytes}: give 0 or more")
+    if recompute not in act.RECOMPUTE:
+        raise UsageError(f"recompute = {recompute!r}: use one of {', '.join(act.RECOMPUTE)}")
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"optimizer = {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    if offload not in OFFLOADS:
+        raise UsageError(f"offload = {offload!r}: use one of {', '.join(OFFLOADS)}")
+    if seq_len % topo.cp:
+        raise UsageError(f"seq_len = {seq_len} is not divisible by cp = {topo.cp}")
+    if virtual_stages > 1 and pp_schedule != "interleaved":
+        raise UsageError("virtual_stages > 1 needs pp_schedule = 'interleaved'")
+    pol = dtype_policy(dtype)
+    n = check_layout(
+        spec, topo, strategy=strategy, shard_size=shard_size, virtual_stages=virtual_stages,
+        kv_replicate=kv_replicate,
+    )  # fmt: skip
+    n_states, foreach_temp = OPTIMIZERS[optimizer]
+    tp, pp, ep = topo.tp, topo.pp, topo.ep
+    e, r = pol.compute_bytes, pol.residual_bytes
+    tokens = micro_batch * seq_len // topo.cp  # local tokens per micro-batch
+    accumulate = microbatches > 1 or pp > 1
+
+    # per-layer activation bytes per token (two kinds of block at most: dense, MoE)
+    kinds: dict[bool, tuple[float, float]] = {}
+
+    def layer_bytes(i: int) -> tuple[float, float]:
+        k = spec.is_moe_layer(i)
+        if k not in kinds:
+            terms = act.layer_terms(
+                spec, i, seq_len=seq_len, r=r, e=e, autocast=pol.autocast, flash=flash,
+                kv_repeat=kv_repeat,
+            )  # fmt: skip
+            kept = act.layer_bytes_per_token(
+                terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden
+            )
+            full = act.layer_bytes_per_token(terms, tp=tp, sp=sp, recompute="none", r=r)
+            kinds[k] = (kept, full)
+        return kinds[k]
+
+    items: dict[str, list[int]] = {}
+    detail: dict[str, list[tuple[int, ...]]] = {}
+    fb_extra: list[int] = []
+    peaks: list[int] = []
+    phases: list[str] = []
+    for stage in range(pp):
+        h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages)
+        p_el, g_el, o_el, largest_unit, root_el = _state_numels(h, strategy, n, ep)
+        row: dict[str, int] = {}
+        row["params"] = p_el * pol.param_bytes
+        row["grads"] = g_el * pol.grad_bytes
+        row["optimizer"] = n_states * o_el * pol.state_bytes
+        row["master_params"] = o_el * pol.master_bytes
+        row["ddp_buckets"] = (
+            h.numel * pol.grad_bytes if strategy == "ddp" and not bucket_view else 0
+        )
+        # activations
+        layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
+        flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
+        kept = sum(layer_bytes(i)[0] for i in layer_ids)
+        last = stage == pp - 1
+        head = (
+            act.head_bytes_per_token(spec, r=r, e=e, autocast=pol.autocast, tp=tp, sp=sp)
+            if last
+            else 0.0
+        )
+        row["activations"] = round(flight * (kept + head) * tokens)
+        full_max = max((layer_bytes(i)[1] for i in layer_ids), default=0.0)
+        row["recompute_buffer"] = round(full_max * tokens) if recompute == "full" else 0
+        vocab_local = spec.vocab_size // (tp if loss_parallel else 1)
+        row["logits"] = tokens * vocab_local * e if last else 0
+        row["loss_buffers"] = 2 * tokens * vocab_local * 4 if last else 0
+        ffn = _ffn_width(spec, layer_ids)
+        row["backward_transient"] = tokens * (2 * ffn // tp + 2 * spec.hidden) * e
+        matmul = _matmul_numel(h)
+        row["autocast_weight_copies"] = (
+            matmul * 2
+            if pol.autocast and strategy in ("ddp", "zero1", "zero2") and pol.param_bytes == 4
+            else 0
+        )
+        gather_b = e if pol.param_bytes > e else pol.param_bytes
+        if strategy in ("zero3", "fsdp", "fsdp-hybrid"):
+            row["gather_buffers"] = (2 * largest_unit + root_el) * gather_b
+        else:
+            row["gather_buffers"] = 0
+        if strategy in ("zero2", "zero3", "fsdp", "fsdp-hybrid"):
+            row["reduce_buffers"] = 2 * largest_unit * pol.grad_bytes
+        else:
+            row["reduce_buffers"] = 0
+        row["optimizer_temporaries"] = (
+            o_el * pol.state_bytes if foreach_temp and n_states and offload == "none" else 0
+        )
+        row["allocator_overhead"] = overhead_bytes
+        # host / device
+        host = _offloaded(offload)
+        dev = {k: (0 if k in host else v) for k, v in row.items()}
+        resident = sum(
+            dev[k]
+            for k in ("params", "optimizer", "master_params", "ddp_buckets", "allocator_overhead")
+        )
+        transients = sum(
+            dev[k]
+            for k in (
+                "activations", "recompute_buffer", "logits", "loss_buffers", "backward_transient",
+                "autocast_weight_copies", "gather_buffers", "reduce_buffers",
+            )
+        )  # fmt: skip
+        head_grads = 0
+        if last and not accumulate:
+            head_units = [ps for name, ps in h.units if name == "head"]
+            head_el = sum(math.prod(s) for ps in head_units for _, s in ps)
+            head_grads = head_el * pol.grad_bytes * g_el // max(1, h.numel)
+        grads_fb = dev["grads"] if accumulate else head_grads
+        fb = transients + grads_fb
+        opt = dev["grads"] + dev["optimizer_temporaries"]
+        peaks.append(resident + max(fb, opt))
+        phases.append("forward-backward" if fb >= opt else "optimizer-step")
+        fb_extra.append(grads_fb)
+        for k, v in row.items():
+            items.setdefault(k, []).append(v)
+        if strategy in ("fsdp", "fsdp-hybrid") and n <= 64 and ep == 1:
+            chunks = tuple(sum(dim0_chunk_numel(s, n, i) for s in h.shapes()) for i in range(n))
+            detail.setdefault("optimizer", []).append(
+                tuple(n_states * c * pol.state_bytes for c in chunks)
+            )
+            if pol.master_bytes:
+                detail.setdefault("master_params", []).append(
+                    tuple(c * pol.master_bytes for c in chunks)
+                )
+
+    host = _offloaded(offload)
+    ledger_items = tuple(
+        LedgerItem(
+            name=k,
+            per_stage=tuple(v),
+            kind=_KIND[k],
+            formula=_FORMULA[k],
+            on_device=k not in host,
+        )
+        for k, v in items.items()
+        if any(v) or k in ("params", "grads", "optimizer", "activations")
+    )
+    notes = [
+        f"shard count N = {n}" + (f" (experts over N/ep = {max(1, n // ep)})" if ep > 1 else ""),
+        f"gradients alive at the start of backward: {'all (accumulating)' if accumulate else 'output layer only'}",
+    ]
+    if not flash:
+        notes.append("math attention: s x s scores kept per layer")
+    knobs = dict(
+        micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches, dtype=pol.name,
+        optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
+        virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
+        flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, loss_parallel=loss_parallel,
+        overhead_bytes=overhead_bytes,
+    )  # fmt: skip
+    return Ledger(
+        model=spec.name,
+        strategy=strategy,
+        topology=topo,
+        knobs=knobs,
+        items=ledger_items,
+        peak_per_stage=tuple(peaks),
+        peak_phase=tuple(phases),
+        notes=tuple(notes),
+        shard_detail={k: tuple(v) for k, v in detail.items()},
+        shard_count=n,
+    )
+
+
+def _offloaded(offload: str) -> set[str]:
+    if offload == "optimizer":
+        return {"optimizer", "master_params", "optimizer_temporaries"}
+    if offload == "params":
+        return {"params", "grads", "optimizer", "master_params", "optimizer_temporaries"}
+    return set()
+
+
+def _stage_layer_ids(spec: ModelSpec, pp: int, stage: int, virtual: int) -> list[int]:
+    from parlab.ledger.sharding import stage_layers
+
+    return stage_layers(spec.layers, pp, stage, virtual)
+
+
+def _ffn_width(spec: ModelSpec, layer_ids: list[int]) -> int:
+    width = 0
+    for i in layer_ids[:1] + layer_ids[-1:]:
+        if spec.is_moe_layer(i):
+            m = spec.moe
+            assert m is not None
+            width = max(width, m.top_k * m.expert_ffn_hidden + m.shared_hidden)
+        else:
+            width = max(width, spec.ffn_hidden)
+    return width
+
+
+def _matmul_numel(h: Holding) -> int:
+    """Elements of the 2-D+ weights autocast casts (every linear and expert; not embeddings)."""
+    total = 0
+    for _, ps in h.units:
+        for name, s in ps:
+            if len(s) >= 2 and "embeddings" not in name:
+                total += math.prod(s)
+    return total
+
+
+_KIND = {
+    "params": "state",
+    "grads": "state",
+    "optimizer": "state",
+    "master_params": "state",
+    "ddp_buckets": "buffer",
+    "activations": "transient",
+    "recompute_buffer": "transient",
+    "logits": "transient",
+    "loss_buffers": "transient",
+    "backward_transient": "transient",
+    "autocast_weight_copies": "transient",
+    "gather_buffers": "buffer",
+    "reduce_buffers": "buffer",
+    "optimizer_temporaries": "optimizer-step",
+    "allocator_overhead": "overhead",
+}
+
+_FORMULA = {
+    "params": "held parameter elements x param bytes (ZeRO: padded flat units; FSDP: dim-0 shards)",
+    "grads": "gradient elements x grad bytes (zero1: full flat; zero2/3, fsdp: shards)",
+    "optimizer": "optimizer states per element x state bytes, on what the optimizer steps",
+    "master_params": "fp32 master copy of what the optimizer steps (bf16-master)",
+    "ddp_buckets": "DDP gradient buckets: one copy of every gradient (bucket_view=False)",
+    "activations": "micro-batches in flight x sum over stage layers of bytes/token x tokens",
+    "recompute_buffer": "full recompute: one layer's activations during its backward",
+    "logits": "tokens x vocab x compute bytes (last stage)",
+    "loss_buffers": "cross-entropy: float32 log-probs + their gradient, 2 x tokens x vocab x 4",
+    "backward_transient": "one block's activation gradients: tokens x (2 f / tp + 2 h) x compute bytes",
+    "autocast_weight_copies": "bf16 copies of fp32 matmul weights kept for backward (autocast)",
+    "gather_buffers": "two units' unsharded params (+ FSDP root unit) in the gather dtype",
+    "reduce_buffers": "two units' unsharded gradients before their reduce-scatter",
+    "optimizer_temporaries": "foreach AdamW: one state-sized temporary (sqrt of exp_avg_sq)",
+    "allocator_overhead": "explicit, settable allocator/framework overhead",
+}
+
+
+def kv_cache_bytes(
+    spec: ModelSpec, *, batch: int, seq_len: int, dtype_bytes: int = 2, tp: int = 1, pp: int = 1
+) -> int:
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens on one rank.
+
+    MHA/GQA: ``2 x layers/pp x batch x seq x kv_dim/tp x bytes`` (a KV head is never split:
+    with fewer KV heads than TP ranks each rank keeps one). MLA: the latent
+    ``kv_lora_rank + qk_rope_head_dim`` per token and layer, replicated over TP.
+    """
+    _positive(batch=batch, seq_len=seq_len, tp=tp, pp=pp)
+    layers = spec.layers // pp
+    if spec.mla is not None:
+        per_tok = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    else:
+        heads_local = max(1, spec.n_kv_heads // tp)
+        per_tok = 2 * heads_local * spec.d_head
+    return layers * batch * seq_len * per_tok * dtype_bytes
+
+
+def predict_inference(
+    spec: ModelSpec,
+    *,
+    topology: Topology | None = None,
+    batch: int = 1,
+    seq_len: int | None = None,
+    dtype_bytes: int = 2,
+    kv_dtype_bytes: int | None = None,
+    overhead_bytes: int = 0,
+) -> Ledger:
+    """Per-rank memory of serving ``batch`` sequences of up to ``seq_len`` tokens (TP/PP only).
+
+    Items: ``params`` (held weights in ``dtype_bytes``), ``kv_cache``, ``prefill_transient``
+    (one block's intermediates for a whole ``seq_len`` prefill of one sequence, plus its
+    last-position logits for the batch), ``allocator_overhead``.
+    """
+    topo = topology or Topology(world_size=1)
+    seq_len = seq_len or spec.max_seq_len
+    check_tp(spec, topo.tp)
+    check_pp(spec, topo.pp)
+    check_ep(spec, topo.ep)
+    kvb = kv_dtype_bytes or dtype_bytes
+    rows: dict[str, list[int]] = {
+        "params": [],
+        "kv_cache": [],
+        "prefill_transient": [],
+        "allocator_overhead": [],
+    }
+    for stage in range(topo.pp):
+        h = holding(spec, tp=topo.tp, pp=topo.pp, ep=topo.ep, stage=stage)
+        rows["params"].append(h.numel * dtype_bytes)
+        rows["kv_cache"].append(
+            kv_cache_bytes(
+                spec, batch=batch, seq_len=seq_len, dtype_bytes=kvb, tp=topo.tp, pp=topo.pp
+            )
+        )
+        ffn = _ffn_width(spec, list(range(spec.layers)))
+        trans = seq_len * (2 * ffn // topo.tp + 4 * spec.hidden) * dtype_bytes
+        if stage == topo.pp - 1:
+            trans += batch * spec.vocab_size * 4
+        rows["prefill_transient"].append(trans)
+        rows["allocator_overhead"].append(overhead_bytes)
+    items = tuple(
+        LedgerItem(
+            name=k,
+            per_stage=tuple(v),
+            kind={"params": "state", "kv_cache": "state", "prefill_transient": "transient"}.get(
+                k, "overhead"
+            ),
+            formula={
+                "params": "held weights x dtype bytes",
+                "kv_cache": "layers x batch x seq x (K+V per token) x bytes",
+                "prefill_transient": "one block's intermediates for a seq_len prefill + logits",
+                "allocator_overhead": "explicit, settable allocator/framework overhead",
+            }[k],
+        )
+        for k, v in rows.items()
+    )
+    peaks = tuple(sum(v[s] for v in rows.values()) for s in range(topo.pp))
+    return Ledger(
+        model=spec.name,
+        strategy="inference",
+        topology=topo,
+        knobs=dict(batch=batch, seq_len=seq_len, dtype_bytes=dtype_bytes, kv_dtype_bytes=kvb),
+        items=items,
+        peak_per_stage=peaks,
+        peak_phase=("decode",) * topo.pp,
+    )

@@ -1,0 +1,231 @@
+"""Who holds which parameter elements: the sharding rules the ledger and the real mechanisms share.
+
+Pure arithmetic on ``ModelSpec.param_shapes()``; no torch, no process group.
+
+Rules (each a function other code calls, so predictions and meters agree):
+
+- **Tensor parallel** (``tp_local_shape``): column-parallel linears (``wq``,
+  ``wk``, ``wv``, ``w1``, ``w3``, MLA's ``wq``/``wq_b``/``wkv_b``, ``output``)
+  keep ``dim0 / tp`` rows (and their bias); row-parallel ones (``wo``, ``w2``)
+  keep ``dim1 / tp`` columns (bias replicated); ``tok_embeddings`` is split by
+  vocabulary rows; stacked experts split their FFN width; norms, learned
+  positions, the router and MLA's down-projections are replicated. With fewer
+  KV heads than TP ranks (``kv_replicate``), every rank keeps one whole KV head.
+- **Expert parallel**: stacked expert weights keep ``num_experts / ep`` experts.
+- **Pipeline parallel** (``stage_layers``): stage k of p holds layers
+  ``[k*L/p, (k+1)*L/p)``; interleaved with v chunks per rank, rank k holds
+  chunks ``k, k+p, ..., k+(v-1)p`` of ``L/(p*v)`` layers. Embeddings live on
+  the first stage, the final norm and the output on the last (a tied output is
+  a second copy there when p > 1).
+- **ZeRO-1/2/3** (``zero_units`` / ``flat_shard_numel``): parameters are
+  grouped into units -- ``embeddings``, each block, ``head`` (final norm +
+  output) -- each flattened into one buffer padded to a multiple of the shard
+  count N; a rank owns ``ceil(unit_numel / N)`` elements of every unit. The
+  full (unsharded) flat buffer of a unit is ``ceil(unit_numel / N) * N``.
+  With ep > 1 the routed-expert weights of a block form their own unit,
+  sharded over the ``dp / ep`` ranks that hold the same experts.
+- **FSDP2** ``fully_shard`` (``dim0_shard_numel``): every parameter is split
+  on dim 0 into N chunks padded to ``ceil(dim0 / N)`` rows; a rank holds
+  ``ceil(dim0 / N) * prod(rest)`` elements of each in its params' and grads'
+  storage; optimizer states are the unpadded chunk (``dim0_chunk_numel``),
+  so the last ranks may hold less.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from parlab.errors import UsageError
+from parlab.models.spec import ModelSpec
+
+_COL = ("wq", "wk", "wv", "w1", "w3", "wq_b", "wkv_b")
+_ROW = ("wo", "w2")
+
+
+def flat_shard_numel(numel: int, shards: int) -> int:
+    """Elements a rank owns of a flat buffer of ``numel`` padded to a multiple of ``shards``."""
+    return math.ceil(numel / shards) if numel else 0
+
+
+def flat_padded_numel(numel: int, shards: int) -> int:
+    """The padded length of that flat buffer (``ceil(numel / shards) * shards``)."""
+    return flat_shard_numel(numel, shards) * shards
+
+
+def dim0_shard_numel(shape: tuple[int, ...], shards: int) -> int:
+    """Elements a rank holds of one parameter under FSDP2: ``ceil(dim0 / shards)`` padded rows."""
+    if not shape:
+        return 1
+    return math.ceil(shape[0] / shards) * math.prod(shape[1:])
+
+
+def dim0_chunk_numel(shape: tuple[int, ...], shards: int, index: int) -> int:
+    """Elements of chunk ``index`` of ``torch.chunk(dim 0, shards)``, without padding.
+
+    FSDP2 stores params and grads padded (``dim0_shard_numel``) but the optimizer's
+    states are ``zeros_like`` of the unpadded local tensor: these many elements.
+    """
+    if not shape:
+        return 1 if index == 0 else 0
+    c = math.ceil(shape[0] / shards)
+    rows = max(0, min(c, shape[0] - index * c))
+    return rows * math.prod(shape[1:])
+
+
+def check_tp(spec: ModelSpec, tp: int, *, kv_replicate: bool = True) -> None:
+    """``UsageError`` naming the field when ``spec`` cannot be split over ``tp`` ranks."""
+    if tp == 1:
+        return
+    if spec.heads % tp:
+        raise UsageError(
+            f"heads = {spec.heads} is not divisible by tp = {tp}: choose a tp dividing it"
+        )
+    if spec.mla is None:
+        kv = spec.n_kv_heads
+        if kv < tp:
+            if not kv_replicate:
+                raise UsageError(
+                    f"kv_heads = {kv} is fewer than tp = {tp}: allow KV-head replication or lower tp"
+                )
+            if tp % kv:
+                raise UsageError(
+                    f"tp = {tp} is not a multiple of kv_heads = {kv}: cannot replicate"
+                )
+        elif kv % tp:
+            raise UsageError(f"kv_heads = {kv} is not divisible by tp = {tp}")
+    if spec.ffn_hidden % tp:
+        raise UsageError(f"ffn_hidden = {spec.ffn_hidden} is not divisible by tp = {tp}")
+    if spec.moe is not None and spec.moe.expert_ffn_hidden % tp:
+        raise UsageError(
+            f"moe.expert_ffn_hidden = {spec.moe.expert_ffn_hidden} is not divisible by tp = {tp}"
+        )
+    if spec.vocab_size % tp:
+        raise UsageError(
+            f"vocab_size = {spec.vocab_size} is not divisible by tp = {tp}: pad the vocabulary"
+        )
+
+
+def check_pp(spec: ModelSpec, pp: int, virtual: int = 1) -> None:
+    """``UsageError`` when the layers do not split evenly into ``pp * virtual`` chunks."""
+    if spec.layers % (pp * virtual):
+        raise UsageError(
+            f"layers = {spec.layers} is not divisible by pp x virtual stages = {pp}x{virtual}: "
+            "choose a pp (and virtual-stage count) dividing the layers"
+        )
+
+
+def check_ep(spec: ModelSpec, ep: int) -> None:
+    if ep == 1:
+        return
+    if spec.moe is None:
+        raise UsageError(f"ep = {ep} needs a MoE model; {spec.name} has no experts")
+    if spec.moe.num_experts % ep:
+        raise UsageError(f"moe.num_experts = {spec.moe.num_experts} is not divisible by ep = {ep}")
+
+
+def tp_local_shape(
+    spec: ModelSpec, name: str, shape: tuple[int, ...], tp: int, ep: int = 1
+) -> tuple[int, ...]:
+    """The shape of parameter ``name`` on one TP (and EP) rank."""
+    parts = name.split(".")
+    leaf, owner = parts[-1], parts[-2] if len(parts) > 1 else ""
+    if owner == "experts":  # stacked [E, F, H] / [E, H, F]
+        e = shape[0] // ep
+        if leaf == "w2":
+            return (e, shape[1], shape[2] // tp)
+        return (e, shape[1] // tp, shape[2])
+    if tp == 1:
+        return shape
+    if owner in ("wk", "wv") and spec.mla is None and spec.n_kv_heads < tp:
+        return (spec.d_head, *shape[1:])  # one replicated KV head per rank
+    if owner in _COL or owner in ("output", "tok_embeddings"):
+        return (shape[0] // tp, *shape[1:])
+    if owner in _ROW and leaf == "weight":
+        return (shape[0], shape[1] // tp)
+    return shape
+
+
+def stage_layers(layers: int, pp: int, stage: int, virtual: int = 1) -> list[int]:
+    """The layer ids pipeline rank ``stage`` holds (interleaved when ``virtual`` > 1)."""
+    per = layers // (pp * virtual)
+    out: list[int] = []
+    for c in range(virtual):
+        chunk = stage + c * pp
+        out += list(range(chunk * per, (chunk + 1) * per))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holding:
+    """Parameters one rank holds on one pipeline stage, after TP/EP, grouped into ZeRO units."""
+
+    units: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]
+    """``(unit name, ((param name, local shape), ...))`` in forward order; with ep > 1 the routed
+    experts of a block form a unit ``layers.<i>.experts``."""
+
+    @property
+    def numel(self) -> int:
+        """Elements of every held parameter."""
+        return sum(math.prod(s) for _, ps in self.units for _, s in ps)
+
+    def unit_numels(self, *, experts: bool | None = None) -> list[int]:
+        """Elements per unit (``experts``: only expert units / only the others / all)."""
+        out = []
+        for name, ps in self.units:
+            is_exp = name.endswith(".experts")
+            if experts is None or experts == is_exp:
+                out.append(sum(math.prod(s) for _, s in ps))
+        return out
+
+    def shapes(self, *, experts: bool | None = None) -> list[tuple[int, ...]]:
+        out = []
+        for name, ps in self.units:
+            if experts is None or experts == name.endswith(".experts"):
+                out += [s for _, s in ps]
+        return out
+
+    @property
+    def tensors(self) -> int:
+        return sum(len(ps) for _, ps in self.units)
+
+
+@lru_cache(maxsize=4096)
+def holding(
+    spec: ModelSpec, *, tp: int = 1, pp: int = 1, ep: int = 1, stage: int = 0, virtual: int = 1
+) -> Holding:
+    """What a rank of pipeline ``stage`` holds under ``tp``/``ep`` (cached; specs are hashable)."""
+    layer_ids = stage_layers(spec.layers, pp, stage, virtual)
+    by_block: dict[bool, list[tuple[str, tuple[int, ...]]]] = {}
+    units: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
+    shapes = spec.param_shapes()
+    head = [(n, s) for n, s in shapes if n.startswith(("norm.", "output."))]
+    if spec.tied_embeddings and pp > 1:
+        head.append(("output.weight", (spec.vocab_size, spec.hidden)))
+    if stage == 0:
+        emb = [(n, s) for n, s in shapes if n.startswith(("tok_embeddings.", "pos_embeddings."))]
+        units.append(("embeddings", tuple((n, tp_local_shape(spec, n, s, tp, ep)) for n, s in emb)))
+    for i in layer_ids:
+        kind = spec.is_moe_layer(i)
+        if kind not in by_block:
+            by_block[kind] = [
+                (n, tp_local_shape(spec, n, s, tp, ep)) for n, s in spec.block_shapes(i)
+            ]
+        params = by_block[kind]
+        if ep == 1:  # one unit per block, experts included (as ZeRO's default units)
+            units.append((f"layers.{i}", tuple((f"layers.{i}.{n}", s) for n, s in params)))
+            continue
+        dense = tuple((f"layers.{i}.{n}", s) for n, s in params if ".experts." not in f".{n}")
+        units.append((f"layers.{i}", dense))
+        exp = tuple((f"layers.{i}.{n}", s) for n, s in params if ".experts." in f".{n}")
+        units.append((f"layers.{i}.experts", exp))
+    if stage == pp - 1:
+        units.append(("head", tuple((n, tp_local_shape(spec, n, s, tp, ep)) for n, s in head)))
+    return Holding(units=tuple(units))
+
+
+def zero_units(spec: ModelSpec) -> list[tuple[str, int]]:
+    """ZeRO units of the whole model (no TP/PP): ``(name, numel)`` in forward order."""
+    h = holding(spec)
+    return [(n, sum(math.prod(s) for _, s in ps)) for n, ps in h.units]
