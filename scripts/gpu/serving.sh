@@ -8,7 +8,7 @@
 #   - the router's own overhead against stub replicas (serving-benchmark).
 # Without two GPUs it runs the same at CPU size (tiny model, gloo).
 #   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
-set -u
+set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

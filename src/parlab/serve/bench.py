@@ -68,6 +68,11 @@ class BenchConfig:
     """Gamma shape of the gaps (1: Poisson)."""
     max_concurrency: int | None = None
     """Most requests in flight at once (None: no limit)."""
+    max_connections: int = 256
+    """Keep-alive connections to open at most when ``max_concurrency`` is unset; further
+    requests wait for a free one (the wait counts in their TTFT, as for any client). Without
+    a cap a client that falls behind opens a connection per queued request and falls
+    further behind."""
     replay_timestamps: bool = False
     """Send at the dataset's ``timestamp`` offsets instead of a rate."""
     stream: bool = True
@@ -318,7 +323,7 @@ async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:
     url = base + ENDPOINTS[cfg.api]
     outcomes = [RequestOutcome() for _ in reqs]
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or cfg.max_connections)
     progress = _Progress(len(reqs), enabled=cfg.progress)
     async with aiohttp.ClientSession(connector=connector) as session:
         model = cfg.model or await resolve_model(session, base)
