@@ -273,9 +273,14 @@ def apply_tensor_parallel(
         )
     elif sp:
         # a later pipeline stage: the hidden states arrive whole; keep this rank's slice
-        model.register_forward_pre_hook(
-            lambda _m, args: (comm.scatter_seq(args[0], tp_group), *args[1:])
-        )
+        # (RoPE still needs every position: attention sees the gathered sequence)
+        def _scatter(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            x = args[0]
+            if len(args) < 2:
+                kwargs.setdefault("positions_S", torch.arange(x.shape[1], device=x.device))
+            return (comm.scatter_seq(x, tp_group), *args[1:]), kwargs
+
+        model.register_forward_pre_hook(_scatter, with_kwargs=True)
     if model.norm is not None:
         model.norm = TPEntry(model.norm, tp_group, sequence_parallel=sp)
         model.output = ColumnParallelLinear(
@@ -283,7 +288,7 @@ def apply_tensor_parallel(
         )
     elif sp:
         # an earlier pipeline stage: send whole hidden states to the next stage
-        model.register_forward_hook(lambda _m, _a, out: comm.gather_seq(out, tp_group))
+        model.register_forward_hook(lambda _m, _a, out: comm.gather_seq_replicated(out, tp_group))
     return model
 
 

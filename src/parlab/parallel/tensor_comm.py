@@ -13,6 +13,7 @@ the TP process group explicitly; none keeps a global one. Legend:
 | ``gather_seq`` | all-gather along S: (B,S/t,H) -> (B,S,H) | reduce-scatter along S | SP: entering a column-parallel block |
 | ``reduce_scatter_seq`` | reduce-scatter along S: (B,S,H) -> (B,S/t,H) | all-gather along S | SP: leaving a row-parallel block |
 | ``scatter_seq`` | keep own slice along S | all-gather along S | SP: entering the sharded region |
+| ``gather_seq_replicated`` | all-gather along S | keep own slice | SP: leaving it (pipeline send) |
 | ``gather_last`` | all-gather along the last dim | keep own slice | gathering vocab-sharded logits |
 
 With sequence parallelism one all-reduce (2(t-1)/t of the payload per rank)
@@ -154,6 +155,17 @@ class _ScatterSeq(torch.autograd.Function):
         return all_gather_dim(g, ctx.dim, ctx.group), None, None
 
 
+class _GatherSeqKeepGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+        ctx.dim, ctx.group = dim, group
+        return all_gather_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return split_dim(g, ctx.dim, ctx.group), None, None
+
+
 class _GatherLast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -188,6 +200,16 @@ def reduce_scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tenso
 def scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """Keep this rank's slice of the sequence forward, all-gather backward."""
     return _ScatterSeq.apply(x, dim, group) if _size(group) > 1 else x
+
+
+def gather_seq_replicated(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
+    """All-gather the sequence forward; backward keeps this rank's slice of the gradient.
+
+    For a gathered tensor whose consumers are replicated over the group (a
+    pipeline send: every TP rank of the next stage gets the same gradient back),
+    so the gradient must not be summed over the group.
+    """
+    return _GatherSeqKeepGrad.apply(x, dim, group) if _size(group) > 1 else x
 
 
 def gather_last(x: torch.Tensor, group: Any) -> torch.Tensor:
