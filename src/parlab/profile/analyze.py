@@ -342,7 +342,7 @@ def analyze_trace(
                 continue
             elif name.startswith("c10d::"):
                 cname = collective_name(name)
-                nbytes = payload_from_shapes(args)
+                nbytes = payload_from_shapes(args, largest=True)
                 col.d_ts.append(ts)
                 col.d_end.append(end)
                 col.d_coll.append(col.coll_id(cname))
@@ -435,19 +435,14 @@ def _summarize_rank(
         corr = _np(col.k_corr)
         launch = np.array([col.runtime.get(int(c), t) for c, t in zip(corr, ts, strict=True)])
     else:
-        use_gloo = len(col.g_ts) > 0
-        g = (
-            (col.g_ts, col.g_end, col.g_coll, col.g_bytes)
-            if use_gloo
-            else (col.d_ts, col.d_end, col.d_coll, col.d_bytes)
-        )
-        ts = np.r_[_np(col.c_ts), _np(g[0])]
-        end = np.r_[_np(col.c_end), _np(g[1])]
+        g_ts, g_end, g_coll, g_bytes = _cpu_comm(col)
+        ts = np.r_[_np(col.c_ts), g_ts]
+        end = np.r_[_np(col.c_end), g_end]
         n_c = len(col.c_ts)
-        kind = np.r_[np.zeros(n_c, dtype=np.int8), np.ones(len(g[0]), dtype=np.int8)]
-        coll = np.r_[np.full(n_c, -1, dtype=np.int64), _np(g[2]).astype(np.int64)]
-        nbytes = np.r_[np.full(n_c, -1, dtype=np.int64), _np(g[3])]
-        name_ids = np.r_[_np(col.c_name).astype(np.int64), np.full(len(g[0]), -1)]
+        kind = np.r_[np.zeros(n_c, dtype=np.int8), np.ones(len(g_ts), dtype=np.int8)]
+        coll = np.r_[np.full(n_c, -1, dtype=np.int64), g_coll]
+        nbytes = np.r_[np.full(n_c, -1, dtype=np.int64), g_bytes]
+        name_ids = np.r_[_np(col.c_name).astype(np.int64), np.full(len(g_ts), -1)]
         launch = ts
     # step of every span: the step window holding its launch (CPU: its start)
     if steps:
@@ -573,6 +568,29 @@ def _summarize_rank(
         lanes=lanes,
         compute_hotspots=compute_hot,
     )
+
+
+def _cpu_comm(col: _Collector) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Communication spans of a CPU run: gloo's transfers, named by the c10d ops that issued them.
+
+    gloo runs some collectives as others (a reduce-scatter is an all-reduce of the
+    whole buffer), so when the c10d ops and the gloo transfers pair up one to one
+    (same count; both in issue order, gloo's queue is first in, first out) the
+    c10d op gives the name and, where it knows it, the payload. Without gloo
+    events the c10d ops themselves are the spans.
+    """
+    d_ts, d_end = _np(col.d_ts), _np(col.d_end)
+    d_coll, d_bytes = _np(col.d_coll).astype(np.int64), _np(col.d_bytes)
+    if len(col.g_ts) == 0:
+        return d_ts, d_end, d_coll, d_bytes
+    g_ts, g_end = _np(col.g_ts), _np(col.g_end)
+    g_coll, g_bytes = _np(col.g_coll).astype(np.int64), _np(col.g_bytes)
+    if len(d_ts) == len(g_ts):
+        go, do = np.argsort(g_ts, kind="stable"), np.argsort(d_ts, kind="stable")
+        g_ts, g_end, g_coll, g_bytes = g_ts[go], g_end[go], d_coll[do], g_bytes[go]
+        known = d_bytes[do] >= 0
+        g_bytes = np.where(known, d_bytes[do], g_bytes)
+    return g_ts, g_end, g_coll, g_bytes
 
 
 def _spans_list(spans: iv.Spans, shift: float, limit: int = 20000) -> list[list[float]]:

@@ -132,8 +132,13 @@ def payload_from_meta(args: dict[str, Any]) -> int | None:
     return max(counts) * size
 
 
-def payload_from_shapes(args: dict[str, Any]) -> int | None:
-    """Bytes of a CPU collective from its recorded input shapes and types (gloo events)."""
+def payload_from_shapes(args: dict[str, Any], *, largest: bool = False) -> int | None:
+    """Bytes of a CPU collective from its recorded input shapes and types.
+
+    ``largest=False`` sums every tensor (a gloo transfer's inputs); ``largest=True``
+    takes the largest one (a ``c10d::`` op lists output and input buffers: the
+    largest is the gathered or scattered buffer, nccl-tests' size).
+    """
     dims = args.get("Input Dims")
     types = args.get("Input type")
     if not isinstance(dims, list) or not isinstance(types, list):
@@ -147,7 +152,8 @@ def payload_from_shapes(args: dict[str, Any]) -> int | None:
         shapes = shape if shape and isinstance(shape[0], list) else [shape]  # TensorList
         for s in shapes:
             if isinstance(s, list) and all(isinstance(d, int) for d in s):
-                total += math.prod(s) * size
+                n = math.prod(s) * size
+                total = max(total, n) if largest else total + n
                 found = True
     return total if found else None
 

@@ -1,0 +1,355 @@
+"""parlab profile, pure logic: the streaming reader, classification, overlap arithmetic and
+bad input, on hand-built traces whose answers are known (no process group)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parlab.profile import intervals as iv
+from parlab.profile.analyze import analyze_folder, analyze_trace
+from parlab.profile.classify import (
+    collective_name,
+    kernel_kind,
+    payload_from_meta,
+    payload_from_shapes,
+)
+from parlab.profile.summary import summarize
+from parlab.profile.synthetic import (
+    Span,
+    cpu_events,
+    gpu_events,
+    trace_doc,
+    write_big_trace,
+    write_trace,
+)
+from parlab.profile.trace_reader import TraceFormatError, TraceScanner, read_header
+
+US = 1e-6
+
+
+def C(start: float, dur: float, **kw: object) -> Span:
+    return Span(kind="compute", start=start, dur=dur, **kw)  # type: ignore[arg-type]
+
+
+def N(start: float, dur: float, **kw: object) -> Span:
+    return Span(kind="comm", start=start, dur=dur, **kw)  # type: ignore[arg-type]
+
+
+def one_step(tmp_path: Path, spans: list[Span], *, gpu: bool = True) -> object:
+    events = gpu_events([spans]) if gpu else cpu_events([spans])
+    p = write_trace(
+        tmp_path / "rank0.trace.json.gz", trace_doc(events, rank=0, world_size=1, gpu=gpu)
+    )
+    r = analyze_trace(p)
+    assert len(r.steps) == 1
+    return r.steps[0]
+
+
+# ---------------------------------------------------------------- intervals
+
+
+def test_union_and_covered_against_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.uniform(0, 100, 40)
+    e = s + rng.uniform(0, 10, 40)
+    u = iv.union(s, e)
+    grid = np.arange(0, 120, 0.01) + 0.005
+    inside = ((grid[:, None] >= s) & (grid[:, None] < e)).any(1)
+    assert iv.measure(u) == pytest.approx(inside.sum() * 0.01, abs=0.05)
+    assert np.all(u[0][1:] > u[1][:-1])  # disjoint and sorted
+    a = (np.array([5.0, 50.0]), np.array([20.0, 70.0]))
+    got = iv.covered(a[0], a[1], u)
+    for (lo, hi), g in zip(zip(*a, strict=True), got, strict=True):
+        m = (grid >= lo) & (grid < hi)
+        assert g == pytest.approx((inside & m).sum() * 0.01, abs=0.05)
+
+
+# ---------------------------------------------------------------- classification
+
+
+def test_kernel_kinds_follow_hta() -> None:
+    assert kernel_kind("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "comm"
+    assert (
+        kernel_kind("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "comm"
+    )
+    assert kernel_kind("Memcpy DtoH (Device -> Pinned)") == "memory"
+    assert kernel_kind("Memset (Device)") == "memory"
+    assert kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "compute"
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "all_reduce"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t(x)", "all_gather"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce_scatter"),
+        ("ncclDevKernel_SendRecv(x)", "send_recv"),
+        ("c10d::_reduce_scatter_base_", "reduce_scatter"),
+        ("c10d::_allgather_base_", "all_gather"),
+        ("c10d::alltoall_base_", "all_to_all"),
+        ("gloo:all_reduce", "all_reduce"),
+        ("allgather_into_tensor_coalesced", "all_gather"),
+        ("_reduce_scatter_base", "reduce_scatter"),
+        ("broadcast", "broadcast"),
+    ],
+)
+def test_collective_names(raw: str, name: str) -> None:
+    assert collective_name(raw) == name
+
+
+def test_payloads() -> None:
+    meta = {
+        "Collective name": "allgather",
+        "In msg nelems": 10,
+        "Out msg nelems": 20,
+        "dtype": "BFloat16",
+    }
+    assert payload_from_meta(meta) == 40  # the gathered buffer, nccl-tests' convention
+    assert payload_from_meta({"In msg nelems": 10}) is None
+    args = {"Input Dims": [[[262400]], [], []], "Input type": ["TensorList", "", ""]}
+    assert payload_from_shapes(args) is None  # TensorList: element type unknown
+    args = {"Input Dims": [[263168]], "Input type": ["float"]}
+    assert payload_from_shapes(args) == 263168 * 4
+
+
+# ---------------------------------------------------------------- known answers (GPU)
+
+
+def test_fully_overlapped_comm(tmp_path: Path) -> None:
+    s = one_step(tmp_path, [C(0, 100), N(20, 40, stream=20)])
+    assert s.comm_s == pytest.approx(40 * US)
+    assert s.overlap_s == pytest.approx(40 * US)
+    assert s.exposed_s == pytest.approx(0.0, abs=1e-12)
+    assert s.idle_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_no_overlap_and_idle(tmp_path: Path) -> None:
+    s = one_step(tmp_path, [C(0, 50), N(60, 40, stream=20)])
+    assert s.overlap_s == pytest.approx(0.0, abs=1e-12)
+    assert s.exposed_s == pytest.approx(40 * US)
+    assert s.window_s == pytest.approx(100 * US)
+    assert s.idle_s == pytest.approx(10 * US)
+
+
+def test_partial_overlap_and_concurrent_comm(tmp_path: Path) -> None:
+    s = one_step(tmp_path, [C(0, 50), C(70, 30), N(40, 40, stream=20)])
+    assert s.overlap_s / s.comm_s == pytest.approx(0.5)
+    s = one_step(tmp_path, [C(0, 70), N(40, 40, stream=20), N(60, 30, stream=21)])
+    assert s.comm_s == pytest.approx(50 * US)  # union [40, 90]
+    assert s.overlap_s == pytest.approx(30 * US)  # [40, 70]
+    assert s.comm_count == 2
+
+
+def test_memory_copies_are_not_compute(tmp_path: Path) -> None:
+    s = one_step(tmp_path, [Span(kind="memory", start=0, dur=50), N(0, 50, stream=20)])
+    assert s.compute_s == 0.0
+    assert s.overlap_s == 0.0
+    assert s.exposed_s == pytest.approx(50 * US)
+
+
+def test_metadata_wins_over_kernel_name(tmp_path: Path) -> None:
+    meta = {
+        "Collective name": "_reduce_scatter_base",
+        "In msg nelems": 1000,
+        "Out msg nelems": 500,
+        "dtype": "Float",
+    }
+    events = gpu_events([[C(0, 10), N(10, 10, name="ncclDevKernel_Generic_4(x)", args=meta)]])
+    p = write_trace(tmp_path / "r.json", trace_doc(events, rank=0, world_size=1))
+    r = analyze_trace(p)
+    (coll,) = r.collectives
+    assert coll.name == "reduce_scatter"
+    assert coll.bytes == 4000
+    assert coll.bytes_known
+
+
+def test_gpu_lag_keeps_kernels_in_their_launch_step(tmp_path: Path) -> None:
+    # the GPU runs 900 us behind the CPU: step 1's kernels run in step 2's CPU window
+    steps = [[C(0, 500), N(500, 200, stream=20)], [C(0, 100), N(100, 100, stream=20)]]
+    p = write_trace(
+        tmp_path / "r.json", trace_doc(gpu_events(steps, lag_us=900.0), rank=0, world_size=1)
+    )
+    r = analyze_trace(p)
+    assert [s.comm_s for s in r.steps] == pytest.approx([200 * US, 100 * US])
+    assert [s.compute_s for s in r.steps] == pytest.approx([500 * US, 100 * US])
+    # step 1's window runs from its first kernel to step 2's first kernel: 1000 us
+    assert r.steps[0].window_s == pytest.approx(1000 * US)
+    assert r.steps[0].idle_s == pytest.approx(300 * US)
+
+
+def test_exposed_shares_add_up_and_hotspots_rank(tmp_path: Path) -> None:
+    ag = {
+        "Collective name": "allgather",
+        "In msg nelems": 10,
+        "Out msg nelems": 20,
+        "dtype": "Float",
+    }
+    steps = [
+        [
+            C(0, 100),
+            N(50, 100, stream=20),  # all_reduce: 50 exposed
+            N(200, 10, stream=21, name="ncclDevKernel_AllGather_RING_LL", args=ag),  # 10 exposed
+        ]
+    ] * 2
+    p = write_trace(tmp_path / "rank0.json", trace_doc(gpu_events(steps), rank=0, world_size=1))
+    r = analyze_trace(p)
+    assert sum(c.exposed_s for c in r.collectives) == pytest.approx(
+        sum(s.exposed_s for s in r.steps)
+    )
+    assert [c.name for c in r.collectives] == ["all_reduce", "all_gather"]
+    run = analyze_folder(tmp_path)
+    hs = summarize(run).hotspots
+    assert hs[0].name == "all_reduce"
+    assert hs[0].exposed_per_step_s == pytest.approx(50 * US)
+    assert hs[1].bytes_per_step == 80
+    assert "prefetch" in hs[1].advice or "all-gather" in hs[1].advice
+
+
+def test_stragglers(tmp_path: Path) -> None:
+    for rank, late in ((0, 0.0), (1, 30.0), (2, 10.0)):
+        steps = [[C(0, 100), N(100 + late, 50, stream=20)]] * 3
+        write_trace(
+            tmp_path / f"rank{rank}.trace.json.gz",
+            trace_doc(gpu_events(steps), rank=rank, world_size=3),
+        )
+    s = summarize(analyze_folder(tmp_path))
+    assert s.straggler_rank == 1
+    assert s.straggler_lateness_s == pytest.approx(30 * US)
+    assert len(s.straggler_by_step) == 3
+
+
+def test_cpu_trace_known_answer(tmp_path: Path) -> None:
+    args = {"Input Dims": [[1000]], "Input type": ["float"]}
+    s = one_step(tmp_path, [C(0, 600), N(400, 400, args=args)], gpu=False)
+    assert s.window_s == pytest.approx(1000 * US)
+    assert s.overlap_s == pytest.approx(200 * US)
+    assert s.exposed_s == pytest.approx(200 * US)
+    assert s.idle_s == pytest.approx(200 * US)
+    assert s.comm_bytes == 4000
+
+
+# ---------------------------------------------------------------- the reader
+
+
+def test_scanner_matches_json_load_at_any_chunk_size(tmp_path: Path) -> None:
+    doc = trace_doc(
+        gpu_events([[C(0, 10), N(5, 10, args={"s": 'x\\u00e9"]}'})]] * 3), rank=0, world_size=1
+    )
+    p = write_trace(tmp_path / "t.json", doc)
+    for chunk in (1, 7, 64, 1 << 20):
+        sc = TraceScanner(p, chunk_chars=chunk)
+        assert list(sc.events()) == doc["traceEvents"]
+        assert sc.meta == {k: v for k, v in doc.items() if k != "traceEvents"}
+    assert read_header(p)["distributedInfo"]["rank"] == 0
+
+
+def test_big_trace_streams_with_known_overlap(tmp_path: Path) -> None:
+    p = tmp_path / "rank0.trace.json"
+    with open(p, "w") as f:
+        info = write_big_trace(f, target_bytes=600_000, rank=0, world_size=1)
+    r = analyze_trace(p)
+    assert len(r.steps) == info["steps"]
+    for s in r.steps:
+        assert s.comm_count == 20
+        assert s.overlap_s / s.comm_s == pytest.approx(0.45)  # 18 of each 40 us covered
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "not a Chrome trace"),
+        ("hello", "not a Chrome trace"),
+        ('{"a": 1}', "no traceEvents"),
+        ('{"traceEvents": [{"ph": "X"}, ]}', "corrupt JSON"),
+    ],
+)
+def test_non_trace_json(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(TraceFormatError, match=needle) as exc:
+        list(TraceScanner(p).events())
+    assert str(p) in str(exc.value)
+
+
+def test_truncated_trace_names_the_file(tmp_path: Path) -> None:
+    doc = trace_doc(gpu_events([[C(0, 10)]] * 20), rank=0, world_size=1)
+    text = json.dumps(doc, indent=2)
+    for cut in (len(text) // 2, len(text) - 5):
+        p = tmp_path / f"cut{cut}.json"
+        p.write_text(text[:cut])
+        with pytest.raises(TraceFormatError, match="truncated") as exc:
+            list(TraceScanner(p, chunk_chars=100).events())
+        assert str(p) in str(exc.value)
+    gz = tmp_path / "cut.json.gz"
+    gz.write_bytes(gzip.compress(text.encode())[:-40])
+    with pytest.raises(TraceFormatError, match="truncated"):
+        list(TraceScanner(gz).events())
+
+
+# ---------------------------------------------------------------- a folder with bad files
+
+
+def _rank_file(folder: Path, rank: int, world: int, run_id: str = "run-a") -> Path:
+    steps = [[C(0, 100), N(50, 100, stream=20)]] * 2
+    return write_trace(
+        folder / f"rank{rank}.trace.json.gz",
+        trace_doc(gpu_events(steps), rank=rank, world_size=world, run_id=run_id),
+    )
+
+
+def test_folder_with_bad_foreign_and_missing_ranks(tmp_path: Path) -> None:
+    for r in (0, 1, 3):
+        _rank_file(tmp_path, r, 4)
+    # rank 3 truncated, rank 2 missing, a trace of another run, a non-trace JSON file
+    p3 = tmp_path / "rank3.trace.json.gz"
+    p3.write_bytes(gzip.compress(gzip.decompress(p3.read_bytes())[:-200]))
+    other = _rank_file(tmp_path / "x", 0, 2, run_id="run-b")
+    os.replace(other, tmp_path / "other-run.json.gz")
+    (tmp_path / "notes.json").write_text('{"hello": "world"}')
+    run = analyze_folder(tmp_path)
+    assert [r.rank for r in run.ranks] == [0, 1]
+    msgs = " | ".join(p.message for p in run.problems)
+    assert "rank3.trace.json.gz" in msgs and "truncated" in msgs
+    assert "other-run.json.gz" in msgs and "different run" in msgs
+    assert "notes.json" in msgs and "not a Chrome trace" in msgs
+    assert "rank(s) [2, 3]" not in msgs  # rank 3 has a (bad) file, named above
+    assert "no trace for rank(s) [2]" in msgs
+    assert run.world_size == 4
+
+
+def test_folder_with_nothing_usable(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("[")
+    with pytest.raises(ValueError, match=r"no usable trace .*a\.json"):
+        analyze_folder(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        analyze_folder(tmp_path / "nope")
+
+
+def test_hta_agreement(tmp_path: Path) -> None:
+    """Overlap agrees with Holistic Trace Analysis within 2 points (where ``hta`` is installed)."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    rng = np.random.default_rng(1)
+    for rank in range(2):
+        steps = []
+        for _ in range(3):
+            spans = [C(float(t), float(rng.uniform(5, 30))) for t in range(0, 900, 40)]
+            spans += [
+                N(float(t), float(rng.uniform(10, 60)), stream=20) for t in range(20, 900, 150)
+            ]
+            steps.append(spans)
+        write_trace(
+            tmp_path / f"rank{rank}.trace.json",
+            trace_doc(gpu_events(steps), rank=rank, world_size=2),
+        )
+    analyzer = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    ref = analyzer.get_comm_comp_overlap(visualize=False)
+    ours = summarize(analyze_folder(tmp_path))
+    for rank in range(2):
+        want = float(ref[ref["rank"] == rank]["comp_comm_overlap_pctg"].mean())
+        assert ours.overlap_pct[rank] == pytest.approx(want, abs=2.0)
