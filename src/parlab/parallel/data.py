@@ -66,6 +66,10 @@ class _Replicated:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter by name (a copy)."""
+        return {n: p.detach().clone() for n, p in self.module.named_parameters()}
+
     def state_items(self) -> dict[str, list[torch.Tensor | None]]:
         return {
             "params": list(self.params),

@@ -240,8 +240,11 @@ def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module
     )
 
 
-def train_rank(ctx: RankContext, **cfg: Any) -> dict[str, Any]:
-    """Rank function: one training run (``TrainConfig.to_json()``); returns this rank's measurements."""
+def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dict[str, Any]:
+    """Rank function: one training run (``TrainConfig.to_json()``); returns this rank's measurements.
+
+    ``return_params`` adds every parameter, whole, as numpy arrays (tests; not JSON).
+    """
     from parlab.data import SyntheticTokens, TextTokens, rank_batch
     from parlab.models import get_spec
     from parlab.models.reference import build_model
@@ -301,6 +304,7 @@ def train_rank(ctx: RankContext, **cfg: Any) -> dict[str, Any]:
         peak = mem.peak_bytes()
     mem.release_cap()
     comm_time = comm.replay(metered_step, dev)
+    params = strat.full_parameters() if return_params else None
     loss_t = torch.stack(losses).float()
     dist.all_reduce(loss_t)
     loss_t /= ctx.world_size
@@ -316,6 +320,7 @@ def train_rank(ctx: RankContext, **cfg: Any) -> dict[str, Any]:
         "comm_bytes_per_step": comm.bytes_in_step(metered_step),
         "comm_time": comm_time,
         "tokens_per_step": global_batch * seq // ctx.world_size,
+        **({"params": {k: v.cpu().numpy() for k, v in params.items()}} if params else {}),
     }
 
 
