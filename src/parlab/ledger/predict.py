@@ -58,7 +58,9 @@ listed with ``on_device=False`` and left out of the peak.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from parlab.errors import UsageError
@@ -296,36 +298,72 @@ def check_layout(
     return n
 
 
-def _state_numels(h: Holding, strategy: str, n: int, ep: int) -> tuple[int, int, int, int, int]:
-    """(held params, held grads, optimizer numel, largest unit padded, root numel) in elements."""
+@dataclass(frozen=True)
+class _StageNumbers:
+    params: int
+    grads: int
+    optim: int
+    largest_unit: int
+    root: int
+    held: int
+    matmul: int
+    head: int
+    chunks: tuple[int, ...] | None
+
+
+@lru_cache(maxsize=65536)
+def _stage_numbers(
+    spec: ModelSpec, tp: int, pp: int, ep: int, stage: int, virtual: int, strategy: str, n: int
+) -> _StageNumbers:
+    """Element counts of one stage's rank under a strategy (cached: fit calls this a lot)."""
+    h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual)
+    held = h.numel
+    matmul = _matmul_numel(h)
+    head = sum(math.prod(s) for name, ps in h.units if name == "head" for _, s in ps)
     ne = max(1, n // ep)
     if strategy == "ddp":
-        p = h.numel
-        return p, p, p, max(h.unit_numels()), 0
+        return _StageNumbers(
+            params=held, grads=held, optim=held, largest_unit=max(h.unit_numels()), root=0,
+            held=held, matmul=matmul, head=head, chunks=None,
+        )  # fmt: skip
     if strategy in ("zero1", "zero2", "zero3"):
-        shard = sum(flat_shard_numel(u, n) for u in h.unit_numels(experts=False)) + sum(
-            flat_shard_numel(u, ne) for u in h.unit_numels(experts=True)
+        dense, exp = h.unit_numels(experts=False), h.unit_numels(experts=True)
+        shard = sum(flat_shard_numel(u, n) for u in dense) + sum(
+            flat_shard_numel(u, ne) for u in exp
         )
-        padded = sum(flat_shard_numel(u, n) * n for u in h.unit_numels(experts=False)) + sum(
-            flat_shard_numel(u, ne) * ne for u in h.unit_numels(experts=True)
+        padded = sum(flat_shard_numel(u, n) * n for u in dense) + sum(
+            flat_shard_numel(u, ne) * ne for u in exp
         )
-        largest = max(h.unit_numels())
-        params = shard if strategy == "zero3" else padded
-        grads = padded if strategy == "zero1" else shard
-        return params, grads, shard, math.ceil(largest / n) * n, 0
-    # fsdp / fsdp-hybrid: dim-0 shards of every parameter
-    shard = sum(dim0_shard_numel(s, n) for s in h.shapes(experts=False)) + sum(
-        dim0_shard_numel(s, ne) for s in h.shapes(experts=True)
-    )
+        largest = math.ceil(max(h.unit_numels()) / n) * n
+        return _StageNumbers(
+            params=shard if strategy == "zero3" else padded,
+            grads=padded if strategy == "zero1" else shard,
+            optim=shard, largest_unit=largest, root=0, held=held, matmul=matmul, head=head,
+            chunks=None,
+        )  # fmt: skip
+    # fsdp / fsdp-hybrid: dim-0 shards of every parameter (identical shapes counted once)
+    shard = 0
     root = 0
     largest = 0
     for name, ps in h.units:
-        u = sum(dim0_shard_numel(s, n) for _, s in ps) * n
+        group = ne if name.endswith(".experts") else n
+        counts = Counter(s for _, s in ps)
+        u = sum(c * dim0_shard_numel(s, group) for s, c in counts.items())
+        shard += u
         if name in ("embeddings", "head"):
-            root += u
+            root += u * group
         else:
-            largest = max(largest, u)
-    return shard, shard, shard, largest, root
+            largest = max(largest, u * group)
+    chunks = None
+    if n <= 64 and ep == 1:
+        all_counts = Counter(h.shapes())
+        chunks = tuple(
+            sum(c * dim0_chunk_numel(s, n, i) for s, c in all_counts.items()) for i in range(n)
+        )
+    return _StageNumbers(
+        params=shard, grads=shard, optim=shard, largest_unit=largest, root=root, held=held,
+        matmul=matmul, head=head, chunks=chunks,
+    )  # fmt: skip
 
 
 def predict(
@@ -406,15 +444,16 @@ def predict(
     peaks: list[int] = []
     phases: list[str] = []
     for stage in range(pp):
-        h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages)
-        p_el, g_el, o_el, largest_unit, root_el = _state_numels(h, strategy, n, ep)
+        sn = _stage_numbers(spec, tp, pp, ep, stage, virtual_stages, strategy, n)
+        p_el, g_el, o_el = sn.params, sn.grads, sn.optim
+        largest_unit, root_el = sn.largest_unit, sn.root
         row: dict[str, int] = {}
         row["params"] = p_el * pol.param_bytes
         row["grads"] = g_el * pol.grad_bytes
         row["optimizer"] = n_states * o_el * pol.state_bytes
         row["master_params"] = o_el * pol.master_bytes
         row["ddp_buckets"] = (
-            h.numel * pol.grad_bytes if strategy == "ddp" and not bucket_view else 0
+            sn.held * pol.grad_bytes if strategy == "ddp" and not bucket_view else 0
         )
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
@@ -434,7 +473,7 @@ def predict(
         row["loss_buffers"] = 2 * tokens * vocab_local * 4 if last else 0
         ffn = _ffn_width(spec, layer_ids)
         row["backward_transient"] = tokens * (2 * ffn // tp + 2 * spec.hidden) * e
-        matmul = _matmul_numel(h)
+        matmul = sn.matmul
         row["autocast_weight_copies"] = (
             matmul * 2
             if pol.autocast and strategy in ("ddp", "zero1", "zero2") and pol.param_bytes == 4
@@ -469,9 +508,7 @@ def predict(
         )  # fmt: skip
         head_grads = 0
         if last and not accumulate:
-            head_units = [ps for name, ps in h.units if name == "head"]
-            head_el = sum(math.prod(s) for ps in head_units for _, s in ps)
-            head_grads = head_el * pol.grad_bytes * g_el // max(1, h.numel)
+            head_grads = sn.head * pol.grad_bytes * g_el // max(1, sn.held)
         grads_fb = dev["grads"] if accumulate else head_grads
         fb = transients + grads_fb
         opt = dev["grads"] + dev["optimizer_temporaries"]
@@ -480,8 +517,8 @@ def predict(
         fb_extra.append(grads_fb)
         for k, v in row.items():
             items.setdefault(k, []).append(v)
-        if strategy in ("fsdp", "fsdp-hybrid") and n <= 64 and ep == 1:
-            chunks = tuple(sum(dim0_chunk_numel(s, n, i) for s in h.shapes()) for i in range(n))
+        if sn.chunks is not None:
+            chunks = sn.chunks
             detail.setdefault("optimizer", []).append(
                 tuple(n_states * c * pol.state_bytes for c in chunks)
             )
