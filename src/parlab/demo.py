@@ -51,6 +51,7 @@ STEPS: list[DemoStep] = [
     DemoStep(name="collectives sweep", task="T1", entry="parlab.comm.demo:demo_step"),
     DemoStep(name="moe expert parallel", task="T4", entry="parlab.projects.moe:demo_step"),
     DemoStep(name="serving", task="T4", entry="parlab.projects.serving:demo_step"),
+    DemoStep(name="profile ddp buckets", task="T5", entry="parlab.cli.profile:demo_step"),
 ]
 
 
