@@ -445,15 +445,12 @@ def _workload(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def flops_per_token(cfg: TrainConfig) -> float | None:
-    """Training FLOPs per token from the model side, or ``None`` when it has no formula."""
-    try:
-        from parlab.models import flops  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+def flops_per_token(cfg: TrainConfig) -> float:
+    """Training FLOPs per token (``parlab.models.flops``: 6 N + 12 L H Q T)."""
     from parlab.models import get_spec
+    from parlab.models.flops import training_flops_per_token
 
-    return float(flops.train_flops_per_token(get_spec(cfg.model), seq=cfg.seq))
+    return training_flops_per_token(get_spec(cfg.model), cfg.seq)
 
 
 def document(
@@ -483,10 +480,7 @@ def document(
             else None
         )
         if mfu is None:
-            why = (
-                "no FLOPs formula" if fpt is None else f"device {r0['device']!r} not in the catalog"
-            )
-            notes.append(f"mfu unknown: {why}")
+            notes.append(f"mfu unknown: device {r0['device']!r} has no peak in the catalog")
         metrics["tokens_per_s_per_gpu"] = Metric(value=tps, unit="tokens/s")
         metrics["step_time"] = Metric(value=step_time, unit="s", per_rank=None)
         metrics["peak_memory"] = Metric(
