@@ -95,6 +95,8 @@ class MoERunConfig:
     """Training steps of the learned-routing workload per balancing mode (0: skip)."""
     balance: tuple[str, ...] = BALANCE_MODES
     """Balancing modes of the learned-routing workload."""
+    train_lr: float = 1e-2
+    """Adam learning rate of the learned-routing workload."""
     aux_coeff: float = 0.01
     """Auxiliary-loss coefficient (balance ``aux``)."""
     bias_rate: float = 0.01
@@ -362,7 +364,11 @@ def _train(
     layer = ExpertParallelMoE(
         cfg.spec(**over), group, seed=cfg.seed, device=ctx.device, dtype=dtype
     )
-    opt = torch.optim.Adam(layer.parameters(), lr=1e-3)
+    params = list(layer.parameters())
+    moments = [
+        (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
+        for p in params
+    ]
     clusters = 4 * cfg.experts
     g = torch.Generator(device=ctx.device).manual_seed(cfg.seed + 17)  # same centres on every rank
     centres = torch.randn(clusters, cfg.hidden, generator=g, device=ctx.device) * 2
@@ -375,19 +381,20 @@ def _train(
     for step in range(cfg.train_steps):
         gc = torch.Generator().manual_seed(cfg.seed * 31 + ep_rank * 1009 + step)
         cid = torch.multinomial(pc, cfg.tokens, replacement=True, generator=gc).to(ctx.device)
-        noise = torch.randn(cfg.tokens, cfg.hidden, device=ctx.device)
+        noise = torch.randn(cfg.tokens, cfg.hidden, generator=gc).to(ctx.device)
         x = (centres[cid] + noise).to(dtype)
         target = torch.tanh(x.float() @ target_map).to(dtype)
         t0 = time.perf_counter()
         out = layer(x)
         loss = torch.nn.functional.mse_loss(out.y_TH.float(), target.float()) + out.aux_loss
-        opt.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = None
         loss.backward()
         grad = layer.router.gate.weight.grad
         if grad is not None and comm.group_size(group) > 1:
             dist.all_reduce(grad, group=group)
             grad /= comm.group_size(group)
-        opt.step()
+        _adam_step(params, moments, step + 1, cfg.train_lr)
         routed = _sum_over(group, out.routed_E.clone())
         kept = _sum_over(group, out.kept_E.clone())
         layer.router.update_bias(routed)
@@ -402,6 +409,23 @@ def _train(
             }
         )
     return {"mode": mode, "steps": steps}
+
+
+@torch.no_grad()
+def _adam_step(
+    params: list[torch.Tensor], moments: list[tuple[torch.Tensor, torch.Tensor]], t: int, lr: float
+) -> None:
+    """One Adam step (betas 0.9/0.999, fp32 moments). torch.optim's first step costs each
+    fresh process seconds of imports, more than the whole learned-routing workload."""
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for p, (m, v) in zip(params, moments, strict=True):
+        if p.grad is None:
+            continue
+        g = p.grad.float()
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        update = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+        p.add_(update.to(p.dtype), alpha=-lr)
 
 
 def moe_rank(ctx: RankContext, **config: Any) -> dict[str, Any]:
@@ -752,7 +776,7 @@ def training_document(
             f"Zipf({cfg.skews[0] if cfg.skews else 1.0:g}); target tanh(x A)",
             "tokens_per_rank": cfg.tokens,
             "steps": cfg.train_steps,
-            "optimizer": "Adam lr 1e-3 (router gradient averaged over the ep ranks)",
+            "optimizer": f"Adam lr {cfg.train_lr:g} (router gradient averaged over the ep ranks)",
             "aux_coeff": cfg.aux_coeff,
             "bias_rate": cfg.bias_rate,
             "per_step": {run["mode"]: run["steps"] for run in runs},
