@@ -9,6 +9,8 @@ chunk (``prompt_tokens_details.cached_tokens`` from the prefix cache) and
 ``[DONE]``. A client that disconnects cancels its request.
 
 Extra endpoints: ``POST /engine/reset`` (empty the prefix cache, when idle),
+``GET /engine/log`` (every iteration: kind, batch, tokens, seconds, and the
+gap since the previous one while busy -- the serving loop's own overhead),
 ``GET /engine/stats`` (iterations run, by kind, with their
 mean time; requests served; prefix-cache hits) and ``POST /engine/profile``
 (the short prefill/decode profile that feeds the simulator; only while idle).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import time
 from typing import Any
 
 from aiohttp import web
@@ -76,6 +79,7 @@ class ReplicaServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/engine/stats", self._stats)
+        app.router.add_get("/engine/log", self._log)
         app.router.add_post("/engine/profile", self._profile)
         app.router.add_post("/engine/reset", self._reset)
         return app
@@ -100,19 +104,27 @@ class ReplicaServer:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         eng = self.engine
+        prev_end: float | None = None
         while True:
             for s in self._pending:
                 eng.waiting.append(s)
             self._pending.clear()
             if not eng.has_work():
+                prev_end = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._busy = True
+            t0 = time.perf_counter()
+            n_log = len(eng.log)
             try:
                 emitted = await loop.run_in_executor(self._exec, eng.step)
             finally:
                 self._busy = False
+            if len(eng.log) > n_log:
+                # time between iterations while busy: streaming and scheduling on this loop
+                eng.log[-1]["gap"] = 0.0 if prev_end is None else t0 - prev_end
+            prev_end = time.perf_counter()
             for s in emitted:
                 if s.sink is not None:
                     s.sink.put_nowait(s.output[-1])
@@ -127,6 +139,9 @@ class ReplicaServer:
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
+
+    async def _log(self, request: web.Request) -> web.Response:
+        return web.json_response(self.engine.log[-100_000:])
 
     def stats(self) -> dict[str, Any]:
         log = self.engine.log

@@ -14,8 +14,10 @@ Failures, each request ending exactly once:
   chunk and the stream ends without ``[DONE]`` -- a failure, counted once in
   that replica's ``failed``; the replica is marked dead;
 - no live replica: 503.
-Health checks (``GET /health`` every ``health_interval_s``) take a replica
-out after ``health_failures`` misses in a row and put it back on success.
+Health checks (``GET /health`` every ``health_interval_s``, a miss past
+``health_timeout_s``) take a replica out after ``health_failures`` misses in a
+row (a request it completes resets the count: a replica busy enough to answer
+health checks slowly is still alive) and put it back on success.
 
 Recorded (``GET /router/stats``): per replica its load now, requests routed,
 completed and failed, prompt tokens and estimated cached tokens (from the
@@ -65,8 +67,10 @@ class RouterConfig:
     """Routing policy and its thresholds."""
     health_interval_s: float = 1.0
     """Seconds between health checks of each replica."""
-    health_failures: int = 2
+    health_failures: int = 3
     """Missed health checks in a row before a replica is taken out."""
+    health_timeout_s: float = 5.0
+    """A health check slower than this is a miss."""
     request_timeout_s: float = 300.0
     """Longest a forwarded request may take."""
     allow_remote: bool = False
@@ -152,7 +156,8 @@ class Router:
         r = self.replicas[i]
         try:
             async with self._session.get(
-                r.url + "/health", timeout=aiohttp.ClientTimeout(total=2)
+                r.url + "/health",
+                timeout=aiohttp.ClientTimeout(total=self.config.health_timeout_s),
             ) as resp:
                 ok = resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -264,6 +269,7 @@ class Router:
                 await resp.write_eof()
             if up.status == 200:
                 r.completed += 1
+                r.health_misses = 0  # it just served a request: it is alive
             else:
                 r.failed += 1
             return resp
