@@ -78,6 +78,9 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     assert rates == sorted(rates, reverse=True) and rates[-1] == 0.0
     assert sweep.metrics["min_dropless_capacity_factor_uniform"].value in (1.0, 4.0)
     assert set(train.workload["per_step"]) == {"none", "aux", "bias"}
+    # the analytic ledger's payload is the dropless one: T x k x H x 4 bytes (fp32)
+    assert uniform.predictions["dispatch_bytes"].value == 64 * 2 * 16 * 4
+    assert max(uniform.metrics["dispatch_bytes"].per_rank) <= 64 * 2 * 16 * 4
     pred = uniform.predictions["dispatch_time"]
     assert pred.model == "calibration:collectives-x" and pred.value > 0
     assert uniform.metrics["a2a_busbw_vs_calibration"].value is not None

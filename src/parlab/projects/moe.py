@@ -619,6 +619,11 @@ def workload_document(
                 value=sum(nv.values()) / m["layer_time"].value, unit="ratio"
             )
     predictions = {}
+    ledger = ledger_dispatch_bytes(cfg, ranks[0]["dtype"])
+    if ledger is not None:
+        predictions["dispatch_bytes"] = Prediction(
+            value=ledger, unit="B", model="ledger.traffic (dropless, all-to-all@ep forward)"
+        )
     cal_workload = None
     if calibration and n > 1:
         bw = calibration_busbw(calibration, d_mean)
@@ -670,6 +675,30 @@ def workload_document(
         predictions=predictions,
         notes=notes,
     )
+
+
+def ledger_dispatch_bytes(cfg: MoERunConfig, dtype: str) -> int | None:
+    """The analytic ledger's all-to-all payload per rank for this layer (None if unavailable)."""
+    try:
+        from parlab.ledger.traffic import traffic
+        from parlab.models import MoESpec as ModelMoESpec
+        from parlab.models.spec import ModelSpec
+        from parlab.topology import Topology
+
+        spec = ModelSpec(
+            name="moe-layer", vocab_size=8, hidden=cfg.hidden, layers=1, heads=1,
+            ffn_hidden=cfg.ffn_hidden, max_seq_len=cfg.tokens,
+            moe=ModelMoESpec(num_experts=cfg.experts, top_k=cfg.topk, expert_ffn_hidden=cfg.ffn_hidden),
+        )  # fmt: skip
+        topo = Topology(world_size=cfg.ep, dp=cfg.ep, ep=cfg.ep)
+        policy = "bf16-mixed" if dtype == "bf16" else "fp32"
+        items = traffic(spec, topo, "ddp", micro_batch=1, seq_len=cfg.tokens, dtype=policy)
+    except (ImportError, ValueError, TypeError, AttributeError):
+        return None
+    for it in items:
+        if it.collective == "all-to-all" and it.axis == "ep" and it.phase == "forward":
+            return it.payload_bytes
+    return None
 
 
 def _layout(cfg: MoERunConfig, n: int, backend: str) -> dict[str, Any]:
@@ -1102,7 +1131,11 @@ def _markdown(
                 out += ["", f"### Dispatch plan, {d.workload['name']} (tokens sent, source rank x expert)", "",
                         "```", comm.format_plan(plan), "```"]  # fmt: skip
             preds = d.predictions
-            if preds:
+            if "dispatch_bytes" in preds:
+                p = preds["dispatch_bytes"]
+                out += ["", f"Analytic ({p.model}) dispatch payload {_fmt(p.value, 'B')} per rank; "
+                        f"measured {_cell(d, 'dispatch_bytes')} (mean; less where capacity dropped)."]  # fmt: skip
+            if "dispatch_time" in preds:
                 p = preds["dispatch_time"]
                 out += ["", f"Calibration ({p.model}) predicted dispatch {_fmt(p.value, 's')} for "
                         f"{d.workload['name']}; measured {_cell(d, 'dispatch_time')}."]  # fmt: skip
