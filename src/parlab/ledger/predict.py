@@ -58,7 +58,6 @@ listed with ``on_device=False`` and left out of the peak.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -66,14 +65,13 @@ from typing import Any
 from parlab.errors import UsageError
 from parlab.ledger import activations as act
 from parlab.ledger.sharding import (
-    Holding,
     check_ep,
     check_pp,
     check_tp,
     dim0_chunk_numel,
-    dim0_shard_numel,
     flat_shard_numel,
     holding,
+    unit_dim0_numel,
 )
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
@@ -318,8 +316,8 @@ def _stage_numbers(
     """Element counts of one stage's rank under a strategy (cached: fit calls this a lot)."""
     h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual)
     held = h.numel
-    matmul = _matmul_numel(h)
-    head = sum(math.prod(s) for name, ps in h.units if name == "head" for _, s in ps)
+    matmul = h.matmul_numel
+    head = sum(u.numel for u in h.sizes if u.name == "head")
     ne = max(1, n // ep)
     if strategy == "ddp":
         return _StageNumbers(
@@ -345,18 +343,17 @@ def _stage_numbers(
     shard = 0
     root = 0
     largest = 0
-    for name, ps in h.units:
-        group = ne if name.endswith(".experts") else n
-        counts = Counter(s for _, s in ps)
-        u = sum(c * dim0_shard_numel(s, group) for s, c in counts.items())
+    for us in h.sizes:
+        group = ne if us.expert else n
+        u = unit_dim0_numel(us.shapes, group)
         shard += u
-        if name in ("embeddings", "head"):
+        if us.name in ("embeddings", "head"):
             root += u * group
         else:
             largest = max(largest, u * group)
     chunks = None
     if n <= 64 and ep == 1:
-        all_counts = Counter(h.shapes())
+        all_counts = h.shape_counts()
         chunks = tuple(
             sum(c * dim0_chunk_numel(s, n, i) for s, c in all_counts.items()) for i in range(n)
         )
@@ -590,16 +587,6 @@ def _ffn_width(spec: ModelSpec, layer_ids: list[int]) -> int:
         else:
             width = max(width, spec.ffn_hidden)
     return width
-
-
-def _matmul_numel(h: Holding) -> int:
-    """Elements of the 2-D+ weights autocast casts (every linear and expert; not embeddings)."""
-    total = 0
-    for _, ps in h.units:
-        for name, s in ps:
-            if len(s) >= 2 and "embeddings" not in name:
-                total += math.prod(s)
-    return total
 
 
 _KIND = {

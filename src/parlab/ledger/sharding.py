@@ -34,7 +34,8 @@ Rules (each a function other code calls, so predictions and meters agree):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from parlab.errors import UsageError
@@ -158,32 +159,88 @@ def stage_layers(layers: int, pp: int, stage: int, virtual: int = 1) -> list[int
 
 
 @dataclass(frozen=True, kw_only=True)
+class UnitSize:
+    """Sizes of one unit of a ``Holding``."""
+
+    name: str
+    """Unit name (``embeddings``, ``layers.<i>``, ``layers.<i>.experts``, ``head``)."""
+    numel: int
+    """Elements of its parameters."""
+    matmul: int
+    """Elements of its 2-D+ weights outside the embeddings (what autocast casts)."""
+    shapes: tuple[tuple[tuple[int, ...], int], ...]
+    """``(shape, how many)`` of its parameters."""
+
+    @property
+    def expert(self) -> bool:
+        return self.name.endswith(".experts")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Holding:
     """Parameters one rank holds on one pipeline stage, after TP/EP, grouped into ZeRO units."""
 
     units: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]
     """``(unit name, ((param name, local shape), ...))`` in forward order; with ep > 1 the routed
     experts of a block form a unit ``layers.<i>.experts``."""
+    sizes: tuple[UnitSize, ...] = field(init=False, repr=False, compare=False)
+    """Per-unit sizes, computed once."""
+    groups: tuple[tuple[UnitSize, int], ...] = field(init=False, repr=False, compare=False)
+    """Identical units counted once: ``(a representative unit, how many)``."""
+
+    def __post_init__(self) -> None:
+        memo: dict[tuple[bool, tuple[tuple[int, ...], ...]], tuple[int, int, tuple]] = {}
+        out = []
+        for name, ps in self.units:
+            key = (name == "embeddings", tuple(sh for _, sh in ps))
+            if key not in memo:
+                numel = sum(math.prod(sh) for sh in key[1])
+                mm = 0 if key[0] else sum(math.prod(sh) for sh in key[1] if len(sh) >= 2)
+                memo[key] = (numel, mm, tuple(Counter(key[1]).items()))
+            numel, mm, counts = memo[key]
+            out.append(UnitSize(name=name, numel=numel, matmul=mm, shapes=counts))
+        object.__setattr__(self, "sizes", tuple(out))
+        groups: dict[tuple[str, tuple], list] = {}
+        for u in out:
+            kind = (
+                u.name if u.name in ("embeddings", "head") else ("experts" if u.expert else "block")
+            )
+            key = (kind, u.shapes)
+            if key in groups:
+                groups[key][1] += 1
+            else:
+                groups[key] = [u, 1]
+        object.__setattr__(self, "groups", tuple((u, c) for u, c in groups.values()))
 
     @property
     def numel(self) -> int:
         """Elements of every held parameter."""
-        return sum(math.prod(s) for _, ps in self.units for _, s in ps)
+        return sum(u.numel for u in self.sizes)
+
+    @property
+    def matmul_numel(self) -> int:
+        """Elements of every 2-D+ weight outside the embeddings."""
+        return sum(u.matmul for u in self.sizes)
 
     def unit_numels(self, *, experts: bool | None = None) -> list[int]:
         """Elements per unit (``experts``: only expert units / only the others / all)."""
-        out = []
-        for name, ps in self.units:
-            is_exp = name.endswith(".experts")
-            if experts is None or experts == is_exp:
-                out.append(sum(math.prod(s) for _, s in ps))
-        return out
+        return [u.numel for u in self.sizes if experts is None or experts == u.expert]
+
+    def shape_counts(self, *, experts: bool | None = None) -> Counter[tuple[int, ...]]:
+        """How many parameters of each shape."""
+        c: Counter[tuple[int, ...]] = Counter()
+        for u in self.sizes:
+            if experts is None or experts == u.expert:
+                for sh, k in u.shapes:
+                    c[sh] += k
+        return c
 
     def shapes(self, *, experts: bool | None = None) -> list[tuple[int, ...]]:
+        """Every held parameter's local shape, in order."""
         out = []
         for name, ps in self.units:
             if experts is None or experts == name.endswith(".experts"):
-                out += [s for _, s in ps]
+                out += [sh for _, sh in ps]
         return out
 
     @property
@@ -199,12 +256,13 @@ def holding(
     layer_ids = stage_layers(spec.layers, pp, stage, virtual)
     by_block: dict[bool, list[tuple[str, tuple[int, ...]]]] = {}
     units: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
-    shapes = spec.param_shapes()
-    head = [(n, s) for n, s in shapes if n.startswith(("norm.", "output."))]
-    if spec.tied_embeddings and pp > 1:
+    head = spec._norm_shapes("norm", spec.hidden)
+    if not spec.tied_embeddings or pp > 1:
         head.append(("output.weight", (spec.vocab_size, spec.hidden)))
     if stage == 0:
-        emb = [(n, s) for n, s in shapes if n.startswith(("tok_embeddings.", "pos_embeddings."))]
+        emb = [("tok_embeddings.weight", (spec.vocab_size, spec.hidden))]
+        if spec.position == "learned":
+            emb.append(("pos_embeddings.weight", (spec.max_seq_len, spec.hidden)))
         units.append(("embeddings", tuple((n, tp_local_shape(spec, n, s, tp, ep)) for n, s in emb)))
     for i in layer_ids:
         kind = spec.is_moe_layer(i)
@@ -225,7 +283,12 @@ def holding(
     return Holding(units=tuple(units))
 
 
+@lru_cache(maxsize=65536)
+def unit_dim0_numel(shapes: tuple[tuple[tuple[int, ...], int], ...], shards: int) -> int:
+    """Elements a rank holds of a unit under FSDP2 (sum of ``dim0_shard_numel``)."""
+    return sum(k * dim0_shard_numel(sh, shards) for sh, k in shapes)
+
+
 def zero_units(spec: ModelSpec) -> list[tuple[str, int]]:
     """ZeRO units of the whole model (no TP/PP): ``(name, numel)`` in forward order."""
-    h = holding(spec)
-    return [(n, sum(math.prod(s) for _, s in ps)) for n, ps in h.units]
+    return [(u.name, u.numel) for u in holding(spec).sizes]

@@ -40,13 +40,12 @@ ep              per MoE layer per micro-batch: all-to-all dispatch + combine for
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from parlab.ledger.predict import check_layout, dtype_policy
-from parlab.ledger.sharding import dim0_shard_numel, flat_shard_numel, holding, stage_layers
+from parlab.ledger.sharding import flat_shard_numel, holding, stage_layers, unit_dim0_numel
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
 
@@ -98,9 +97,12 @@ class WireItem:
         }
 
 
-def _by_size(sizes: list[int]) -> list[tuple[int, int]]:
-    """(payload, count) pairs, largest payload first, zero sizes dropped."""
-    c = Counter(s for s in sizes if s > 0)
+def _by_size(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge ``(payload, count)`` pairs: largest payload first, zero sizes dropped."""
+    c: Counter[int] = Counter()
+    for size, k in sizes:
+        if size > 0:
+            c[size] += k
     return sorted(c.items(), key=lambda kv: -kv[0])
 
 
@@ -135,7 +137,7 @@ def traffic(
     h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages)
     out: list[WireItem] = []
 
-    def add(coll: str, axis: str, group: int, sizes: list[int], count: int, phase: str,
+    def add(coll: str, axis: str, group: int, sizes: list[tuple[int, int]], count: int, phase: str,
             blocking: bool, source: str, note: str) -> None:  # fmt: skip
         if group <= 1 or count <= 0:
             return
@@ -149,35 +151,38 @@ def traffic(
             )  # fmt: skip
 
     # ---- data parallel --------------------------------------------------------------------
+    # sizes are (payload, how many units) pairs; identical blocks are counted once
     ne = max(1, n // ep)
-    dense_units = [(nm, ps) for nm, ps in h.units if not nm.endswith(".experts")]
-    exp_units = [(nm, ps) for nm, ps in h.units if nm.endswith(".experts")]
+    dense_units = [(u, c) for u, c in h.groups if not u.expert]
+    exp_units = [(u, c) for u, c in h.groups if u.expert]
     if strategy == "ddp":
         for units, axis, group in ((dense_units, "dp", dp), (exp_units, "edp", dp // ep)):
-            total = sum(math.prod(s) for _, ps in units for _, s in ps) * gb
+            total = sum(u.numel * c for u, c in units) * gb
             if total:
                 full, rest = divmod(total, bucket_bytes)
-                sizes = [bucket_bytes] * full + ([rest] if rest else [])
+                sizes = [(bucket_bytes, full), (rest, 1)]
                 add("all-reduce", axis, group, sizes, 1, "backward", False, "ddp",
                     "gradient buckets, averaged; once per step (no_sync while accumulating)")  # fmt: skip
     elif strategy in ("zero1", "zero2", "zero3"):
         for units, axis, group in ((dense_units, "dp", n), (exp_units, "edp", ne)):
-            numels = [sum(math.prod(s) for _, s in ps) for _, ps in units]
-            padded = [flat_shard_numel(u, group) * group for u in numels]
+            padded = [(flat_shard_numel(u.numel, group) * group, c) for u, c in units]
+            grads = [(p * gb, c) for p, c in padded]
             if strategy == "zero1":
-                add("reduce-scatter", axis, group, [p * gb for p in padded], 1, "after-backward",
+                add("reduce-scatter", axis, group, grads, 1, "after-backward",
                     True, "zero1", "each unit's padded flat gradients, once per step")  # fmt: skip
             else:
-                add("reduce-scatter", axis, group, [p * gb for p in padded], m, "backward", False,
+                add("reduce-scatter", axis, group, grads, m, "backward", False,
                     strategy, "each unit's padded flat gradients as soon as they are ready")  # fmt: skip
             if strategy == "zero3":
-                add("all-gather", axis, group, [p * gather_b for p in padded], m, "forward", True,
+                gathered = [(p * gather_b, c) for p, c in padded]
+                add("all-gather", axis, group, gathered, m, "forward", True,
                     "zero3", "each unit's params before its forward (gather dtype)")  # fmt: skip
-                add("all-gather", axis, group, [p * gather_b for p in padded], m, "backward", True,
+                add("all-gather", axis, group, gathered, m, "backward", True,
                     "zero3", "each unit's params again before its backward")  # fmt: skip
             else:
-                add("all-gather", axis, group, [p * pb for p in padded], 1, "optimizer-step", True,
-                    strategy, "each unit's updated padded flat params after the step")  # fmt: skip
+                add("all-gather", axis, group, [(p * pb, c) for p, c in padded], 1,
+                    "optimizer-step", True, strategy,
+                    "each unit's updated padded flat params after the step")  # fmt: skip
     else:  # fsdp, fsdp-hybrid
         axis = "dp_shard" if strategy == "fsdp-hybrid" else "dp"
         plan = (
@@ -186,19 +191,20 @@ def traffic(
         )
         for units, ax, group, replicas, rep_axis in plan:
             root, blocks = [], []
-            for nm, ps in units:
-                u = sum(dim0_shard_numel(s, group) for _, s in ps) * group
-                (root if nm in ("embeddings", "head") else blocks).append(u)
-            add("all-gather", ax, group, [u * gather_b for u in blocks + root], m, "forward", True,
-                "fsdp", "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
-            add("all-gather", ax, group, [u * gather_b for u in blocks], m, "backward", True,
-                "fsdp", "each block's params again before its backward (root kept)")  # fmt: skip
-            add("reduce-scatter", ax, group, [u * gb for u in blocks + root], m, "backward", False,
-                "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
+            for us, c in units:
+                u = unit_dim0_numel(us.shapes, group) * group
+                (root if us.name in ("embeddings", "head") else blocks).append((u, c))
+            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], m,
+                "forward", True, "fsdp",
+                "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
+            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m, "backward",
+                True, "fsdp", "each block's params again before its backward (root kept)")  # fmt: skip
+            add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], m,
+                "backward", False, "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
             if strategy == "fsdp-hybrid" and replicas > 1:
-                add("all-reduce", rep_axis, replicas, [u // group * gb for u in blocks + root],
-                    m, "backward", False, "fsdp-hybrid",
-                    "each unit's gradient shard across the replica groups")  # fmt: skip
+                add("all-reduce", rep_axis, replicas,
+                    [(u // group * gb, c) for u, c in blocks + root], m, "backward", False,
+                    "fsdp-hybrid", "each unit's gradient shard across the replica groups")  # fmt: skip
 
     # ---- tensor parallel --------------------------------------------------------------------
     tokens = micro_batch * seq_len // cp
@@ -208,27 +214,27 @@ def traffic(
     if tp > 1:
         if sp:
             for phase in ("forward", "backward"):
-                add("all-gather", "tp", tp, [act], 2 * nl * m, phase, True, "tp",
+                add("all-gather", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
                     "sequence-parallel: gather b s h before attention and MLP")  # fmt: skip
-                add("reduce-scatter", "tp", tp, [act], 2 * nl * m, phase, True, "tp",
+                add("reduce-scatter", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
                     "sequence-parallel: scatter b s h after attention and MLP")  # fmt: skip
         else:
-            add("all-reduce", "tp", tp, [act], 2 * nl * m, "forward", True, "tp",
+            add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "forward", True, "tp",
                 "sum of b s h partial outputs after attention (wo) and MLP (w2)")  # fmt: skip
-            add("all-reduce", "tp", tp, [act], 2 * nl * m, "backward", True, "tp",
+            add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "backward", True, "tp",
                 "sum of b s h input gradients of attention and MLP")  # fmt: skip
         if stage == 0:
-            add("all-reduce", "tp", tp, [act], m, "forward", True, "tp",
+            add("all-reduce", "tp", tp, [(act, 1)], m, "forward", True, "tp",
                 "vocab-parallel embedding output")  # fmt: skip
         if stage == pp - 1 and not loss_parallel:
-            add("all-gather", "tp", tp, [tokens * spec.vocab_size * e], m, "forward", True, "tp",
+            add("all-gather", "tp", tp, [(tokens * spec.vocab_size * e, 1)], m, "forward", True, "tp",
                 "column-parallel output: gather the logits")  # fmt: skip
     # ---- pipeline ---------------------------------------------------------------------------
     if pp > 1:
         msg = act // (tp if sp else 1)
-        add("send-recv", "pp", pp, [msg], m * virtual_stages, "forward", True, "pp",
+        add("send-recv", "pp", pp, [(msg, 1)], m * virtual_stages, "forward", True, "pp",
             "one micro-batch's activations to the next stage")  # fmt: skip
-        add("send-recv", "pp", pp, [msg], m * virtual_stages, "backward", True, "pp",
+        add("send-recv", "pp", pp, [(msg, 1)], m * virtual_stages, "backward", True, "pp",
             "their gradient back to the previous stage")  # fmt: skip
     # ---- context parallel -------------------------------------------------------------------
     if cp > 1:
@@ -237,18 +243,18 @@ def traffic(
         else:
             kv_local = 2 * max(1, spec.n_kv_heads // tp) * spec.d_head
         chunk = tokens * kv_local
-        add("send-recv", "cp", cp, [chunk * e], nl * m * (cp - 1), "forward", True, "cp",
+        add("send-recv", "cp", cp, [(chunk * e, 1)], nl * m * (cp - 1), "forward", True, "cp",
             "ring attention: pass the local K and V chunk on")  # fmt: skip
-        add("send-recv", "cp", cp, [chunk * e], nl * m * (cp - 1), "backward", True, "cp",
+        add("send-recv", "cp", cp, [(chunk * e, 1)], nl * m * (cp - 1), "backward", True, "cp",
             "ring attention backward: K and V chunk again")  # fmt: skip
-        add("send-recv", "cp", cp, [chunk * 4], nl * m * (cp - 1), "backward", True, "cp",
+        add("send-recv", "cp", cp, [(chunk * 4, 1)], nl * m * (cp - 1), "backward", True, "cp",
             "ring attention backward: dK and dV accumulators (float32)")  # fmt: skip
     # ---- expert parallel --------------------------------------------------------------------
     if ep > 1 and spec.moe is not None:
         moe_layers = sum(spec.is_moe_layer(i) for i in layer_ids)
         a2a = tokens * spec.moe.top_k * spec.hidden * e // (tp if sp else 1)
         for phase in ("forward", "backward"):
-            add("all-to-all", "ep", ep, [a2a], 2 * moe_layers * m, phase, True, "ep",
+            add("all-to-all", "ep", ep, [(a2a, 1)], 2 * moe_layers * m, phase, True, "ep",
                 "dispatch tokens to their experts and combine the results")  # fmt: skip
     return out
 
