@@ -213,6 +213,7 @@ def replica_cmd(
     max_batch: int = typer.Option(16, help="KV slots (requests decoding at once)."),
     max_len: int = typer.Option(2048, help="Longest prompt + output, tokens."),
     prefix_cache: bool = typer.Option(True, help="Reuse KV of cached prompt prefixes."),
+    cache_blocks: int = typer.Option(4096, help="Prefix-cache capacity, 16-token blocks."),
     seed: int = typer.Option(0, help="Weight seed."),
     threads: int = typer.Option(1, help="CPU threads for torch."),
     duration: float | None = typer.Option(None, help="Stop after this many seconds."),
@@ -227,6 +228,7 @@ def replica_cmd(
             token_s=stub_token_s,
             prefill_per_token_s=stub_prefill_per_token_s,
             prefix_cache=prefix_cache,
+            cache_blocks=cache_blocks,
         )
         asyncio.run(stub.serve_forever(cfg, host=host, port=port, duration_s=duration))
         return
@@ -243,7 +245,12 @@ def replica_cmd(
         device=device,
         dtype=dtype,
         seed=seed,
-        config=EngineConfig(max_batch=max_batch, max_len=max_len, prefix_cache=prefix_cache),
+        config=EngineConfig(
+            max_batch=max_batch,
+            max_len=max_len,
+            prefix_cache=prefix_cache,
+            cache_blocks=cache_blocks,
+        ),
     )
     asyncio.run(
         serve_forever(eng, host=host, port=port, name=f"parlab-{model}", duration_s=duration)

@@ -63,6 +63,8 @@ class Preset:
     """Requests/s."""
     kv_tokens: tuple[int, ...]
     """Request lengths for the KV transfer sweep."""
+    cache_blocks: int = 4096
+    """Prefix-cache capacity per replica, 16-token blocks (small: locality matters)."""
 
 
 def get_preset(name: str) -> Preset:
@@ -73,13 +75,14 @@ def get_preset(name: str) -> Preset:
             dtype="float32",
             max_batch=8,
             max_len=1024,
-            num_prompts=40,
-            groups=4,
+            num_prompts=48,
+            groups=8,
             prefix_len=384,
             question_len=32,
             output_len=16,
             rate=8.0,
             kv_tokens=(16, 64, 256, 1024),
+            cache_blocks=128,
         )
     if name == "gpu":
         import torch
@@ -96,12 +99,13 @@ def get_preset(name: str) -> Preset:
             max_batch=32,
             max_len=4096,
             num_prompts=64,
-            groups=8,
+            groups=16,
             prefix_len=2048,
             question_len=64,
             output_len=64,
             rate=16.0,
             kv_tokens=(16, 128, 512, 2048, 8192),
+            cache_blocks=1024,
         )
     from parlab.errors import UsageError
 
@@ -247,12 +251,14 @@ async def _run_policies(
     )
     offsets = bench.arrival_offsets(len(ds.requests), rate=p.rate, burstiness=1.0, seed=0)
     work = sim.from_dataset(ds, offsets, block=16)
-    prof = sim.ReplicaProfile.from_json(profile, max_batch=p.max_batch, block=16, cache_blocks=4096)
+    prof = sim.ReplicaProfile.from_json(
+        profile, max_batch=p.max_batch, block=16, cache_blocks=p.cache_blocks
+    )
     docs = []
     for name in policies:
         for u in urls:
             await post_json(u + "/engine/reset")
-        pol = PolicyConfig(name=name, seed=0)
+        pol = PolicyConfig(name=name, seed=0, tree_blocks=p.cache_blocks)
         router = Router(RouterConfig(replicas=tuple(urls), policy=pol, health_interval_s=0.5))
         await router.start()
         try:
@@ -271,7 +277,7 @@ async def _run_policies(
                 work,
                 replicas=len(urls),
                 profile=sim.ReplicaProfile.from_json(
-                    in_run, max_batch=p.max_batch, block=16, cache_blocks=4096
+                    in_run, max_batch=p.max_batch, block=16, cache_blocks=p.cache_blocks
                 ),
                 policy=pol,
             )
@@ -294,6 +300,7 @@ async def _run_policies(
                 "devices": list(p.devices),
                 "max_batch": p.max_batch,
                 "prefix_cache": True,
+                "prefix_cache_blocks": p.cache_blocks,
             },
             notes=[
                 "predictions: discrete-event simulation (parlab.serve.sim) of the same "
