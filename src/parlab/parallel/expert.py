@@ -409,3 +409,56 @@ class ExpertParallelMoE(nn.Module):
         y_TH = comm.reduce_scatter(partial, self.group)
         timer.stop("scatter", t, partial.numel() * esize)
         return y_TH, None
+
+
+class ExpertParallelBlock(nn.Module):
+    """The reference model's MoE block (``parlab.models.reference.MoE``) with its routed
+    experts sharded over an ep group: same router, same outputs; shared experts and the
+    route scale stay as they were (the shared experts are a dense FFN, replicated)."""
+
+    def __init__(self, block: nn.Module, group: Any, *, mode: str = "a2a") -> None:
+        super().__init__()
+        router, experts = block.router, block.experts
+        if not experts.swiglu:
+            raise UsageError("expert parallelism here runs SwiGLU experts; this model's are GeLU")
+        E, Fh, H = experts.w1.shape
+        cfg = RouterConfig(
+            num_experts=E, top_k=router.top_k, gating=router.scoring,
+            normalize_weights=router.normalize,
+        )  # fmt: skip
+        w1 = experts.w1
+        spec = MoESpec(hidden=H, ffn_hidden=Fh, router=cfg)
+        self.layer = ExpertParallelMoE(spec, group, mode=mode, device=w1.device, dtype=w1.dtype)
+        lo, n = self.layer.experts.first_expert, self.layer.num_local
+        with torch.no_grad():
+            self.layer.router.gate.weight.copy_(router.gate.weight)
+            self.layer.experts.w_gate.copy_(experts.w1[lo : lo + n].transpose(1, 2))
+            self.layer.experts.w_up.copy_(experts.w3[lo : lo + n].transpose(1, 2))
+            self.layer.experts.w_down.copy_(experts.w2[lo : lo + n].transpose(1, 2))
+        self.route_scale = float(router.scale)
+        self.shared_experts = block.shared_experts
+
+    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        x_TH = x_BSH.reshape(-1, x_BSH.shape[-1])
+        y_TH = self.layer(x_TH).y_TH
+        if self.route_scale != 1.0:
+            y_TH = y_TH * self.route_scale
+        if self.shared_experts is not None:
+            y_TH = y_TH + self.shared_experts(x_TH)
+        return y_TH.view_as(x_BSH)
+
+
+def apply_expert_parallel(model: nn.Module, ep_group: Any, *, mode: str = "a2a") -> nn.Module:
+    """Replace every reference MoE block of ``model`` by its expert-parallel shard, in place.
+
+    Every rank of ``ep_group`` must hold the same weights before (build the model with the
+    same seed). After it, the experts' gradients are local to their rank: a data-parallel
+    wrapper must reduce them only over the ranks that hold the same experts, never over ep.
+    """
+    from parlab.models.reference import MoE
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, MoE):
+                setattr(module, name, ExpertParallelBlock(child, ep_group, mode=mode))
+    return model
