@@ -1,0 +1,259 @@
+"""Predicted step time of one candidate: compute + exposed communication + pipeline bubble.
+
+- **Compute** = training FLOPs of the global batch / world size / achieved
+  FLOP/s per GPU. FLOPs per token come from ``parlab.models.flops`` where it
+  exists (``train_flops_per_token``); until then from the stand-in below
+  (6 x non-embedding active parameters + causal attention 6 L s q_dim per
+  token), labelled as such. Full recompute adds one forward (x 4/3); selective
+  recompute adds the attention core's forward (2 L s q_dim per token).
+  Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU either
+  measured (from a training document) or assumed, and labelled which.
+- **Communication**: every item of the ledger's wire table
+  (``parlab.ledger.traffic.traffic``, the one definition of what crosses the
+  wire) is timed with ``parlab.comm.model``: the flat alpha-beta formula when
+  its group sits inside one node (the calibration's fitted link for that op
+  where given), ``hierarchical_time`` when it spans nodes. Items the table
+  marks blocking are exposed in full; non-blocking ones (DDP buckets, ZeRO-2/
+  FSDP reduce-scatters) overlap the backward pass (2/3 of compute) up to
+  ``overlap`` of it, and only the excess is exposed. Pipeline stages 0 and
+  pp-1 are both timed and the slower one counts.
+- **Bubble**: (compute + exposed blocking comm) x (pp - 1) / (v x m) for m
+  micro-batches and v virtual stages (GPipe and 1F1B alike; interleaving
+  divides by v).
+
+Nothing here crosses a wire: it predicts what will.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from parlab.comm.model import collective_time, hierarchical_time
+from parlab.models.spec import ModelSpec
+from parlab.plan.space import Candidate, Cluster
+
+# the ledger's collective names -> parlab.comm's op names
+_OPS = {
+    "all-reduce": "all_reduce",
+    "all-gather": "all_gather",
+    "reduce-scatter": "reduce_scatter",
+    "all-to-all": "all_to_all",
+    "send-recv": "send_recv",
+    "broadcast": "broadcast",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Achieved FLOP/s per GPU and where it comes from."""
+
+    mfu: float
+    """Model FLOPs utilisation (fraction of the dense bf16 peak)."""
+    peak_flops: float
+    """The GPU's dense bf16 peak, FLOP/s."""
+    source: str
+    """``assumed MFU 0.40`` or ``measured: <run_id> ...``."""
+    assumed: bool
+    """True when the MFU is an assumption, not a measurement."""
+
+    @property
+    def achieved(self) -> float:
+        return self.mfu * self.peak_flops
+
+
+def flops_per_token(spec: ModelSpec, seq: int) -> tuple[float, str]:
+    """Training FLOPs per token (forward + backward, no recompute) and the formula's source."""
+    try:
+        from parlab.models import flops  # type: ignore[attr-defined]
+
+        return float(flops.train_flops_per_token(spec, seq=seq)), "parlab.models.flops"
+    except (ImportError, AttributeError):
+        pass
+    n = spec.num_active_params(embedding=False)
+    attn = 6.0 * spec.layers * seq * spec.q_dim  # causal: half of 12 L s q_dim
+    return 6.0 * n + attn, "stand-in 6N + 6 L s q_dim (parlab.models.flops absent)"
+
+
+def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str, base: float) -> float:
+    """Extra FLOPs per token that recompute adds."""
+    if recompute == "full":
+        return base / 3.0
+    if recompute == "selective":
+        return 2.0 * spec.layers * seq * spec.q_dim
+    return 0.0
+
+
+def _span(cand: Candidate, axis: str, gpus_per_node: int) -> tuple[int, int]:
+    """(members per node, nodes) of one group of ``axis`` in rank order pp, dp, cp, tp."""
+    stride = {
+        "tp": 1,
+        "cp": cand.tp,
+        "ep": cand.tp * cand.cp,
+        "dp": cand.tp * cand.cp,
+        "edp": cand.tp * cand.cp * cand.ep,
+        "pp": cand.tp * cand.cp * cand.dp,
+    }.get(axis, cand.tp * cand.cp)
+    size = {
+        "tp": cand.tp,
+        "cp": cand.cp,
+        "ep": cand.ep,
+        "dp": cand.dp,
+        "edp": cand.dp // cand.ep,
+        "pp": cand.pp,
+    }.get(axis, cand.dp)
+    if stride * size <= gpus_per_node:
+        return size, 1
+    per_node = max(1, gpus_per_node // stride)
+    return per_node, max(1, size // per_node)
+
+
+def item_time(item: Any, cand: Candidate, cluster: Cluster) -> float:
+    """Seconds for ALL calls of one wire item in a step."""
+    op = _OPS[item.collective]
+    per_node, nodes = _span(cand, item.axis, cluster.gpus_per_node)
+    intra = cluster.intra_link(op)
+    if nodes == 1:
+        one = collective_time(op, item.payload_bytes, item.group_size, intra)
+    elif op == "send_recv":
+        one = collective_time(op, item.payload_bytes, 2, cluster.inter)
+    else:
+        one = hierarchical_time(
+            op,
+            item.payload_bytes,
+            gpus_per_node=per_node,
+            nodes=nodes,
+            intra=intra,
+            inter=cluster.inter,
+        )
+    return one * item.count_per_step
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEstimate:
+    """The parts of one predicted step."""
+
+    compute_s: float
+    """Compute time per GPU (recompute included)."""
+    comm_blocking_s: float
+    """Blocking communication (exposed in full)."""
+    comm_overlappable_s: float
+    """Non-blocking communication before overlap."""
+    comm_exposed_s: float
+    """Communication on the critical path (blocking + overlap excess)."""
+    bubble_s: float
+    """Pipeline bubble."""
+    step_s: float
+    """compute + exposed comm + bubble."""
+    top_items: tuple[tuple[str, float], ...]
+    """The largest communication items: (description, seconds per step)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compute_s": self.compute_s,
+            "comm_blocking_s": self.comm_blocking_s,
+            "comm_overlappable_s": self.comm_overlappable_s,
+            "comm_exposed_s": self.comm_exposed_s,
+            "bubble_s": self.bubble_s,
+            "step_s": self.step_s,
+            "top_comm_items": [{"item": d, "seconds": s} for d, s in self.top_items],
+        }
+
+
+def estimate(
+    cand: Candidate,
+    *,
+    wire: dict[int, list[Any]],
+    cluster: Cluster,
+    compute_s: float,
+    overlap: float,
+) -> StepEstimate:
+    """Step time from the compute time and the wire tables of stage 0 and pp-1."""
+    best: StepEstimate | None = None
+    for items in wire.values():
+        blocking = 0.0
+        nonblocking = 0.0
+        timed = []
+        for it in items:
+            t = item_time(it, cand, cluster)
+            timed.append((f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source})", t))
+            if it.blocking:
+                blocking += t
+            else:
+                nonblocking += t
+        hidden = overlap * compute_s * 2.0 / 3.0
+        exposed = blocking + max(0.0, nonblocking - hidden)
+        bubble = (compute_s + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
+        step = compute_s + exposed + bubble
+        timed.sort(key=lambda x: -x[1])
+        est = StepEstimate(
+            compute_s=compute_s,
+            comm_blocking_s=blocking,
+            comm_overlappable_s=nonblocking,
+            comm_exposed_s=exposed,
+            bubble_s=bubble,
+            step_s=step,
+            top_items=tuple(timed[:3]),
+        )
+        if best is None or est.step_s > best.step_s:
+            best = est
+    assert best is not None
+    return best
+
+
+def assumed_throughput(mfu: float, peak_flops: float | None, gpu: str) -> Throughput:
+    """An assumed MFU on the catalog peak; ``UsageError`` when the peak is unknown."""
+    from parlab.errors import UsageError
+
+    if not 0.0 < mfu <= 1.0:
+        raise UsageError(f"--mfu {mfu}: give a fraction in (0, 1], e.g. 0.4")
+    if not peak_flops:
+        raise UsageError(f"{gpu} has no bf16 peak in the catalog: MFU cannot be turned into time")
+    return Throughput(mfu=mfu, peak_flops=peak_flops, source=f"assumed MFU {mfu:g}", assumed=True)
+
+
+def measured_throughput(doc: Any, peak_flops: float) -> Throughput:
+    """The MFU a training document measured on a GPU, applied to ``peak_flops``.
+
+    Its ``mfu`` metric where known; else its ``tokens_per_s_per_gpu`` x FLOPs per
+    token of its own model and sequence / its GPU's peak. ``UsageError`` when it
+    has neither or did not run on a catalog GPU.
+    """
+    from parlab.errors import UsageError
+    from parlab.hardware.catalog import lookup
+    from parlab.models import get_spec
+    from parlab.models.spec import ModelSpec as _Spec
+
+    if doc.status != "ok":
+        raise UsageError(f"{doc.run_id} failed: give a successful training run for --measured")
+    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
+    gpu = lookup(str(gpus[0]["name"])) if gpus else None
+    if gpu is None or not gpu.peak("bf16"):
+        raise UsageError(
+            f"{doc.run_id} did not run on a catalog GPU ({doc.evidence_level}): its MFU is "
+            "unknown; give a GPU training document or --mfu"
+        )
+    mfu = doc.metric("mfu")
+    how = "its mfu metric"
+    if mfu is None:
+        tps = doc.metric("tokens_per_s_per_gpu")
+        model = doc.workload.get("model")
+        seq = doc.workload.get("seq")
+        if tps is None or not isinstance(model, dict) or not seq:
+            raise UsageError(
+                f"{doc.run_id} has neither mfu nor tokens_per_s_per_gpu with its model and seq"
+            )
+        try:
+            spec = get_spec(str(model.get("name")))
+        except ValueError:
+            fields = {k: v for k, v in model.items() if k in _Spec.__dataclass_fields__}
+            spec = _Spec(**fields)
+        fpt, _ = flops_per_token(spec, int(seq))
+        mfu = tps * fpt / gpu.peak("bf16")  # type: ignore[operator]
+        how = f"{tps:,.0f} tokens/s per GPU x {fpt / 1e9:.3g} GFLOP per token"
+    return Throughput(
+        mfu=float(mfu),
+        peak_flops=peak_flops,
+        source=f"measured MFU {mfu:.3f} of {doc.run_id} ({doc.evidence_level}, {gpu.name}; {how})",
+        assumed=False,
+    )

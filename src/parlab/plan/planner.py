@@ -1,0 +1,453 @@
+"""``parlab plan``: admit or reject every candidate with a reason, predict, rank, Pareto front.
+
+Admission, in order (the first failing check is the reason, with its ``kind``):
+
+1. ``layout`` -- a row of the layout's constraint table fails
+   (``parlab.layout.constraints``: heads/KV heads/FFN/vocab divisible by tp,
+   layers by pp x v, sequence by 2 cp, ep dividing dp, tp within a node);
+2. ``batch`` -- the global batch is not a whole number of micro-batches of
+   ``micro_batch`` sequences on each of the dp ranks, or interleaving has a
+   micro-batch count that is not a multiple of pp (Megatron's rule);
+3. ``unsupported`` -- the ledger refuses the layout (its own message);
+4. ``memory`` -- the ledger's predicted per-rank peak (``parlab.ledger.predict``)
+   exceeds the usable memory, by how much. The states alone (params, grads,
+   optimizer, master) are a floor of every peak, so a (layout, strategy) whose
+   floor is over is rejected for every micro-batch, recompute and schedule at
+   once, "by at least" the floor's excess (sound: no peak is below its floor);
+5. ``comm`` -- exposed communication over ``max_exposed_comm`` of the step.
+
+Each admitted candidate gets a predicted step time
+(``parlab.plan.estimate``), tokens/s per GPU, MFU and memory headroom. The
+ranking is by tokens/s per GPU (ties: less memory, then name); the Pareto
+front is every admitted candidate that no other beats on both throughput and
+peak memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from parlab.errors import UsageError
+from parlab.layout import constraints, shape_of
+from parlab.ledger import predict
+from parlab.ledger.traffic import traffic
+from parlab.models.spec import ModelSpec
+from parlab.plan.estimate import (
+    StepEstimate,
+    Throughput,
+    estimate,
+    flops_per_token,
+    recompute_flops_per_token,
+)
+from parlab.plan.space import (
+    DEFAULT_MICRO_BATCHES,
+    RECOMPUTE,
+    SCHEDULES,
+    STRATEGIES,
+    Candidate,
+    Cluster,
+    degree_tuples,
+    schedules_for,
+)
+from parlab.topology import Topology
+
+DEFAULT_MFU = 0.40
+"""The assumed MFU when no training document is given (labelled as assumed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What to plan for."""
+
+    spec: ModelSpec
+    """The model."""
+    cluster: Cluster
+    """The GPUs."""
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    seq: int
+    """Tokens per sequence."""
+    throughput: Throughput
+    """Achieved FLOP/s per GPU (measured or assumed)."""
+    micro_batches: tuple[int, ...] = DEFAULT_MICRO_BATCHES
+    """Micro-batch sizes to try."""
+    strategies: tuple[str, ...] = STRATEGIES
+    """Data-parallel strategies to try."""
+    recompute: tuple[str, ...] = RECOMPUTE
+    """Recompute modes to try."""
+    schedules: tuple[str, ...] = SCHEDULES
+    """Pipeline schedules to try (when pp > 1)."""
+    dtype: str = "bf16-mixed"
+    """The ledger's dtype policy."""
+    optimizer: str = "adamw"
+    """The ledger's optimizer."""
+    overlap: float = 1.0
+    """Fraction of backward compute that non-blocking communication can hide behind."""
+    memory_reserve: float = 0.0
+    """Fraction of GPU memory kept free (CUDA context, fragmentation)."""
+    max_exposed_comm: float | None = None
+    """Reject candidates whose exposed communication exceeds this fraction of the step."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1 or self.seq < 1:
+            raise UsageError(
+                f"global batch {self.global_batch}, sequence {self.seq}: give positive sizes"
+            )
+        if not 0.0 <= self.memory_reserve < 1.0:
+            raise UsageError(f"memory reserve {self.memory_reserve}: give a fraction in [0, 1)")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise UsageError(f"overlap {self.overlap}: give a fraction in [0, 1]")
+        for name, values, allowed in (
+            ("strategy", self.strategies, STRATEGIES),
+            ("recompute", self.recompute, RECOMPUTE),
+            ("schedule", self.schedules, SCHEDULES),
+        ):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise UsageError(
+                    f"{name} {', '.join(bad) or '(none)'}: use one or more of {', '.join(allowed)}"
+                )
+        if not self.micro_batches or any(m < 1 for m in self.micro_batches):
+            raise UsageError(f"micro-batches {self.micro_batches}: give sizes of at least 1")
+
+    @property
+    def usable_memory(self) -> float:
+        return self.cluster.gpu.memory_bytes * (1.0 - self.memory_reserve)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """One candidate, admitted or rejected."""
+
+    cand: Candidate
+    """The candidate."""
+    admitted: bool
+    """Whether it passed every check."""
+    kind: str = ""
+    """Why rejected: ``layout``, ``batch``, ``unsupported``, ``memory``, ``comm``."""
+    reason: str = ""
+    """One line: the check and its numbers."""
+    peak_bytes: float | None = None
+    """Predicted peak per rank (the floor, for a group rejected on its states)."""
+    estimate: StepEstimate | None = None
+    """The step-time estimate (admitted, or rejected for comm)."""
+    tokens_per_s_per_gpu: float | None = None
+    """Predicted throughput."""
+    mfu: float | None = None
+    """Predicted MFU (model FLOPs, recompute not counted, over the dense bf16 peak)."""
+    headroom_bytes: float | None = None
+    """Usable memory minus peak."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.cand.to_json(), "admitted": self.admitted}
+        if not self.admitted:
+            out["kind"] = self.kind
+            out["reason"] = self.reason
+        out["peak_bytes"] = self.peak_bytes
+        if self.estimate is not None:
+            out["estimate"] = self.estimate.to_json()
+            out["tokens_per_s_per_gpu"] = self.tokens_per_s_per_gpu
+            out["mfu"] = self.mfu
+            out["headroom_bytes"] = self.headroom_bytes
+        return out
+
+
+@dataclass(kw_only=True)
+class PlanResult:
+    """Every verdict, ranked, and the front."""
+
+    request: PlanRequest
+    """What was planned."""
+    ranked: list[Verdict]
+    """Admitted candidates, best first."""
+    rejected: list[Verdict]
+    """Rejected candidates, in search order."""
+    pareto: list[Verdict]
+    """Admitted candidates no other beats on both throughput and memory (fastest first)."""
+    flops_source: str
+    """Where FLOPs per token come from."""
+    flops_per_token: float
+    """Training FLOPs per token, no recompute."""
+    elapsed_s: float
+    """Search wall time."""
+    ledger_calls: int = 0
+    """How many times the ledger was asked."""
+    notes: list[str] = field(default_factory=list)
+    """Assumptions."""
+
+    @property
+    def top(self) -> Verdict | None:
+        return self.ranked[0] if self.ranked else None
+
+    def rejected_by_kind(self) -> dict[str, int]:
+        return dict(Counter(v.kind for v in self.rejected))
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def _stage_floor(ledger: Any) -> float:
+    """The largest on-device state bytes (params, grads, optimizer, master) over stages."""
+    best = 0.0
+    for stage in range(ledger.topology.pp):
+        total = 0
+        for name in ("params", "grads", "optimizer", "master_params"):
+            it = ledger.item(name)
+            if it is not None and it.on_device:
+                total += it.per_stage[stage]
+        best = max(best, total)
+    return best
+
+
+def plan(req: PlanRequest) -> PlanResult:
+    """Search the whole candidate space of ``req`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    spec, cluster = req.spec, req.cluster
+    world = cluster.count
+    shape = shape_of(spec)
+    fpt, fsrc = flops_per_token(spec, req.seq)
+    usable = req.usable_memory
+    ranked: list[Verdict] = []
+    rejected: list[Verdict] = []
+    calls = 0
+    moe = spec.moe.num_experts if spec.moe is not None else None
+    for deg in degree_tuples(world, moe_experts=moe):
+        pp, dp, cp, tp, ep = deg["pp"], deg["dp"], deg["cp"], deg["tp"], deg["ep"]
+        scheds = [
+            (s, v) for s, v in schedules_for(pp, spec.layers) if s == "-" or s in req.schedules
+        ]
+        for sched, vpp in scheds:
+            rows = constraints(
+                world=world,
+                degrees=deg,
+                shape=shape,
+                seq=req.seq,
+                sequence_parallel=tp > 1,
+                gpus_per_node=cluster.gpus_per_node,
+                vpp=vpp,
+            )
+            bad = [r for r in rows if not r.ok]
+            layout_reason = "; ".join(f"{r.name} fails ({r.detail})" for r in bad)
+            topo = None if bad else Topology(world_size=world, **deg)
+            for strategy in req.strategies:
+                floor: float | None = None
+                floor_reason = ""
+                wire_cache: dict[tuple[int, int], dict[int, list[Any]]] = {}
+                for mb in req.micro_batches:
+                    per_step = dp * mb
+                    m = req.global_batch // per_step if req.global_batch % per_step == 0 else 0
+                    for rc in req.recompute:
+                        cand = Candidate(
+                            dp=dp,
+                            tp=tp,
+                            pp=pp,
+                            cp=cp,
+                            ep=ep,
+                            strategy=strategy,
+                            micro_batch=mb,
+                            microbatches=max(m, 1),
+                            recompute=rc,
+                            schedule=sched,
+                            vpp=vpp,
+                        )
+                        if bad:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand, admitted=False, kind="layout", reason=layout_reason
+                                )
+                            )
+                            continue
+                        if not m:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="batch",
+                                    reason=f"global batch {req.global_batch} is not a multiple "
+                                    f"of dp {dp} x micro-batch {mb} = {per_step}",
+                                )
+                            )
+                            continue
+                        if sched == "interleaved" and m % pp:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="batch",
+                                    reason=f"interleaved schedule needs the {m} micro-batches "
+                                    f"to be a multiple of pp {pp}",
+                                )
+                            )
+                            continue
+                        if floor is not None and floor > usable:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="memory",
+                                    reason=floor_reason,
+                                    peak_bytes=floor,
+                                )
+                            )
+                            continue
+                        assert topo is not None
+                        try:
+                            calls += 1
+                            ledger = predict(
+                                spec,
+                                strategy=strategy,
+                                topology=topo,
+                                micro_batch=mb,
+                                seq_len=req.seq,
+                                dtype=req.dtype,
+                                optimizer=req.optimizer,
+                                recompute=rc,
+                                pp_schedule="1f1b" if sched == "-" else sched,
+                                microbatches=m,
+                                virtual_stages=vpp,
+                                sp=tp > 1,
+                            )
+                        except ValueError as exc:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="unsupported",
+                                    reason=f"ledger: {exc}",
+                                )
+                            )
+                            continue
+                        if floor is None:
+                            floor = _stage_floor(ledger)
+                            floor_reason = (
+                                f"over memory by at least {_gb(floor - usable)}: the states alone "
+                                f"(params, grads, optimizer) need {_gb(floor)} per GPU of "
+                                f"{_gb(usable)} usable, at any micro-batch or recompute"
+                            )
+                        peak = float(ledger.peak_bytes)
+                        if peak > usable:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="memory",
+                                    reason=f"over memory by {_gb(peak - usable)}: predicted "
+                                    f"peak {_gb(peak)} per GPU of {_gb(usable)} usable "
+                                    f"({ledger.peak_phase[0]})",
+                                    peak_bytes=peak,
+                                )
+                            )
+                            continue
+                        key = (mb, m)
+                        if key not in wire_cache:
+                            stages = sorted({0, pp - 1})
+                            wire_cache[key] = {
+                                s: traffic(
+                                    spec,
+                                    topo,
+                                    strategy,
+                                    micro_batch=mb,
+                                    seq_len=req.seq,
+                                    dtype=req.dtype,
+                                    microbatches=m,
+                                    sp=tp > 1,
+                                    virtual_stages=vpp,
+                                    stage=s,
+                                )
+                                for s in stages
+                            }
+                        extra = recompute_flops_per_token(spec, req.seq, rc, fpt)
+                        compute_s = (
+                            (fpt + extra) * req.tokens_per_step / world / req.throughput.achieved
+                        )
+                        est = estimate(
+                            cand,
+                            wire=wire_cache[key],
+                            cluster=cluster,
+                            compute_s=compute_s,
+                            overlap=req.overlap,
+                        )
+                        tps = req.tokens_per_step / est.step_s / world
+                        mfu = fpt * tps / req.throughput.peak_flops
+                        v = Verdict(
+                            cand=cand,
+                            admitted=True,
+                            peak_bytes=peak,
+                            estimate=est,
+                            tokens_per_s_per_gpu=tps,
+                            mfu=mfu,
+                            headroom_bytes=usable - peak,
+                        )
+                        frac = est.comm_exposed_s / est.step_s
+                        if req.max_exposed_comm is not None and frac > req.max_exposed_comm:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="comm",
+                                    reason=f"exposed communication {100 * frac:.1f} % of the step, "
+                                    f"over the budget {100 * req.max_exposed_comm:.1f} %",
+                                    peak_bytes=peak,
+                                    estimate=est,
+                                    tokens_per_s_per_gpu=tps,
+                                    mfu=mfu,
+                                    headroom_bytes=usable - peak,
+                                )
+                            )
+                            continue
+                        ranked.append(v)
+    if not ranked and not rejected:
+        raise UsageError(f"no candidate for {world} GPUs: check --gpus and --global-batch")
+    if not ranked and all(v.kind in ("layout", "batch", "unsupported") for v in rejected):
+        common = Counter(v.reason for v in rejected).most_common(1)[0][0]
+        raise UsageError(
+            f"no layout of {world} GPUs fits {spec.name} with global batch {req.global_batch}: "
+            f"every candidate breaks a layout or batch rule, most often: {common}"
+        )
+    ranked.sort(key=lambda v: (-(v.tokens_per_s_per_gpu or 0.0), v.peak_bytes or 0.0, v.cand.name))
+    pareto: list[Verdict] = []
+    best_mem = float("inf")
+    for v in ranked:
+        assert v.peak_bytes is not None
+        if v.peak_bytes < best_mem:
+            pareto.append(v)
+            best_mem = v.peak_bytes
+    notes = [
+        f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
+        f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
+        "recompute: full adds one forward (x 4/3), selective the attention core's forward",
+        f"communication: the ledger's wire table timed by parlab.comm's alpha-beta model; "
+        f"intra-node {cluster.intra.source}"
+        + (
+            f" (calibration {cluster.calibration.label} where fitted)"
+            if cluster.calibration
+            else ""
+        )
+        + f"; inter-node {cluster.inter.source}",
+        f"overlap: non-blocking items hide behind {100 * req.overlap:.0f} % of the backward "
+        "pass (2/3 of compute); blocking items are exposed in full",
+        "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+        f"memory: the ledger's peak ({req.dtype}, {req.optimizer}) against "
+        f"{_gb(req.usable_memory)} usable per GPU (catalog {cluster.gpu.name} "
+        f"{_gb(cluster.gpu.memory_bytes)} x (1 - reserve {req.memory_reserve:g}))",
+        "sequence parallelism on whenever tp > 1; fsdp-hybrid is not searched",
+    ]
+    return PlanResult(
+        request=req,
+        ranked=ranked,
+        rejected=rejected,
+        pareto=pareto,
+        flops_source=fsrc,
+        flops_per_token=fpt,
+        elapsed_s=time.perf_counter() - t0,
+        ledger_calls=calls,
+        notes=notes,
+    )

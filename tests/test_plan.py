@@ -1,0 +1,208 @@
+"""``parlab plan``: the space, admission with reasons, the estimate's parts, ranking, Pareto, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from parlab import contract
+from parlab.comm.model import collective_time, hierarchical_time
+from parlab.ledger import predict
+from parlab.ledger.traffic import traffic
+from parlab.models import get_spec
+from parlab.plan.estimate import Throughput, flops_per_token, item_time, measured_throughput
+from parlab.plan.planner import PlanRequest, PlanResult, plan
+from parlab.plan.space import Candidate, make_cluster
+from parlab.topology import Topology
+from tests.test_decide import training_doc
+
+
+def request(model: str, gpus: str, *, per_node: int = 8, gb: int = 64, seq: int = 4096,
+            **kw: object) -> PlanRequest:  # fmt: skip
+    cluster = make_cluster(gpus=gpus, gpus_per_node=per_node)
+    peak = cluster.gpu.peak("bf16")
+    assert peak
+    th = Throughput(mfu=0.4, peak_flops=peak, source="assumed MFU 0.4", assumed=True)
+    return PlanRequest(
+        spec=get_spec(model), cluster=cluster, global_batch=gb, seq=seq, throughput=th, **kw
+    )  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def small() -> PlanResult:
+    return plan(request("1.3b", "8xH100"))
+
+
+def test_small_model_on_8_gpus_is_plain_ddp(small: PlanResult) -> None:
+    top = small.top
+    assert top is not None
+    c = top.cand
+    assert (c.strategy, c.dp, c.tp, c.pp, c.cp) == ("ddp", 8, 1, 1, 1)
+    assert c.recompute == "none"
+    # DDP's bucketed all-reduce hides behind backward: nothing exposed, no bubble
+    assert top.estimate is not None and top.estimate.comm_exposed_s == 0.0
+    assert top.estimate.bubble_s == 0.0
+    # every candidate got a verdict, and every rejection a reason
+    assert len(small.ranked) + len(small.rejected) > 1000
+    assert all(v.reason and v.kind for v in small.rejected)
+
+
+def test_step_time_parts_come_from_the_ledger_and_the_cost_model(small: PlanResult) -> None:
+    req = small.request
+    top = small.top
+    assert top is not None and top.estimate is not None
+    e, c = top.estimate, top.cand
+    # compute = FLOPs of the batch / GPUs / achieved FLOP/s
+    fpt, _ = flops_per_token(req.spec, req.seq)
+    assert e.compute_s == pytest.approx(fpt * 64 * 4096 / 8 / req.throughput.achieved)
+    # the overlappable comm is exactly the ledger's wire table timed by parlab.comm
+    topo = Topology(world_size=8, dp=8)
+    items = traffic(req.spec, topo, "ddp", micro_batch=c.micro_batch, seq_len=4096,
+                    microbatches=c.microbatches)  # fmt: skip
+    expect = sum(
+        collective_time("all_reduce", it.payload_bytes, 8, req.cluster.intra) * it.count_per_step
+        for it in items
+    )
+    assert e.comm_overlappable_s == pytest.approx(expect) and expect > 0
+    # the peak is the ledger's
+    led = predict(req.spec, strategy="ddp", topology=topo, micro_batch=c.micro_batch,
+                  seq_len=4096, microbatches=c.microbatches, sp=False)  # fmt: skip
+    assert top.peak_bytes == led.peak_bytes
+    assert top.headroom_bytes == pytest.approx(80e9 - led.peak_bytes)
+    assert e.step_s == pytest.approx(e.compute_s + e.comm_exposed_s + e.bubble_s)
+
+
+def test_pipeline_bubble_and_pareto_front(small: PlanResult) -> None:
+    piped = [v for v in small.ranked if v.cand.pp == 2 and v.cand.schedule == "1f1b"]
+    assert piped
+    v = piped[0]
+    assert v.estimate is not None
+    e = v.estimate
+    assert e.bubble_s == pytest.approx((e.compute_s + e.comm_blocking_s) * 1 / v.cand.microbatches)
+    inter = [w for w in small.ranked if w.cand.schedule == "interleaved" and w.cand.pp == 2]
+    assert inter and inter[0].cand.vpp == 2  # 24 layers over 2 stages: 12 = 2 x 6
+    # the front: nobody beats a member on both axes; every other admitted one is beaten
+    front = small.pareto
+    assert front[0] is small.top
+    for f in front:
+        assert not any(
+            w.tokens_per_s_per_gpu > f.tokens_per_s_per_gpu and w.peak_bytes < f.peak_bytes
+            for w in small.ranked
+        )  # type: ignore[operator]
+    ids = {id(f) for f in front}
+    for w in small.ranked[:200]:
+        if id(w) not in ids:
+            assert any(
+                f.tokens_per_s_per_gpu >= w.tokens_per_s_per_gpu and f.peak_bytes <= w.peak_bytes
+                for f in front
+            )  # type: ignore[operator]
+
+
+def test_tp16_on_8_gpu_nodes_is_rejected_with_the_reason() -> None:
+    res = plan(request("1.3b", "16xH100", micro_batches=(1,), recompute=("none",),
+                       strategies=("ddp",)))  # fmt: skip
+    tp16 = [v for v in res.rejected if v.cand.tp == 16]
+    assert tp16 and all(v.kind == "layout" for v in tp16)
+    assert "tp <= gpus per node fails (tp 16, 8 GPUs per node" in tp16[0].reason
+    assert not any(v.cand.tp == 16 for v in res.ranked)
+    # tp spanning nodes is fine for the inter-node estimate of dp
+    assert any(v.cand.tp == 8 and v.cand.dp == 2 for v in res.ranked)
+
+
+def test_memory_rejection_says_by_how_much() -> None:
+    res = plan(request("llama3.1-8b", "1xH100", gb=8, micro_batches=(1, 2)))
+    assert not res.ranked
+    kinds = res.rejected_by_kind()
+    assert set(kinds) == {"memory"}
+    ddp = [v for v in res.rejected if v.cand.strategy == "ddp"]
+    # the first of a (layout, strategy) is the ledger's exact peak, with the excess
+    first = ddp[0]
+    assert first.peak_bytes is not None
+    assert first.reason.startswith(f"over memory by {(first.peak_bytes - 80e9) / 1e9:.2f} GB")
+    # its states alone -- 8.03B params x (4 + 4 + 8 AdamW) bytes -- exceed 80 GB, so the rest
+    # of the group is rejected on that floor, "by at least"
+    rest = ddp[1:]
+    assert rest and all(v.reason.startswith("over memory by at least") for v in rest)
+    assert all(16 * 8.0e9 < (v.peak_bytes or 0) <= first.peak_bytes for v in rest)
+
+
+def test_measured_throughput_from_a_training_document() -> None:
+    doc = training_doc(role="baseline", strategy="fsdp", tps=40_000, step=1.0, mem=[1e9, 1e9])
+    th = measured_throughput(doc, 989.4e12)
+    assert not th.assumed and doc.run_id in th.source
+    fpt, _ = flops_per_token(get_spec("1.3b"), 4096)
+    assert th.mfu == pytest.approx(40_000 * fpt / 989.4e12)
+    cpu = training_doc(role="baseline", strategy="ddp", tps=900, step=1.0, mem=[1e9, 1e9],
+                       env={"hardware": {"gpus": []}}, level="cpu-mechanism")  # fmt: skip
+    with pytest.raises(ValueError, match="MFU is unknown"):
+        measured_throughput(cpu, 989.4e12)
+
+
+def test_inter_node_groups_use_the_slower_link() -> None:
+    req = request("1.3b", "16xH100")
+    cand = Candidate(dp=16, tp=1, pp=1, cp=1, ep=1, strategy="ddp", micro_batch=1,
+                     microbatches=4, recompute="none", schedule="-")  # fmt: skip
+    [it] = [
+        i for i in traffic(req.spec, Topology(world_size=16, dp=16), "ddp", seq_len=4096,
+                           microbatches=4)[:1]
+    ]  # fmt: skip
+    flat_intra = collective_time("all_reduce", it.payload_bytes, 16, req.cluster.intra)
+    c = req.cluster
+    two_level = hierarchical_time(
+        "all_reduce", it.payload_bytes, gpus_per_node=8, nodes=2, intra=c.intra, inter=c.inter
+    )
+    assert item_time(it, cand, c) == pytest.approx(two_level * it.count_per_step)
+    assert two_level > 1.5 * flat_intra
+
+
+def run_cli(args: list[str]) -> int:
+    from parlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    return int(info.value.code or 0)
+
+
+def test_cli_writes_an_analytic_decision_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["plan", "--model", "1.3b", "--gpus", "8xH100", "--global-batch", "64", "--seq",
+            "4096", "--micro-batches", "1,2", "--results", str(tmp_path)]  # fmt: skip
+    assert run_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "Top choice: ddp dp8 mb1x8 rc:none" in out and "assumed MFU 0.4" in out
+    [path] = (tmp_path / "PAR-TRAINING-STATE").glob("plan-*.json")
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, contract.schema())
+    assert data["evidence_level"] == "analytic" and data["role"] == "decision"
+    assert data["decision"]["chosen"] == "ddp dp8 mb1x8 rc:none"
+    assert data["layout"]["mesh"]["dp"] == 8 and data["layout"]["strategy"] == "ddp"
+    for rel in data["artifacts"].values():
+        assert (path.parent / rel).stat().st_size > 100
+    assert run_cli([*args, "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["chosen"] == "ddp dp8 mb1x8 rc:none" and js["ranked"][0]["admitted"]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--model", "gpt-9", "--gpus", "8xH100"], "unknown model 'gpt-9'"),
+        (["--model", "1.3b", "--gpus", "8xV100"], "unknown GPU 'V100'"),
+        (["--model", "1.3b", "--gpus", "12xH100", "--gpus-per-node", "8"], "whole nodes"),
+        (["--model", "1.3b", "--gpus", "eight"], "COUNTxGPU"),
+        (["--model", "1.3b", "--gpus", "8xH100", "--strategies", "ddp,magic"], "magic"),
+        (["--model", "1.3b", "--gpus", "8xH100", "--mfu", "3"], "--mfu 3"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(
+    args: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = ["plan", *args, "--global-batch", "64", "--seq", "4096", "--results", str(tmp_path)]
+    assert run_cli(full) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.rglob("*.json"))
