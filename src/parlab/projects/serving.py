@@ -382,7 +382,9 @@ def disagg_document(
     bw = (kv.metric("kv_transfer_bandwidth") or kv.metric("kv_transfer_algbw_peak") or 1.0) * 1e9
     base = kv.metric("kv_transfer_base") or 0.0
     per_tok = int(kv.metric("kv_bytes_per_token") or 0)
-    prof = sim.ReplicaProfile.from_json(profile, max_batch=p.max_batch, block=16, cache_blocks=4096)
+    prof = sim.ReplicaProfile.from_json(
+        profile, max_batch=p.max_batch, block=16, cache_blocks=p.cache_blocks
+    )
     # load: about 70% of what n colocated replicas sustain on this workload
     tok_time = prof.prefill_base_s + prof.prefill_per_token_s * (p.prefix_len + p.question_len)
     step = prof.decode_base_s + prof.decode_per_seq_s * p.max_batch
@@ -552,6 +554,8 @@ def run_project(
                         str(p.max_batch),
                         "--max-len",
                         str(p.max_len),
+                        "--cache-blocks",
+                        str(p.cache_blocks),
                     ],
                     threads=1,
                     duration_s=1800,
