@@ -85,7 +85,9 @@ def test_single_rank_state_bytes_are_exact(dtype: torch.dtype, policy: str) -> N
     assert ledger.value("params") == _storage_bytes(params)
     assert ledger.value("grads") == _storage_bytes([p.grad for p in params])
     assert ledger.value("optimizer") == _storage_bytes(states)
-    assert ledger.value("ddp_buckets") == ledger.value("grads")
+    assert ledger.value("ddp_buckets") == 0  # one rank: no DDP, no buckets
+    two = predict(spec, strategy="ddp", topology=Topology(world_size=2, dp=2), dtype=policy)
+    assert two.value("ddp_buckets") == two.value("grads") == ledger.value("grads")
 
 
 def _fsdp_state_rank(ctx: object, world: int) -> dict[str, int]:

@@ -47,6 +47,7 @@ def env_step(results: Path, console: Console) -> None:
 
 # One line per step, in T0-T6 order; each step's code lives in its own module.
 STEPS: list[DemoStep] = [
+    DemoStep(name="fit", task="T0", entry="parlab.cli.analytic:demo_step"),
     DemoStep(name="environment precheck", task="T1", entry="parlab.demo:env_step"),
     DemoStep(name="collectives sweep", task="T1", entry="parlab.comm.demo:demo_step"),
     DemoStep(name="training state", task="T2", entry="parlab.projects.training_state:demo_step"),

@@ -11,8 +11,9 @@ parallelism; PP with 1F1B over ``2 x pp`` micro-batches. A layout fits when
 its predicted peak plus the overhead item is at most the GPU's memory.
 
 Each candidate carries its ledger and its wire table (``parlab.ledger.traffic``);
-candidates are ranked by the bytes compute must wait for per step (blocking
-collectives), then by all bytes moved, then by peak memory. ``best_per_family``
+candidates are ranked by the bytes compute must wait for (blocking
+collectives) per micro-batch, then by all bytes moved, then by peak memory --
+a volume ranking; link speeds and overlap are the cost model's business. ``best_per_family``
 keeps the best candidate of each family (strategy x which of tp/pp/cp/ep are
 used), the short list ``parlab fit`` prints.
 """
@@ -52,6 +53,11 @@ class Candidate:
     def blocking_bytes(self) -> int:
         """Bytes per step of collectives compute waits for."""
         return sum(w.total_bytes for w in self.wire if w.blocking)
+
+    @property
+    def blocking_per_microbatch(self) -> float:
+        """Blocking bytes per micro-batch (layouts with PP run more micro-batches per step)."""
+        return self.blocking_bytes / self.ledger.knobs["microbatches"]
 
     @property
     def wire_bytes(self) -> int:
@@ -243,7 +249,7 @@ def fit(
                 )
             )
         if found:
-            found.sort(key=lambda c: (c.blocking_bytes, c.wire_bytes, c.ledger.peak_bytes))
+            found.sort(key=lambda c: (c.blocking_per_microbatch, c.wire_bytes, c.ledger.peak_bytes))
             chosen, chosen_world = found, world
             break
     return FitResult(

@@ -450,7 +450,7 @@ def predict(
         row["optimizer"] = n_states * o_el * pol.state_bytes
         row["master_params"] = o_el * pol.master_bytes
         row["ddp_buckets"] = (
-            sn.held * pol.grad_bytes if strategy == "ddp" and not bucket_view else 0
+            sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and not bucket_view else 0
         )
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
@@ -612,7 +612,7 @@ _FORMULA = {
     "grads": "gradient elements x grad bytes (zero1: full flat; zero2/3, fsdp: shards)",
     "optimizer": "optimizer states per element x state bytes, on what the optimizer steps",
     "master_params": "fp32 master copy of what the optimizer steps (bf16-master)",
-    "ddp_buckets": "DDP gradient buckets: one copy of every gradient (bucket_view=False)",
+    "ddp_buckets": "DDP gradient buckets (dp > 1): a copy of every gradient (bucket_view=False)",
     "activations": "micro-batches in flight x sum over stage layers of bytes/token x tokens",
     "recompute_buffer": "full recompute: one layer's activations during its backward",
     "logits": "tokens x vocab x compute bytes (last stage)",
