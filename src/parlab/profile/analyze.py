@@ -2,12 +2,14 @@
 
 Definitions (times per rank and per step; the step is ``ProfilerStep#N``):
 
-- GPU runs: a kernel belongs to the step whose CPU window holds its launch
+- GPU runs: compute is every kernel that is not NCCL and not a copy. A kernel belongs to the step whose CPU window holds its launch
   (matched by the ``correlation`` id of the launch and the kernel). The
   step's GPU window runs from its first kernel to the next step's first
   kernel (the last step: to its last kernel's end).
-  CPU runs (gloo): the step window is the ``ProfilerStep#N`` span; an event
-  belongs to the step its start lies in.
+  CPU runs (gloo): compute is the ``aten::`` ops (not the wrappers around
+  them, which may wait for a collective), communication is gloo's transfers;
+  the step window is the ``ProfilerStep#N`` span; an event belongs to the step
+  its start lies in.
 - compute time = length of the union of compute spans; communication time =
   length of the union of communication spans;
 - overlap fraction = |comm ∩ compute| ÷ |comm| (Holistic Trace Analysis's
@@ -347,7 +349,9 @@ def analyze_trace(
                 col.d_end.append(end)
                 col.d_coll.append(col.coll_id(cname))
                 col.d_bytes.append(-1 if nbytes is None else nbytes)
-            elif cat == "cpu_op" and not comm:
+            elif cat == "cpu_op" and not comm and name.startswith("aten::"):
+                # only ATen ops: wrappers (autograd nodes, custom Functions, DDP's reducer
+                # hooks) can hold a thread that waits for a collective
                 col.c_ts.append(ts)
                 col.c_end.append(end)
                 col.c_name.append(col.name_id(name))

@@ -12,7 +12,9 @@ from the kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``).
 On CPU (gloo) there are no kernels: the collectives are the ``gloo:*``
 events on gloo's worker threads (the transfer itself; their ``Input Dims``
 and ``Input type`` give the payload), else the ``c10d::*`` ops that enqueue
-them; compute is every other CPU op.
+them; compute is the ``aten::`` ops (the wrappers around them -- autograd
+nodes, custom autograd Functions, DDP's reducer hooks -- can hold a thread
+that is waiting for a collective, so they do not count).
 """
 
 from __future__ import annotations
