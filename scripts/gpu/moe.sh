@@ -28,18 +28,30 @@ else
 fi
 
 t0=$(date +%s)
+FAILED=0
+step() {  # step LOG COMMAND...: run, keep the log, go on after a failure
+  local log="$1"; shift
+  echo "+ $*"
+  if ! "$@" 2>&1 | tee "$OUT/$log"; then
+    echo "moe.sh: step failed: $*" | tee -a "$OUT/moe-failures.log"
+    FAILED=1
+  fi
+}
+
 # 1. the collective calibration: all_to_all busbw as `parlab collectives` measures it
-$PY -m parlab collectives --op all_to_all "${CAL[@]}" --nproc 2 --results "$RES" \
-  2>&1 | tee "$OUT/moe-collectives.log"
+step moe-collectives.log $PY -m parlab collectives --op all_to_all "${CAL[@]}" --nproc 2 \
+  --results "$RES"
 
 # 2. 16 experts, top-2, capacity 1.25 by position: uniform and Zipf 1.2 (hot experts on rank 0),
 #    the naive all-gather path beside, the overflow sweep, learned routing (none / aux / bias)
-$PY -m parlab project moe --ep 2 --experts 16 --topk 2 --capacity-factor 1.25 --drop position \
-  --skew zipf:1.2 "${SIZE[@]}" "${TRAIN[@]}" --results "$RES" 2>&1 | tee "$OUT/moe-e16.log"
+step moe-e16.log $PY -m parlab project moe --ep 2 --experts 16 --topk 2 --capacity-factor 1.25 \
+  --drop position --skew zipf:1.2 "${SIZE[@]}" "${TRAIN[@]}" --results "$RES"
 
 # 3. 64 experts, top-2, dropless: how skew alone moves the slowest rank and the exchange
-$PY -m parlab project moe --ep 2 --experts 64 --topk 2 --drop none --skew zipf:0.8,zipf:1.5 \
-  "${SIZE[@]}" --train-steps 0 --no-naive --results "$RES" 2>&1 | tee "$OUT/moe-e64.log"
+step moe-e64.log $PY -m parlab project moe --ep 2 --experts 64 --topk 2 --drop none \
+  --skew zipf:0.8,zipf:1.5 "${SIZE[@]}" --train-steps 0 --no-naive --results "$RES"
 
-$PY -m parlab results "$RES" --project PAR-MOE-EXPERT 2>&1 | tee "$OUT/moe-results.log"
+step moe-results.log $PY -m parlab results "$RES" --project PAR-MOE-EXPERT
+grep -h "^Target" "$RES"/PAR-MOE-EXPERT/*-report.md 2>/dev/null | tee "$OUT/moe-targets.log" || true
 echo "moe.sh done in $(( $(date +%s) - t0 )) s; reports: $RES/PAR-MOE-EXPERT/*-report.md"
+exit $FAILED

@@ -1063,7 +1063,10 @@ def _verdict(d: Any) -> str:
                       ("a2a_busbw_vs_calibration", "parlab collectives")):  # fmt: skip
         v = _m(d, key)[0]
         if v is not None:
-            parts.append(f"{v:.0f}% of {what} ({'met' if v >= 85 else 'not met'})")
+            verdict = "met" if v >= 85 else "not met"
+            if d.evidence_level == "cpu-mechanism":
+                verdict = "gloo CPU ranks: no speed claim"
+            parts.append(f"{v:.0f}% of {what} ({verdict})")
     name = d.workload["name"]
     return f"{name}: " + (", ".join(parts) if parts else "no reference (one rank)")
 
