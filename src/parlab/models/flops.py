@@ -73,3 +73,8 @@ def mfu_for(
 ) -> float | None:
     """MFU of training ``spec`` at ``tokens_per_s`` (all GPUs together) on ``gpus`` x ``gpu``."""
     return mfu(tokens_per_s, training_flops_per_token(spec, seq_len), gpus, peak_flops(gpu, dtype))
+
+
+def train_flops_per_token(spec: ModelSpec, *, seq: int) -> float:
+    """``training_flops_per_token`` with the sequence as ``seq`` (the planner's spelling)."""
+    return training_flops_per_token(spec, seq)
