@@ -6,83 +6,109 @@
 #   scripts/gpu/collectives.sh OUT_DIR
 #
 # Run from the repository root. With 2+ GPUs: every op 8 B - 8 GiB (x2), fp32, 5 warm-up +
-# 20 timed iterations per size (nccl-tests' defaults); about 1.5-2 min on 2xH200 in all.
-# Without GPUs: the same commands at tiny sizes on gloo CPU ranks (a dry run).
+# 20 timed iterations per size (nccl-tests' defaults); about 1.5-2 min on 2xH200 in all
+# (each parlab command pays ~10 s of torchrun + NCCL start-up). Without GPUs: the same
+# commands at tiny sizes on gloo CPU ranks (a dry run). A step that fails is reported and
+# the rest still run; the script exits non-zero at the end if any failed.
 # Documents (and the busbw plots beside them) go to OUT_DIR/results, logs to OUT_DIR.
-set -euo pipefail
+set -uo pipefail
 OUT=${1:?usage: scripts/gpu/collectives.sh OUT_DIR}
 mkdir -p "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 RES="$OUT/results"
-PARLAB=("$PY" -m parlab)
+FAILED=()
+
+# run NAME CMD...: run one step, log it to OUT/collectives-NAME.log, remember a failure
+run() {
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$OUT/collectives-$name.log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "== step $name failed (rc=$rc)"
+    FAILED+=("$name")
+  fi
+}
+newest() { ls -t "$RES"/PAR-COLLECTIVES/$1 2>/dev/null | head -1; }
 
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$NGPU" -ge 2 ]; then
   FULL=(-b 8 -e 8GiB -f 2 -w 5 -n 20)
   SMALL=(-b 8 -e 256KiB -f 2 -w 50 -n 500)
   BF16=(-b 1MiB -e 4GiB -f 4 -w 5 -n 20 -d bfloat16)
-  NP=2
 else
   echo "no 2 GPUs here: dry run at tiny sizes on gloo CPU ranks (no --graph)"
   FULL=(-b 8 -e 256KiB -f 8 -w 1 -n 3)
   SMALL=(-b 8 -e 4KiB -f 8 -w 1 -n 5)
   BF16=(-b 1KiB -e 64KiB -f 8 -w 1 -n 3 -d bfloat16)
-  NP=2
 fi
-newest() { ls -t "$RES"/PAR-COLLECTIVES/collectives-2*.json | head -1; }
+P=("$PY" -m parlab)
 
 t0=$(date +%s)
 # 1. what the machine is: versions, GPUs, NVLink matrix (the link peak), a checked all-reduce
-"${PARLAB[@]}" env --results "$RES" 2>&1 | tee "$OUT/collectives-env.log"
+run env "${P[@]}" env --results "$RES"
 
 # 2. every op, 8 B - 8 GiB, checked and timed (the busbw plot lands beside the document)
-"${PARLAB[@]}" collectives --op all "${FULL[@]}" --nproc "$NP" --results "$RES" \
-  2>&1 | tee "$OUT/collectives-full.log"
-FULL_DOC=$(newest)
-echo "full sweep: $FULL_DOC after $(( $(date +%s) - t0 )) s"
+run full "${P[@]}" collectives --op all "${FULL[@]}" --nproc 2 --results "$RES"
+FULL_DOC=$(newest 'collectives-2*.json')
+echo "== full sweep: ${FULL_DOC:-none} after $(( $(date +%s) - t0 )) s"
 
 # 3. small all_reduce: host launch included (as nccl-tests without -G), then CUDA-graph replays
-"${PARLAB[@]}" collectives --op all_reduce "${SMALL[@]}" --nproc "$NP" --results "$RES" \
-  2>&1 | tee "$OUT/collectives-small.log"
+run small "${P[@]}" collectives --op all_reduce "${SMALL[@]}" --nproc 2 --results "$RES"
 if [ "$NGPU" -ge 2 ]; then
-  "${PARLAB[@]}" collectives --op all_reduce "${SMALL[@]}" --graph --nproc "$NP" --results "$RES" \
-    2>&1 | tee "$OUT/collectives-small-graph.log"
+  run small-graph "${P[@]}" collectives --op all_reduce "${SMALL[@]}" --graph --nproc 2 \
+    --results "$RES"
 fi
 
 # 4. bf16, the training dtype, for the collectives training uses
-"${PARLAB[@]}" collectives --op all_reduce,all_gather,reduce_scatter "${BF16[@]}" --nproc "$NP" \
-  --results "$RES" 2>&1 | tee "$OUT/collectives-bf16.log"
+run bf16 "${P[@]}" collectives --op all_reduce,all_gather,reduce_scatter "${BF16[@]}" --nproc 2 \
+  --results "$RES"
 
 # 5. the alpha-beta fit of the full sweep: the calibration the planner loads
-"${PARLAB[@]}" collectives --fit "$FULL_DOC" --results "$RES" 2>&1 | tee "$OUT/collectives-fit.log"
-CAL=$(ls -t "$RES"/PAR-COLLECTIVES/collectives-calibration-*.json | head -1)
-
-# 6. the T1 tables from that calibration
-"${PARLAB[@]}" collectives --explain 1.3b --layout dp=2 --strategy fsdp --micro-batch 2 --seq 4096 \
-  --calibration "$CAL" --results "$RES" 2>&1 | tee "$OUT/collectives-t1-fsdp.log"
-"${PARLAB[@]}" collectives --explain 1.3b --layout tp=2 --micro-batch 2 --seq 4096 \
-  --calibration "$CAL" --results "$RES" 2>&1 | tee "$OUT/collectives-t1-tp.log"
-
-# 7. nccl-tests on the same machine, where it is installed (NVLS off, as above), then the comparison
-NT_LOGS=()
-for b in all_reduce_perf all_gather_perf reduce_scatter_perf alltoall_perf broadcast_perf \
-         reduce_perf sendrecv_perf; do
-  if [ "$NGPU" -ge 2 ] && command -v "$b" >/dev/null 2>&1; then
-    timeout 20 "$b" -b 64M -e 4G -f 2 -g "$NGPU" > "$OUT/nccl-tests-$b.log" 2>&1 || true
-    NT_LOGS+=("$OUT/nccl-tests-$b.log")
-  fi
-done
-if [ "$NGPU" -ge 2 ] && command -v all_reduce_perf >/dev/null 2>&1; then
-  timeout 20 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 \
-    > "$OUT/nccl-tests-all_reduce_perf-small.log" 2>&1 || true
-  timeout 20 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 -G 1 \
-    > "$OUT/nccl-tests-all_reduce_perf-small-graph.log" 2>&1 || true
-  NT_LOGS+=("$OUT/nccl-tests-all_reduce_perf-small.log" "$OUT/nccl-tests-all_reduce_perf-small-graph.log")
+if [ -n "$FULL_DOC" ]; then
+  run fit "${P[@]}" collectives --fit "$FULL_DOC" --results "$RES"
 fi
-$PY benchmarks/collectives_vs_nccl_tests.py "$RES" ${NT_LOGS[@]+--nccl-tests "${NT_LOGS[@]}"} \
-  2>&1 | tee "$OUT/collectives-vs-nccl-tests.log"
+CAL=$(newest 'collectives-calibration-*.json')
 
-"${PARLAB[@]}" results "$RES" --project PAR-COLLECTIVES 2>&1 | tee "$OUT/collectives-results.log"
-echo "collectives.sh done in $(( $(date +%s) - t0 )) s"
+# 6. the T1 tables from that calibration (the catalog link bandwidth, labelled, without one)
+CALOPT=()
+[ -n "$CAL" ] && CALOPT=(--calibration "$CAL")
+run t1-fsdp "${P[@]}" collectives --explain 1.3b --layout dp=2 --strategy fsdp --micro-batch 2 \
+  --seq 4096 "${CALOPT[@]}" --gpu H200 --results "$RES"
+run t1-tp "${P[@]}" collectives --explain 1.3b --layout tp=2 --micro-batch 2 --seq 4096 \
+  "${CALOPT[@]}" --gpu H200 --results "$RES"
+echo "== parlab evidence done after $(( $(date +%s) - t0 )) s"
+
+# 7. the comparison with nccl-tests: first against the external reference figures, then (where
+#    nccl-tests is installed here) against nccl-tests run on this machine with NVLS off
+run vs-reference "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES"
+NT_LOGS=()
+if [ "$NGPU" -ge 2 ]; then
+  for b in all_reduce_perf all_gather_perf reduce_scatter_perf alltoall_perf broadcast_perf \
+           reduce_perf sendrecv_perf; do
+    if command -v "$b" >/dev/null 2>&1; then
+      timeout 15 "$b" -b 64M -e 4G -f 2 -g "$NGPU" > "$OUT/nccl-tests-$b.log" 2>&1
+      NT_LOGS+=("$OUT/nccl-tests-$b.log")
+    fi
+  done
+  if command -v all_reduce_perf >/dev/null 2>&1; then
+    timeout 15 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 \
+      > "$OUT/nccl-tests-all_reduce_perf-small.log" 2>&1
+    timeout 15 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 -G 1 \
+      > "$OUT/nccl-tests-all_reduce_perf-small-graph.log" 2>&1
+    NT_LOGS+=("$OUT/nccl-tests-all_reduce_perf-small.log")
+    NT_LOGS+=("$OUT/nccl-tests-all_reduce_perf-small-graph.log")
+  fi
+fi
+if [ "${#NT_LOGS[@]}" -gt 0 ]; then
+  run vs-nccl-tests "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES" --nccl-tests "${NT_LOGS[@]}"
+else
+  echo "== nccl-tests is not installed here: compared with the external reference only"
+fi
+
+"${P[@]}" results "$RES" --project PAR-COLLECTIVES
+echo "== collectives.sh done in $(( $(date +%s) - t0 )) s; failed steps: ${FAILED[*]:-none}"
+[ "${#FAILED[@]}" -eq 0 ]
