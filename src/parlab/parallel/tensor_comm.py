@@ -30,11 +30,18 @@ Every call adds its payload to ``COMM_LOG`` when one is active
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# torch 2.13 renames the tensor collectives (``*_single``); the GPU machines' torch 2.11 has only
+# these names, so parlab keeps them and silences the rename notice.
+warnings.filterwarnings(
+    "ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).*", category=FutureWarning
+)
 
 COMM_LOG: list[dict[str, Any]] | None = None
 """When a list, every collective appends ``{op, bytes, axis}`` (bytes: the full buffer)."""

@@ -1,0 +1,766 @@
+"""PAR-MODEL-INTERNAL: TP/SP, PP and CP runs of the reference model, against one GPU.
+
+``run_project`` runs a comparison set: each parallel layout (candidate) and,
+for each, a one-rank run of the same global batch (baseline), so scaling
+efficiency is ``t_1 / (n * t_n)`` at the same global batch. One contract
+document per run (``real-training`` on NCCL, ``cpu-mechanism`` on gloo) and a
+Markdown report with the layout tables, the pipeline schedule grid and the
+per-axis communication.
+
+On every rank, one run (``mi_rank``): build the model from its preset (same
+seed everywhere), cut its pipeline stage, apply ``compose.parallelize`` (TP with
+SP and loss parallel, CP with the ring, DDP over CP ranks), AdamW; ``warmup``
+steps, one *metered* step (parlab's comm log records every TP/CP/PP transfer
+with its axis and payload; activation bytes are the step's peak above what
+was live before it), then ``steps`` timed steps (CUDA events, no meter). Each
+logged transfer is then replayed alone on its axis's group to time it
+(``comm_time.<axis>``: the time on the wire, not the exposed time).
+Predictions come from the ledger (``parlab.ledger``: parameter and activation
+bytes, the wire table per axis) and from the bubble formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.errors import UsageError
+from parlab.runtime.context import RankContext
+
+PROJECT = "PAR-MODEL-INTERNAL"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One run of the comparison set."""
+
+    name: str
+    """Label (``tp2-sp``, ``pp2-1f1b``, ``single-pp``, ...)."""
+    model: str
+    """Preset or catalog name (``parlab.models``)."""
+    nproc: int
+    """Ranks (GPUs)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    cp: int = 1
+    """Context-parallel degree."""
+    sp: bool = False
+    """Sequence parallel (with TP)."""
+    cp_variant: str = "ring"
+    """``ring`` or ``allgather``."""
+    schedule: str = "1f1b"
+    """Pipeline schedule (``gpipe``, ``1f1b``); also used for gradient accumulation at pp 1."""
+    micro_batch: int = 1
+    """Sequences per micro-batch."""
+    microbatches: int = 1
+    """Micro-batches per step (the global batch is ``micro_batch * microbatches``)."""
+    seq: int = 64
+    """Tokens per sequence."""
+    steps: int = 3
+    """Timed steps."""
+    warmup: int = 1
+    """Untimed steps before the metered step."""
+    dtype: str = "fp32"
+    """``bf16`` (parameters and compute) or ``fp32``."""
+    role: str = "candidate"
+    """``baseline`` (one rank) or ``candidate``."""
+    timeout_s: float = 600.0
+    """Process-group timeout."""
+
+    def __post_init__(self) -> None:
+        if self.tp * self.pp * self.cp != self.nproc:
+            raise UsageError(f"{self.name}: tp*pp*cp = {self.tp * self.pp * self.cp} != nproc")
+        if self.dtype not in ("bf16", "fp32"):
+            raise UsageError(f"dtype {self.dtype!r}: use bf16 or fp32")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.microbatches
+
+
+# ----- one run on every rank ----------------------------------------------------------------
+
+
+def _replay(entry: dict[str, Any], group: Any, device: torch.device, dtype: torch.dtype) -> float:
+    """Seconds one logged transfer takes alone on ``group`` (fresh buffers, 3 timed repeats)."""
+    from parlab.parallel.context_comm import ring_shift_start
+
+    n = dist.get_world_size(group)
+    elems = max(1, entry["bytes"] // torch.empty((), dtype=dtype).element_size())
+    op = entry["op"]
+
+    def once() -> None:
+        if op == "all_reduce":
+            dist.all_reduce(torch.zeros(elems, dtype=dtype, device=device), group=group)
+        elif op == "all_gather":
+            out = torch.empty(elems - elems % n, dtype=dtype, device=device)
+            dist.all_gather_into_tensor(out, out[: out.numel() // n].clone(), group=group)
+        elif op == "reduce_scatter":
+            x = torch.zeros(elems - elems % n, dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(x[: x.numel() // n].clone(), x, group=group)
+        else:  # send_recv: one ring shift of the payload (both directions at once)
+            ring_shift_start([torch.zeros(elems, dtype=dtype, device=device)], group).wait()
+
+    once()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        once()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / 3
+
+
+def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
+    """Rank function: build, parallelise, train and measure one ``RunConfig``."""
+    import torch.nn.functional as F
+
+    from parlab.data import SyntheticTokens
+    from parlab.models import get_spec
+    from parlab.models.reference import build_model
+    from parlab.parallel import tensor_comm
+    from parlab.parallel.compose import ParallelPlan, parallelize
+    from parlab.parallel.context import local_positions, shard_sequence
+    from parlab.parallel.pipeline import build_stage, run_schedule
+    from parlab.parallel.pipeline_schedules import build
+    from parlab.parallel.tensor import tp_cross_entropy
+    from parlab.runtime import meters
+    from parlab.topology import Topology
+
+    cfg = RunConfig(**raw)
+    dev = ctx.device
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    topo = Topology(world_size=ctx.world_size, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
+    c = topo.coords(ctx.rank)
+    mesh = topo.build_mesh(dev.type) if ctx.world_size > 1 else None
+    spec = get_spec(cfg.model)
+    memory = meters.MemoryMeter(dev)
+    with memory:
+        model = build_model(spec, device=dev, dtype=dtype, seed=0)
+        if cfg.pp > 1:
+            model = build_stage(model, c["pp"], cfg.pp, copy_model=False)
+        plan = ParallelPlan(
+            sequence_parallel=cfg.sp,
+            loss_parallel=cfg.tp > 1,
+            cp_variant=cfg.cp_variant,
+            data_parallel="ddp" if cfg.cp > 1 else "none",
+        )
+        if mesh is not None:
+            model = parallelize(model, mesh, plan)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=dev.type == "cuda")
+        param_bytes = meters.count_bytes(params)
+        tp_group = mesh["tp"].get_group() if cfg.tp > 1 else None
+        groups = {
+            a: mesh[a].get_group() for a in ("tp", "pp", "cp") if getattr(cfg, a) > 1 and mesh
+        }
+        data = SyntheticTokens(vocab_size=spec.vocab_size, seq=cfg.seq, seed=0)
+        sched = build(cfg.schedule, cfg.pp, cfg.microbatches)
+        local_seq = cfg.seq // cfg.cp
+        positions = local_positions(cfg.seq, cfg.cp, c["cp"], device=dev) if cfg.cp > 1 else None
+
+        def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            if tp_group is not None:
+                return tp_cross_entropy(logits, target, tp_group, loss_parallel=True)
+            return F.cross_entropy(logits.flatten(0, 1).float(), target.reshape(-1))
+
+        def step(i: int) -> tuple[float, dict[str, Any]]:
+            b = data.global_batch(i, cfg.global_batch)
+            x, y = b.inputs.to(dev), b.labels.to(dev)
+            if cfg.cp > 1:
+                x, y = shard_sequence(x, cfg.cp, c["cp"]), shard_sequence(y, cfg.cp, c["cp"])
+            extra: dict[str, Any] = {}
+            if cfg.pp > 1 or cfg.microbatches > 1:
+                st = run_schedule(
+                    sched,
+                    {c["pp"]: model},
+                    microbatches=list(x.chunk(cfg.microbatches)),
+                    targets=list(y.chunk(cfg.microbatches)),
+                    loss_fn=loss_fn,
+                    act_shape=(cfg.micro_batch, local_seq, spec.hidden),
+                    act_dtype=dtype,
+                    group=groups.get("pp"),
+                    device=dev,
+                )
+                loss = st.loss
+                extra = {"bubble": st.bubble, "busy_s": st.busy_s, "wall_s": st.wall_s}
+            else:
+                out = model(x, positions_S=positions) if positions is not None else model(x)
+                lt = loss_fn(out, y)
+                lt.backward()
+                loss = float(lt.detach())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss, extra
+
+        losses = []
+        for i in range(cfg.warmup):
+            losses.append(step(i)[0])
+        ctx.sync()
+        live_before = memory.live_bytes()
+        tracker = getattr(memory, "_tracker", None)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        elif tracker is not None and hasattr(tracker, "peak"):
+            tracker.peak = tracker.live
+        with tensor_comm.comm_log() as log:
+            loss, metered_extra = step(cfg.warmup)
+        losses.append(loss)
+        ctx.sync()
+        act_bytes = memory.peak_bytes() - live_before
+        timer = meters.StepTimer(dev)
+        extras = []
+        timer.mark()
+        for i in range(cfg.steps):
+            loss, extra = step(cfg.warmup + 1 + i)
+            losses.append(loss)
+            extras.append(extra)
+            timer.mark()
+        step_times = timer.step_times()
+    by_axis: dict[str, dict[str, float]] = {}
+    for e in log:
+        a = by_axis.setdefault(e["axis"], {"bytes": 0, "count": 0, "time_s": 0.0})
+        a["bytes"] += e["bytes"]
+        a["count"] += 1
+    ops: dict[str, dict[str, int]] = {}
+    for e in log:
+        k = f"{e['axis']}.{e['op']}"
+        o = ops.setdefault(k, {"bytes": 0, "count": 0})
+        o["bytes"] += e["bytes"]
+        o["count"] += 1
+    for e in log:  # every rank logged the same sequence per axis: replay in lockstep
+        if e["axis"] in groups:
+            by_axis[e["axis"]]["time_s"] += _replay(e, groups[e["axis"]], dev, dtype)
+    bubbles = [x["bubble"] for x in extras if "bubble" in x]
+    return {
+        "step_times": step_times,
+        "losses": losses,
+        "peak_memory": memory.peak_bytes(),
+        "memory_source": memory.source,
+        "param_bytes": param_bytes,
+        "activation_bytes": act_bytes,
+        "comm": by_axis,
+        "comm_ops": ops,
+        "bubble": meters.median(bubbles) if bubbles else None,
+        "metered_bubble": metered_extra.get("bubble"),
+        "device": meters.device_name(dev),
+        "tokens_per_step": cfg.global_batch * cfg.seq,
+    }
+
+
+def mi_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank function: several runs in one launch (CPU sets: saves start-ups)."""
+    out: list[dict[str, Any] | None] = []
+    for r in runs:
+        if r["nproc"] == 1 and ctx.world_size > 1:  # a one-rank baseline: rank 0 alone
+            one = dataclasses.replace(ctx, world_size=1, local_world_size=1)
+            out.append(mi_rank(one, **r) if ctx.rank == 0 else None)
+        else:
+            out.append(mi_rank(ctx, **r))
+        dist.barrier()
+    return out
+
+
+# ----- documents ----------------------------------------------------------------------------
+
+
+def _topology(cfg: RunConfig) -> Any:
+    from parlab.topology import Topology
+
+    return Topology(world_size=cfg.nproc, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
+
+
+def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
+    """Ledger (bytes, wire table per axis) and bubble-formula predictions for ``cfg``."""
+    from parlab.ledger.predict import predict
+    from parlab.ledger.traffic import traffic
+    from parlab.models import get_spec
+    from parlab.parallel.pipeline_schedules import formula
+
+    spec = get_spec(cfg.model)
+    topo = _topology(cfg)
+    out: dict[str, Prediction] = {}
+    notes: list[str] = []
+    dt = "bf16" if cfg.dtype == "bf16" else "fp32"
+    kw = {
+        "topology": topo,
+        "micro_batch": cfg.micro_batch,
+        "seq_len": cfg.seq,
+        "microbatches": cfg.microbatches,
+        "sp": cfg.sp,
+        "loss_parallel": cfg.tp > 1,
+    }
+    try:
+        led = predict(spec, strategy="ddp", dtype=dt, pp_schedule=cfg.schedule, **kw)
+        per = led.per_rank("params")
+        out["param_bytes"] = Prediction(value=float(max(per)), unit="B", model="ledger")
+        act = led.per_rank("activations")
+        out["activation_bytes"] = Prediction(value=float(max(act)), unit="B", model="ledger")
+        out["peak_memory"] = Prediction(value=float(led.peak_bytes), unit="B", model="ledger")
+    except (ValueError, KeyError, TypeError) as exc:
+        notes.append(f"ledger prediction unavailable: {exc}")
+    try:
+        wire = traffic(spec, strategy="ddp", dtype=dt, **kw)
+        for axis in ("tp", "pp", "cp"):
+            total = sum(w.total_bytes for w in wire if w.axis == axis)
+            if total:
+                out[f"comm_bytes_per_step.{axis}"] = Prediction(
+                    value=float(total), unit="B", model="ledger wire table"
+                )
+    except (ValueError, KeyError, TypeError) as exc:
+        notes.append(f"wire table unavailable: {exc}")
+    if cfg.pp > 1:
+        f = formula(cfg.schedule, cfg.pp, cfg.microbatches)
+        out["pp_bubble"] = Prediction(
+            value=f["of_step"], unit="fraction", model="(p-1)/(m+p-1) (idle / step time)"
+        )
+    return out, notes
+
+
+def flops_per_token(cfg: RunConfig) -> float | None:
+    try:
+        from parlab.models import get_spec
+        from parlab.models.flops import training_flops_per_token
+
+        return training_flops_per_token(get_spec(cfg.model), cfg.seq)
+    except (ImportError, ValueError):
+        return None
+
+
+def document(
+    cfg: RunConfig,
+    results: list[dict[str, Any]] | None,
+    failure: Failure | None,
+    *,
+    command: str,
+    backend: str,
+    environment: dict[str, Any],
+    artifacts: dict[str, str] | None = None,
+) -> Document:
+    """The contract document of one run (``results``: every rank's ``mi_rank`` return)."""
+    from parlab.runtime import meters
+
+    preds, notes = predictions(cfg)
+    metrics: dict[str, Metric] = {}
+    if results:
+        r0 = results[0]
+        # a step ends when its slowest rank ends
+        times = [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+        t = meters.median(times)
+        tps = r0["tokens_per_step"] / t / cfg.nproc if t > 0 else None
+        metrics["step_time"] = Metric(value=t, unit="s")
+        metrics["tokens_per_s_per_gpu"] = Metric(value=tps, unit="tokens/s")
+        fpt = flops_per_token(cfg)
+        dt = "bf16" if cfg.dtype == "bf16" else "fp32"
+        m = meters.mfu(tps, fpt, r0["device"], dt) if tps else None
+        metrics["mfu"] = Metric(value=m, unit="fraction")
+        if m is None:
+            notes.append(f"mfu unknown: device {r0['device']!r} has no catalog peak for {dt}")
+
+        def per(key: str) -> list[float]:
+            return [float(r[key]) for r in results]
+
+        for key in ("peak_memory", "param_bytes", "activation_bytes"):
+            metrics[key] = Metric(value=max(per(key)), unit="B", per_rank=per(key))
+        axes = sorted({a for r in results for a in r["comm"]})
+        for a in axes:
+            b = [float(r["comm"].get(a, {}).get("bytes", 0)) for r in results]
+            n = [float(r["comm"].get(a, {}).get("count", 0)) for r in results]
+            s = [float(r["comm"].get(a, {}).get("time_s", 0.0)) for r in results]
+            metrics[f"comm_bytes_per_step.{a}"] = Metric(value=max(b), unit="B", per_rank=b)
+            metrics[f"comm_count_per_step.{a}"] = Metric(value=max(n), unit="count", per_rank=n)
+            metrics[f"comm_time.{a}"] = Metric(value=max(s), unit="s", per_rank=s)
+        for k in sorted({k for r in results for k in r["comm_ops"]}):
+            b = [float(r["comm_ops"].get(k, {}).get("bytes", 0)) for r in results]
+            metrics[f"comm_op_bytes.{k}"] = Metric(value=max(b), unit="B", per_rank=b)
+        if cfg.pp > 1:
+            bub = [r["bubble"] for r in results]
+            metrics["pp_bubble"] = Metric(value=sum(bub) / len(bub), unit="fraction", per_rank=bub)
+        losses = results[-1]["losses"]  # the last rank holds the last pipeline stage
+        metrics["loss_first"] = Metric(value=losses[0], unit="nats")
+        metrics["loss_last"] = Metric(value=losses[-1], unit="nats")
+        notes.append(
+            f"peak memory: {r0['memory_source']}; activation_bytes: the metered step's peak "
+            "above what was live before it; comm_time.<axis>: that step's transfers replayed "
+            "alone on the axis's group (time on the wire, not the exposed time)"
+        )
+        if backend == "gloo":
+            notes.append("gloo CPU ranks: proves the mechanism and its bytes, not GPU speed")
+    return Document(
+        run_id=new_run_id(f"mi-{cfg.name}"),
+        created=now_iso(),
+        project=PROJECT,
+        task="T3",
+        role=cfg.role if failure is None else "failure",
+        evidence_level="real-training" if backend == "nccl" else "cpu-mechanism",
+        command=command,
+        environment=environment,
+        workload={
+            "model": cfg.model,
+            "micro_batch": cfg.micro_batch,
+            "microbatches": cfg.microbatches,
+            "global_batch": cfg.global_batch,
+            "seq": cfg.seq,
+            "steps": cfg.steps,
+            "warmup": cfg.warmup,
+            "dtype": cfg.dtype,
+            "dataset": "synthetic tokens (seed 0)",
+            **({"losses": results[-1]["losses"]} if results else {}),
+        },
+        layout={
+            "world_size": cfg.nproc,
+            "mesh": {"pp": cfg.pp, "dp": 1, "cp": cfg.cp, "tp": cfg.tp},
+            "strategy": cfg.name,
+            "sequence_parallel": cfg.sp,
+            "loss_parallel": cfg.tp > 1,
+            "cp_variant": cfg.cp_variant if cfg.cp > 1 else None,
+            "pp_schedule": cfg.schedule if cfg.pp > 1 else None,
+            "backend": backend,
+        },
+        metrics=metrics,
+        predictions=preds,
+        status="ok" if failure is None else "failed",
+        failure=failure,
+        notes=notes,
+        artifacts=artifacts or {},
+    )
+
+
+# ----- the comparison set ---------------------------------------------------------------------
+
+
+def comparison_set(
+    preset: str, *, seq: int | None = None, steps: int | None = None
+) -> list[tuple[RunConfig, RunConfig]]:
+    """(baseline on one rank, candidate) pairs: TP2+SP, PP2 GPipe and 1F1B, CP2 ring."""
+    if preset == "gpu":
+        base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 5, "warmup": 2}
+        tp_kw = {"micro_batch": 2, "seq": seq or 4096}
+        pp_kw = {"micro_batch": 1, "microbatches": 8, "seq": seq or 4096}
+        cp_kw = {"micro_batch": 1, "seq": 32768 if seq is None else seq * 8}
+    elif preset == "cpu":
+        base = {"model": "tiny", "dtype": "fp32", "steps": steps or 2, "warmup": 1}
+        tp_kw = {"micro_batch": 2, "seq": seq or 64}
+        pp_kw = {"micro_batch": 1, "microbatches": 4, "seq": seq or 64}
+        cp_kw = {"micro_batch": 1, "seq": 2 * (seq or 64)}
+    else:
+        raise UsageError(f"preset {preset!r}: use cpu or gpu")
+
+    def pair(name: str, kw: dict[str, Any], **cand: Any) -> tuple[RunConfig, RunConfig]:
+        single = RunConfig(name=f"single-{name}", nproc=1, role="baseline", **base, **kw)
+        sched = cand.pop("schedule", "1f1b")
+        return dataclasses.replace(single, schedule=sched), RunConfig(
+            name=name, role="candidate", schedule=sched, **base, **kw, **cand
+        )
+
+    return [
+        pair("tp2-sp", tp_kw, nproc=2, tp=2, sp=True),
+        pair("tp2", tp_kw, nproc=2, tp=2),
+        pair("pp2-gpipe", pp_kw, nproc=2, pp=2, schedule="gpipe"),
+        pair("pp2-1f1b", pp_kw, nproc=2, pp=2, schedule="1f1b"),
+        pair("cp2-ring", cp_kw, nproc=2, cp=2),
+    ]
+
+
+NAMES = ("tp2-sp", "tp2", "pp2-gpipe", "pp2-1f1b", "cp2-ring")
+
+
+def _launch(
+    configs: list[RunConfig], *, gpu: bool, timeout_s: float
+) -> tuple[list[list[dict[str, Any]] | None], list[Failure | None], str]:
+    """Run configs; on CPU all in one launch (one-rank baselines on rank 0 alone), on GPUs one
+    launch each (fresh device memory per run). Per-config results (or ``None``) and failure."""
+    from parlab.runtime.launch import LaunchConfig, launch
+
+    backend = "nccl" if gpu else "gloo"
+    width = max(c.nproc for c in configs)
+    if not gpu:
+        lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s)
+        res = launch(
+            "parlab.projects.model_internal:mi_many", {"runs": [c.to_json() for c in configs]}, lc
+        )
+        if res.ok:
+            outs = [[r[i] for r in res.results][: c.nproc] for i, c in enumerate(configs)]
+            return list(outs), [None] * len(configs), backend
+    outs2: list[list[dict[str, Any]] | None] = []
+    fails: list[Failure | None] = []
+    for c in configs:
+        lc = LaunchConfig(nproc=c.nproc, backend=backend, timeout_s=timeout_s)
+        res = launch("parlab.projects.model_internal:mi_rank", c.to_json(), lc)
+        outs2.append(res.results if res.ok else None)
+        fails.append(None if res.ok else res.failure)
+    return outs2, fails, backend
+
+
+def run_project(
+    results: Path,
+    *,
+    console: Any = None,
+    preset: str = "cpu",
+    nproc: int = 2,
+    only: list[str] | None = None,
+    seq: int | None = None,
+    steps: int | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Path]:
+    """``parlab project model-internal``: run the set, write documents, render the report."""
+    from parlab.contract import write_result
+    from parlab.hardware.env import snapshot
+
+    if nproc != 2:
+        raise UsageError(f"--nproc {nproc}: the comparison set is the 2-rank set (TP2, PP2, CP2)")
+    if only:
+        bad = [o for o in only if o not in NAMES]
+        if bad:
+            raise UsageError(f"unknown run {bad[0]!r}: use one of {', '.join(NAMES)}")
+    gpu = preset == "gpu"
+    if gpu and not (torch.cuda.is_available() and torch.cuda.device_count() >= 2):
+        raise UsageError("--preset gpu needs 2 CUDA GPUs: use --preset cpu here")
+    pairs = [
+        p for p in comparison_set(preset, seq=seq, steps=steps) if not only or p[1].name in only
+    ]
+    singles: dict[str, RunConfig] = {}
+    for b, _ in pairs:  # baselines shared by runs of the same workload
+        key = str({k: v for k, v in b.to_json().items() if k not in ("name", "schedule")})
+        singles.setdefault(key, b)
+    env = snapshot(probe_links=gpu)
+    docs: dict[str, Document] = {}
+    out_dir = results / PROJECT
+    out_dir.mkdir(parents=True, exist_ok=True)
+    group = [*singles.values(), *(c for _, c in pairs)]
+    outs, fails, backend = _launch(group, gpu=gpu, timeout_s=timeout_s)
+    if True:
+        for cfg, res, fail in zip(group, outs, fails, strict=True):
+            arts = {}
+            if cfg.pp > 1:
+                from parlab.parallel.pipeline_schedules import build, format_grid
+
+                grid = out_dir / f"schedule-{cfg.name}.txt"
+                grid.write_text(format_grid(build(cfg.schedule, cfg.pp, cfg.microbatches)) + "\n")
+                arts["schedule_grid"] = grid.name
+            cmd = (
+                f"parlab project model-internal --preset {preset}"
+                + (f" --seq {seq}" if seq else "")
+                + f" --only {cfg.name}"
+            )
+            docs[cfg.name] = document(
+                cfg, res, fail, command=cmd, backend=backend, environment=env, artifacts=arts
+            )
+    # scaling efficiency against the one-rank run of the same global batch
+    for b, cand in pairs:
+        key = str({k: v for k, v in b.to_json().items() if k not in ("name", "schedule")})
+        base = docs[singles[key].name]
+        d = docs[cand.name]
+        t1, tn = base.metric("step_time"), d.metric("step_time")
+        if t1 and tn:
+            d.metrics["scaling_efficiency"] = Metric(value=t1 / (cand.nproc * tn), unit="fraction")
+            d.metrics["speedup_vs_single"] = Metric(value=t1 / tn, unit="x")
+        m1, mn = base.metric("peak_memory"), d.metric("peak_memory")
+        if m1 and mn:
+            d.metrics["memory_saved_vs_single"] = Metric(value=m1 - mn, unit="B")
+        d.notes.append(f"baseline: {base.run_id} ({base.layout['strategy']}, 1 rank)")
+    for d in docs.values():
+        path = write_result(d, results)
+        if console is not None:
+            st = "ok" if d.failure is None else f"failed ({d.failure.kind}: {d.failure.message})"
+            console.print(f"{d.layout['strategy']}: {st} -> {path}")
+    return render_report(list(docs.values()), out_dir, pairs=pairs)
+
+
+# ----- the report -------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    from parlab.units import format_bytes, format_seconds
+
+    if v is None:
+        return "unknown"
+    if unit == "B":
+        return format_bytes(v)
+    if unit == "s":
+        return format_seconds(v)
+    if unit == "fraction":
+        return f"{100 * v:.1f}%"
+    if unit == "tokens/s":
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def _cell(d: Document, name: str) -> str:
+    m = d.metrics.get(name)
+    return _fmt(m.value, m.unit) if m else "-"
+
+
+def _pred(d: Document, name: str) -> str:
+    p = d.predictions.get(name)
+    return _fmt(p.value, p.unit) if p else "-"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return [*out, ""]
+
+
+def render_report(
+    docs: list[Document], out_dir: Path, *, pairs: list[tuple[RunConfig, RunConfig]]
+) -> dict[str, Path]:
+    """``model-internal.md`` beside the documents: results, per-axis comm, layouts, schedules."""
+    from parlab.layout import describe, shape_of
+    from parlab.models import get_spec
+    from parlab.parallel.pipeline_schedules import build, format_grid, formula
+
+    by = {d.layout["strategy"]: d for d in docs}
+    levels = sorted({d.evidence_level for d in docs})
+    env = docs[0].environment if docs else {}
+    gpus = (env.get("hardware") or {}).get("gpus") or []
+    lines = [
+        "# PAR-MODEL-INTERNAL: tensor, sequence, pipeline and context parallelism",
+        "",
+        f"Evidence: {', '.join(levels)}. Devices: "
+        + (f"{len(gpus)} x {gpus[0]['name']}" if gpus else "CPU (gloo ranks)")
+        + f"; torch {(env.get('software') or {}).get('torch', '?')}.",
+        "Every run trains the reference model on the same seeded synthetic global batch; "
+        "each candidate is compared with one rank running the same global batch "
+        "(scaling efficiency = t1 / (n x tn)). Predictions are the ledger's and the "
+        "bubble formula's, made before the run.",
+        "",
+        "## Runs",
+        "",
+    ]
+    rows = []
+    for d in docs:
+        lay = d.layout
+        mesh = " x ".join(f"{a}{lay['mesh'][a]}" for a in ("pp", "cp", "tp") if lay["mesh"][a] > 1)
+        status = "ok" if d.failure is None else f"failed ({d.failure.kind})"
+        rows.append(
+            [
+                lay["strategy"],
+                d.role,
+                mesh or "1 rank",
+                f"{d.workload['global_batch']}x{d.workload['seq']}",
+                status,
+                _cell(d, "step_time"),
+                _cell(d, "tokens_per_s_per_gpu"),
+                _cell(d, "mfu"),
+                _cell(d, "scaling_efficiency"),
+                _cell(d, "peak_memory"),
+                f"{_cell(d, 'param_bytes')} / {_pred(d, 'param_bytes')}",
+                f"{_cell(d, 'activation_bytes')} / {_pred(d, 'activation_bytes')}",
+            ]
+        )
+    lines += _table(
+        [
+            "run", "role", "mesh", "batch x seq", "status", "step time", "tokens/s/GPU",
+            "MFU", "scaling eff.", "peak mem", "params (measured / ledger)",
+            "activations (measured / ledger)",
+        ],
+        rows,
+    )  # fmt: skip
+    lines += ["## Communication per axis (metered step, per rank, max over ranks)", ""]
+    rows = []
+    for d in docs:
+        for axis in ("tp", "cp", "pp"):
+            if f"comm_bytes_per_step.{axis}" not in d.metrics:
+                continue
+            ops = ", ".join(
+                f"{k.split('.', 1)[1]} {_fmt(m.value, 'B')}"
+                for k, m in d.metrics.items()
+                if k.startswith(f"comm_op_bytes.{axis}.")
+            )
+            rows.append(
+                [
+                    d.layout["strategy"],
+                    axis,
+                    _cell(d, f"comm_count_per_step.{axis}"),
+                    _cell(d, f"comm_bytes_per_step.{axis}"),
+                    _pred(d, f"comm_bytes_per_step.{axis}"),
+                    _cell(d, f"comm_time.{axis}"),
+                    ops,
+                ]
+            )
+    lines += _table(
+        ["run", "axis", "calls", "bytes", "ledger bytes", "time (replayed alone)", "by op"], rows
+    )
+    pp_docs = [d for d in docs if d.layout["mesh"]["pp"] > 1]
+    if pp_docs:
+        lines += ["## Pipeline bubble", ""]
+        rows = []
+        for d in pp_docs:
+            p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
+            f = formula(d.layout["pp_schedule"], p, m)
+            rows.append(
+                [
+                    d.layout["strategy"],
+                    f"p={p}, m={m}",
+                    _cell(d, "pp_bubble"),
+                    f"{100 * f['of_step']:.1f}%",
+                ]
+            )
+        lines += _table(["run", "p, m", "measured (1 - busy/step)", "(p-1)/(m+p-1)"], rows)
+        for d in pp_docs:
+            p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
+            sched = d.layout["pp_schedule"]
+            lines += [f"### {sched} schedule, p={p}, m={m} (step x rank)", "", "```"]
+            lines += [format_grid(build(sched, p, m)), "```", ""]
+    lines += ["## Layouts", ""]
+    for _, cand in pairs:
+        if cand.name not in by:
+            continue
+        shape = shape_of(get_spec(cand.model))
+        lay = describe(
+            world=cand.nproc,
+            degrees={"tp": cand.tp, "pp": cand.pp, "cp": cand.cp},
+            shape=shape,
+            seq=cand.seq,
+            sequence_parallel=cand.sp,
+        )
+        lines += [f"### {cand.name}", ""]
+        rows = []
+        for h in lay["holdings"]:
+            rows.append(
+                [
+                    str(h["rank"]),
+                    " ".join(f"{a}{h['coords'][a]}" for a in ("pp", "cp", "tp")),
+                    ",".join(f"{a}-{b}" for a, b in h["layers"]),
+                    "{}-{}".format(*h["heads"]),
+                    "{}-{}".format(*h["kv_heads"]),
+                    "{}-{}".format(*h["ffn_columns"]),
+                    "{}-{}".format(*h["vocab_rows"]),
+                    ",".join(map(str, h.get("seq_chunks", []))) or "all",
+                ]
+            )
+        lines += _table(
+            ["rank", "coords", "layers", "heads", "KV heads", "FFN cols", "vocab rows", "chunks"],
+            rows,
+        )
+        bad = [r for r in lay["constraints"] if not r["ok"]]
+        lines += [f"constraints: {len(lay['constraints'])} rows, {len(bad)} failing", ""]
+    lines += ["## Notes", ""]
+    for d in docs:
+        for n in d.notes:
+            lines.append(f"- {d.layout['strategy']}: {n}")
+    path = out_dir / "model-internal.md"
+    path.write_text("\n".join(lines) + "\n")
+    return {"report": path}
+
+
+def demo_step(results: Path, console: Any) -> None:
+    """``parlab demo``: TP2+SP, PP2 GPipe/1F1B and CP2 on the tiny model, 2 gloo ranks."""
+    paths = run_project(
+        results, console=console, preset="cpu", only=["tp2-sp", "pp2-1f1b", "cp2-ring"]
+    )
+    console.print(f"report: {paths['report']}")
