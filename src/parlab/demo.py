@@ -51,9 +51,12 @@ STEPS: list[DemoStep] = [
     DemoStep(name="environment precheck", task="T1", entry="parlab.demo:env_step"),
     DemoStep(name="collectives sweep", task="T1", entry="parlab.comm.demo:demo_step"),
     DemoStep(name="training state", task="T2", entry="parlab.projects.training_state:demo_step"),
+    DemoStep(name="model internals", task="T3", entry="parlab.projects.model_internal:demo_step"),
     DemoStep(name="moe expert parallel", task="T4", entry="parlab.projects.moe:demo_step"),
     DemoStep(name="serving", task="T4", entry="parlab.projects.serving:demo_step"),
     DemoStep(name="profile ddp buckets", task="T5", entry="parlab.cli.profile:demo_step"),
+    DemoStep(name="plan and decide", task="T6", entry="parlab.plan.demo:plan_decide_step"),
+    DemoStep(name="report", task="T6", entry="parlab.plan.demo:report_step"),
 ]
 
 
