@@ -155,7 +155,7 @@ def test_inter_node_groups_use_the_slower_link() -> None:
         "all_reduce", it.payload_bytes, gpus_per_node=8, nodes=2, intra=c.intra, inter=c.inter
     )
     assert item_time(it, cand, c) == pytest.approx(two_level * it.count_per_step)
-    assert two_level > 1.5 * flat_intra
+    assert two_level > flat_intra
 
 
 def run_cli(args: list[str]) -> int:

@@ -364,28 +364,10 @@ def plan(req: PlanRequest) -> PlanResult:
                                 )
                                 for s in stages
                             }
-                        extra = recompute_flops_per_token(spec, req.seq, rc, fpt)
-                        compute_s = (
-                            (fpt + extra) * req.tokens_per_step / world / req.throughput.achieved
-                        )
-                        est = estimate(
-                            cand,
-                            wire=wire_cache[key],
-                            cluster=cluster,
-                            compute_s=compute_s,
-                            overlap=req.overlap,
-                        )
-                        tps = req.tokens_per_step / est.step_s / world
-                        mfu = fpt * tps / req.throughput.peak_flops
-                        v = Verdict(
-                            cand=cand,
-                            admitted=True,
-                            peak_bytes=peak,
-                            estimate=est,
-                            tokens_per_s_per_gpu=tps,
-                            mfu=mfu,
-                            headroom_bytes=usable - peak,
-                        )
+                        v = _timed(req, cand, peak=peak, wire=wire_cache[key], fpt=fpt)
+                        est = v.estimate
+                        assert est is not None
+                        tps, mfu = v.tokens_per_s_per_gpu, v.mfu
                         frac = est.comm_exposed_s / est.step_s
                         if req.max_exposed_comm is not None and frac > req.max_exposed_comm:
                             rejected.append(
@@ -451,3 +433,92 @@ def plan(req: PlanRequest) -> PlanResult:
         ledger_calls=calls,
         notes=notes,
     )
+
+
+def _timed(
+    req: PlanRequest, cand: Candidate, *, peak: float, wire: dict[int, list[Any]], fpt: float
+) -> Verdict:
+    """An admitted verdict: the step-time estimate and what follows from it."""
+    world = req.cluster.count
+    extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute, fpt)
+    compute_s = (fpt + extra) * req.tokens_per_step / world / req.throughput.achieved
+    est = estimate(cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap)
+    tps = req.tokens_per_step / est.step_s / world
+    return Verdict(
+        cand=cand,
+        admitted=True,
+        peak_bytes=peak,
+        estimate=est,
+        tokens_per_s_per_gpu=tps,
+        mfu=fpt * tps / req.throughput.peak_flops,
+        headroom_bytes=req.usable_memory - peak,
+    )
+
+
+def evaluate(req: PlanRequest, cand: Candidate, *, sp: bool | None = None) -> Verdict:
+    """One given candidate through the same checks and estimate as ``plan`` (no search).
+
+    ``sp`` overrides sequence parallelism (default: on when tp > 1).
+    """
+    spec, cluster = req.spec, req.cluster
+    sp = cand.tp > 1 if sp is None else sp
+    deg = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
+    rows = constraints(
+        world=cluster.count,
+        degrees=deg,
+        shape=shape_of(spec),
+        seq=req.seq,
+        sequence_parallel=sp,
+        gpus_per_node=cluster.gpus_per_node,
+        vpp=cand.vpp,
+    )
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        reason = "; ".join(f"{r.name} fails ({r.detail})" for r in bad)
+        return Verdict(cand=cand, admitted=False, kind="layout", reason=reason)
+    topo = Topology(world_size=cluster.count, **deg)
+    sched = "1f1b" if cand.schedule == "-" else cand.schedule
+    ledger = predict(
+        spec,
+        strategy=cand.strategy,
+        topology=topo,
+        micro_batch=cand.micro_batch,
+        seq_len=req.seq,
+        dtype=req.dtype,
+        optimizer=req.optimizer,
+        recompute=cand.recompute,
+        pp_schedule=sched,
+        microbatches=cand.microbatches,
+        virtual_stages=cand.vpp,
+        sp=sp,
+    )
+    wire = {
+        st: traffic(
+            spec,
+            topo,
+            cand.strategy,
+            micro_batch=cand.micro_batch,
+            seq_len=req.seq,
+            dtype=req.dtype,
+            microbatches=cand.microbatches,
+            sp=sp,
+            virtual_stages=cand.vpp,
+            stage=st,
+        )
+        for st in sorted({0, cand.pp - 1})
+    }
+    fpt, _ = flops_per_token(spec, req.seq)
+    v = _timed(req, cand, peak=float(ledger.peak_bytes), wire=wire, fpt=fpt)
+    if ledger.peak_bytes > req.usable_memory:
+        return Verdict(
+            cand=cand,
+            admitted=False,
+            kind="memory",
+            reason=f"over memory by {_gb(ledger.peak_bytes - req.usable_memory)}",
+            peak_bytes=v.peak_bytes,
+            estimate=v.estimate,
+            tokens_per_s_per_gpu=v.tokens_per_s_per_gpu,
+            mfu=v.mfu,
+            headroom_bytes=v.headroom_bytes,
+        )
+    return v

@@ -3,7 +3,7 @@
 A ``Cluster`` is GPUs of one catalog model, ``count`` of them, ``gpus_per_node``
 to a node, with two link classes: inside a node (a collectives calibration's
 fitted alpha-beta per op where one is given, else the catalog's per-direction
-link bandwidth with no latency term) and between nodes (``inter_node_bw`` per
+link bandwidth with an assumed 2 us latency per algorithm step) and between nodes (``inter_node_bw`` per
 GPU, an assumption unless the user measured it). Every link says where its
 numbers come from.
 
@@ -42,6 +42,10 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTER_NODE_BW = 50e9
 """Bytes/s per GPU between nodes when not given: one 400 Gb/s NIC per GPU (assumed)."""
+ASSUMED_ALPHA_INTRA = 2e-6
+"""Latency per algorithm step inside a node without a calibration, seconds (assumed)."""
+ASSUMED_ALPHA_INTER = 5e-6
+"""Latency per algorithm step between nodes, seconds (assumed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,15 +150,21 @@ def make_cluster(
     if gpus_per_node is not None and gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {gpus_per_node}: give at least 1")
     intra = Link.from_bandwidth(
-        spec.link_bw, None, f"catalog {spec.name} {spec.link} {spec.link_bw / 1e9:.0f} GB/s"
+        spec.link_bw,
+        ASSUMED_ALPHA_INTRA,
+        f"catalog {spec.name} {spec.link} {spec.link_bw / 1e9:.0f} GB/s, assumed alpha "
+        f"{ASSUMED_ALPHA_INTRA * 1e6:g} us/step",
     )
     bw = inter_node_bw or DEFAULT_INTER_NODE_BW
     inter = Link.from_bandwidth(
         bw,
-        None,
-        f"--inter-node-bw {bw / 1e9:g} GB/s"
-        if inter_node_bw
-        else f"assumed {bw / 1e9:g} GB/s per GPU (one 400 Gb/s NIC per GPU)",
+        ASSUMED_ALPHA_INTER,
+        (
+            f"--inter-node-bw {bw / 1e9:g} GB/s"
+            if inter_node_bw
+            else f"assumed {bw / 1e9:g} GB/s per GPU (one 400 Gb/s NIC per GPU)"
+        )
+        + f", assumed alpha {ASSUMED_ALPHA_INTER * 1e6:g} us/step",
     )
     return Cluster(
         gpu=spec,
