@@ -56,6 +56,7 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
         assert d.evidence_level == "cpu-mechanism" and d.project == "PAR-MOE-EXPERT"
         assert m["tokens_routed"].value == 2 * 64 * 2
         assert m["effective_tokens"].value == sum(d.workload["per_expert_kept"])
+        assert 0 <= m["unserved_tokens"].value <= m["tokens"].value
         rows = m["rank_load_max_over_mean"].per_rank
         assert sum(rows) == m["effective_tokens"].value  # every kept assignment computed once
         # the dispatch buffer is exactly the kept rows of this rank's tokens

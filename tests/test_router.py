@@ -153,3 +153,14 @@ def test_experts_must_divide_over_ep() -> None:
     assert check_ep(8, 4) == 2
     with pytest.raises(UsageError, match="do not divide"):
         check_ep(6, 4)
+
+
+def test_unserved_tokens_lost_every_slot() -> None:
+    cfg = RouterConfig(num_experts=2, top_k=2, capacity_factor=0.5, drop_policy="position")
+    router = Router(4, cfg)
+    router.reset(0)
+    forced = torch.tensor([[0, 1], [1, 0], [0, 1], [1, 0]])
+    r = router(torch.randn(4, 4), forced)
+    assert r.capacity == 2  # ceil(2 * 4 / 2 * 0.5)
+    assert r.keep_TK.tolist() == [[True, True], [True, True], [False, False], [False, False]]
+    assert r.unserved_tokens() == 2

@@ -199,6 +199,8 @@ class MoEOutput:
     """Assignments per expert before dropping (this rank's tokens)."""
     kept_E: torch.Tensor
     """Assignments per expert after dropping (this rank's tokens)."""
+    unserved_tokens: int = 0
+    """Tokens whose every slot was dropped (their output is zero: only the residual carries them)."""
     plan: comm.DispatchPlan | None = None
     """The dispatch plan (a2a mode)."""
 
@@ -246,7 +248,7 @@ class MoELayer(nn.Module):
         if T % groups:
             raise UsageError(f"{T} tokens do not split into {groups} equal groups")
         n = T // groups
-        ys, aux, routed, kept = [], [], [], []
+        ys, aux, routed, kept, unserved = [], [], [], [], []
         for g in range(groups):
             xg = x_TH[g * n : (g + 1) * n]
             forced = None if forced_idx_TK is None else forced_idx_TK[g * n : (g + 1) * n]
@@ -261,11 +263,13 @@ class MoELayer(nn.Module):
             aux.append(routing.aux_loss)
             routed.append(routing.counts(E))
             kept.append(routing.counts(E, kept=True))
+            unserved.append(routing.unserved_tokens())
         return MoEOutput(
             y_TH=torch.cat(ys),
             aux_loss=torch.stack(aux).sum(),
             routed_E=torch.stack(routed).sum(0),
             kept_E=torch.stack(kept).sum(0),
+            unserved_tokens=sum(unserved),
         )
 
 
@@ -331,6 +335,7 @@ class ExpertParallelMoE(nn.Module):
             aux_loss=routing.aux_loss,
             routed_E=routing.counts(E),
             kept_E=routing.counts(E, kept=True),
+            unserved_tokens=routing.unserved_tokens(),
             plan=plan,
         )
 

@@ -132,6 +132,10 @@ class Routing:
         idx = self.expert_idx_TK[self.keep_TK] if kept else self.expert_idx_TK.reshape(-1)
         return torch.bincount(idx, minlength=num_experts)
 
+    def unserved_tokens(self) -> int:
+        """Tokens none of whose k assignments survived capacity."""
+        return int((~self.keep_TK.any(dim=1)).sum())
+
 
 def keep_mask(
     expert_idx_TK: torch.Tensor,

@@ -305,6 +305,7 @@ def _workload_run(
         "bytes": fast["bytes"],
         "routed_E": routed.tolist(),
         "kept_E": kept.tolist(),
+        "unserved_tokens": out.unserved_tokens,
         "rows_computed": sum(plan.tokens_per_local_expert) if plan else None,
         "send_counts": plan.send_counts if plan else None,
         "capacity": cfg.router_config().capacity(cfg.tokens),
@@ -555,6 +556,11 @@ def workload_document(
         "tokens": Metric(value=cfg.tokens * n, unit="count"),
         "tokens_routed": Metric(value=total_routed, unit="count"),
         "effective_tokens": Metric(value=total_kept, unit="count"),
+        "unserved_tokens": Metric(
+            value=sum(r["workloads"][i]["unserved_tokens"] for r in ranks),
+            unit="count",
+            per_rank=[r["workloads"][i]["unserved_tokens"] for r in ranks],
+        ),
         "overflow_rate": Metric(
             value=1 - total_kept / total_routed if total_routed else 0.0, unit="fraction"
         ),
@@ -589,6 +595,8 @@ def workload_document(
         if p in phase_max:
             m[f"{p}_time"] = Metric(value=phase_max[p], unit="s")
     notes = [
+        "tokens_routed and effective_tokens count token-expert assignments (tokens x k) before and "
+        "after capacity; unserved_tokens are tokens that lost all k (only the residual carries them)",
         "times are medians over the timed forwards; each phase starts after a barrier and a device "
         "synchronisation, so a collective's time excludes waiting for a late peer and nothing overlaps",
         "busbw = S / t x (n-1)/n (nccl-tests all-to-all): S the mean per-rank send buffer, "
