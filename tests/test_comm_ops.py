@@ -179,3 +179,14 @@ def test_fit_keeps_parameters_non_negative() -> None:
     a, b = fit_line([1e6, 2e6, 4e6], [1e-3, 2e-3, 4e-3])
     assert a >= 0 and b == pytest.approx(1e-9, rel=1e-6)
     assert not math.isnan(a)
+
+
+def test_link_peak_from_env_then_catalog_then_unknown() -> None:
+    gpus = [{"name": "NVIDIA H200", "memory_bytes": 1}] * 2
+    inter = {"per_direction_bw": [[None, 478e9], [478e9, None]], "per_link_bw_source": "nvml"}
+    bw, src = model.link_peak({"hardware": {"gpus": gpus, "interconnect": inter}}, [0, 1])
+    assert bw == 478e9 and "parlab env" in src
+    bw, src = model.link_peak({"hardware": {"gpus": gpus, "interconnect": None}})
+    assert bw == 450e9 and "catalog H200" in src
+    assert model.link_peak({"hardware": {"gpus": [{"name": "Mystery GPU"}]}})[0] is None
+    assert model.link_peak({"hardware": {"gpus": []}})[0] is None

@@ -241,8 +241,12 @@ def _fit(source: Path, results: Path | None, as_json: bool) -> None:
             f"{1 / beta / 1e9:.1f} GB/s" if beta else "-",
             f"{100 * f['rms_rel_err']:.1f}%",
             f"{100 * f['max_rel_err']:.1f}%",
-            f"{f['busbw_peak'] / 1e9:.2f} GB/s" if beta else "-",
-            f"{100 * f['busbw_peak'] / link:.1f}%" if link and beta else "unknown",
+            f"{f['busbw_peak'] / 1e9:.2f} GB/s" if op != "barrier" else "-",
+            "-"
+            if op == "barrier"
+            else f"{100 * f['busbw_peak'] / link:.1f}%"
+            if link
+            else "unknown",
         )
     console.print(t)
     console.print(

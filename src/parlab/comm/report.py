@@ -100,9 +100,17 @@ def format_table(doc: Document) -> str:
     return "\n".join(out)
 
 
+def _size_label(v: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= scale:
+            return f"{v / scale:g} {unit}"
+    return f"{v:g} B"
+
+
 def plot_busbw(doc: Document, path: Path) -> Path:
     """busbw against size (log x), one line per op; the link peak as a dashed line."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -118,6 +126,9 @@ def plot_busbw(doc: Document, path: Path) -> Path:
             link / 1e9, linestyle="--", color="grey", label=f"link peak {link / 1e9:.0f} GB/s"
         )
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _size_label(v)))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
     devices = doc.workload.get("devices") or []
