@@ -367,9 +367,16 @@ class ExpertParallelMoE(nn.Module):
         recv_counts = torch.tensor(plan.recv_counts, device=x_TH.device).view(-1)
         local_M = torch.arange(L, device=x_TH.device).repeat(ep).repeat_interleave(recv_counts)
         perm_M = torch.sort(local_M, stable=True).indices
-        h_MH = self.experts(recv_MH[perm_M], plan.tokens_per_local_expert)
-        out_MH = h_MH[torch.argsort(perm_M)]
+        grouped_MH = recv_MH[perm_M]
+        timer.stop("regroup", t)
+
+        t = timer.start()
+        h_MH = self.experts(grouped_MH, plan.tokens_per_local_expert)
         timer.stop("experts", t)
+
+        t = timer.start()
+        out_MH = h_MH[torch.argsort(perm_M)]
+        timer.stop("ungroup", t)
 
         t = timer.start()
         back_NH = comm.all_to_all(out_MH, plan.send_splits, plan.recv_splits, self.group)

@@ -591,7 +591,7 @@ def workload_document(
         ),
         "layer_time": Metric(value=sum(phase_max.values()), unit="s"),
     }
-    for p in ("route", "permute", "plan", "unpermute"):
+    for p in ("route", "permute", "plan", "regroup", "ungroup", "unpermute"):
         if p in phase_max:
             m[f"{p}_time"] = Metric(value=phase_max[p], unit="s")
     notes = [
