@@ -165,9 +165,14 @@ class GroupedExperts(nn.Module):
         assert sum(counts_L) == x_NH.shape[0], "rows must equal the sum of per-expert counts"
         if self._use_grouped_mm(x_NH):
             offs = torch.tensor(counts_L, device=x_NH.device).cumsum(0).to(torch.int32)
-            h = F.silu(torch._grouped_mm(x_NH, self.w_gate, offs=offs))
-            h = h * torch._grouped_mm(x_NH, self.w_up, offs=offs)
-            return torch._grouped_mm(h, self.w_down, offs=offs)
+            try:
+                h = F.silu(torch._grouped_mm(x_NH, self.w_gate, offs=offs))
+                h = h * torch._grouped_mm(x_NH, self.w_up, offs=offs)
+                return torch._grouped_mm(h, self.w_down, offs=offs)
+            except RuntimeError:
+                if self.impl == "grouped_mm":
+                    raise
+                _GROUPED_MM_OK[str(x_NH.device)] = False  # these shapes: one matmul per expert
         outs = []
         start = 0
         for le, n in enumerate(counts_L):
