@@ -86,6 +86,9 @@ def test_fit_writes_a_calibration_the_planner_loads(
     [path] = (out / "PAR-COLLECTIVES").glob("*.json")
     jsonschema.validate(json.loads(path.read_text()), contract.schema())
     assert load_calibration(path).run_id == cal.run_id
+    # a folder: its newest sweep
+    assert run_cli(["collectives", "--fit", str(sweep_dir), "--results", str(out / "2")]) == 0
+    assert load_calibration(out / "2").source_run_id == sweep.stem
     # a sweep document is not a calibration
     with pytest.raises(ValueError, match="not a collectives calibration"):
         load_calibration(sweep)

@@ -79,7 +79,9 @@ def collectives_cmd(
     nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
     backend: str = typer.Option("auto", help="auto, nccl or gloo."),
     timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
-    fit: Path | None = typer.Option(None, "--fit", help="Fit alpha-beta to this sweep document."),
+    fit: Path | None = typer.Option(
+        None, "--fit", help="Fit alpha-beta to this sweep document (or the newest in a folder)."
+    ),
     explain: str | None = typer.Option(None, "--explain", help="T1 table for this model."),
     layout: str | None = typer.Option(None, "--layout", help="With --explain: dp=8,tp=2 ..."),
     strategy: str | None = typer.Option(
@@ -204,10 +206,23 @@ def _sweep(
         raise typer.Exit(1)
 
 
+def _newest_sweep(folder: Path) -> Path:
+    from parlab.comm.calibration import SWEEP_KIND
+    from parlab.contract import read_results
+
+    entries, _ = read_results(folder)
+    sweeps = [e for e in entries if e.doc.workload.get("kind") == SWEEP_KIND]
+    if not sweeps:
+        raise ValueError(f"no collectives sweep under {folder}: run 'parlab collectives' first")
+    return sweeps[-1].path
+
+
 def _fit(source: Path, results: Path | None, as_json: bool) -> None:
     from parlab.comm.calibration import calibration_document
     from parlab.contract import read_document
 
+    if source.is_dir():
+        source = _newest_sweep(source)
     sweep = read_document(source)
     doc = calibration_document(sweep, command=reproduce_command())
     path = write(doc, results_dir(results), quiet=as_json)

@@ -362,6 +362,12 @@ def build_document(
         notes.append(f"link peak unknown ({link_src}): percent of link not computed")
     if backend == "gloo":
         notes.append("gloo CPU ranks: proves the mechanism and the volumes, not GPU speed")
+        gpus = (environment.get("hardware") or {}).get("gpu_count") or 0
+        if gpus:
+            notes.append(
+                f"this machine has {gpus} GPU(s) but the run used gloo CPU ranks "
+                f"(--nproc {spec.nproc} > GPUs, or --backend gloo)"
+            )
     layout: dict[str, Any] = {
         "world_size": spec.nproc,
         "mesh": dict(spec.mesh) if spec.mesh else {"world": spec.nproc},
