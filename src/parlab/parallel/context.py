@@ -76,6 +76,10 @@ def unshard_sequence(parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 # ----- block kernels: (out, lse) forward and (dq, dk, dv) backward with given out/lse ----------
 
 
+_FALLBACKS: list[str] = []
+"""Why a block fell back from flash attention to the math path (reported by runs)."""
+
+
 def _use_flash(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256
 
@@ -111,10 +115,13 @@ def _block_bwd(
     if _use_flash(q) and aux is not None:
         cq, ck, mq, mk, seed, offset = aux
         do, q, k, v = (t.contiguous() for t in (do, q, k, v))
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            do, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale
-        )
-        return dq.float(), dk.float(), dv.float()
+        try:
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                do, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale
+            )
+            return dq.float(), dk.float(), dv.float()
+        except RuntimeError as exc:  # an unexpected flash signature: the exact math path below
+            _FALLBACKS.append(f"flash backward failed ({exc}); used the math path")
     qf, kf, vf, dof, of = (t.float() for t in (q, k, v, do, o))
     s = (qf @ kf.transpose(-1, -2)) * scale
     if causal:

@@ -258,7 +258,14 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         "metered_bubble": metered_extra.get("bubble"),
         "device": meters.device_name(dev),
         "tokens_per_step": cfg.global_batch * cfg.seq,
+        "fallbacks": sorted(set(_cp_fallbacks()))[:3],
     }
+
+
+def _cp_fallbacks() -> list[str]:
+    from parlab.parallel import context
+
+    return list(context._FALLBACKS)
 
 
 def mi_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -399,6 +406,8 @@ def document(
         )
         if backend == "gloo":
             notes.append("gloo CPU ranks: proves the mechanism and its bytes, not GPU speed")
+        for r in results:
+            notes += [f"context parallel: {f}" for f in r.get("fallbacks", [])]
     return Document(
         run_id=new_run_id(f"mi-{cfg.name}"),
         created=now_iso(),

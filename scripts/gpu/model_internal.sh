@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# PAR-MODEL-INTERNAL GPU evidence (issue 6), one go: ~4 minutes on 2xH200.
+#
+#   scripts/gpu/model_internal.sh OUT_DIR
+#
+# 1. the analytic layouts (instant): the 16-GPU example of the issue for llama3.1-8b,
+#    and the 2-GPU layouts of the 1.3B runs below, as tables and JSON;
+# 2. parlab project model-internal --preset gpu: the 1.3B model (hidden 2048, 24 layers,
+#    16 heads, bf16) on 1 GPU (baselines) and 2 GPUs: TP2 with sequence parallel and
+#    vocab-parallel loss (micro-batch 2 x 4096), TP2 without SP, PP2 GPipe and 1F1B
+#    (8 micro-batches of 1 x 4096), CP2 ring attention at sequence 32768. Each run:
+#    step time, tokens/s/GPU, MFU, scaling efficiency vs 1 GPU at the same global
+#    batch, per-axis comm bytes and time, peak memory per rank, PP bubble vs formula.
+#    Documents under OUT_DIR/results, the report beside them, a log in OUT_DIR.
+#
+# With fewer than 2 GPUs it runs the same commands at CPU size (gloo ranks, tiny model)
+# so the script can be dry-run anywhere.
+set -euo pipefail
+OUT="${1:?usage: scripts/gpu/model_internal.sh OUT_DIR}"
+mkdir -p "$OUT/results"
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
+if [ "$GPUS" -ge 2 ]; then PRESET=gpu; else PRESET=cpu; fi
+echo "model_internal.sh: $GPUS GPU(s), preset $PRESET, output $OUT" | tee "$OUT/model-internal.log"
+
+"$PY" -m parlab layout --world 16 --dp 2 --tp 4 --pp 2 --model llama3.1-8b --gpus-per-node 8 \
+  > "$OUT/layout-llama3.1-8b-dp2-tp4-pp2.txt"
+"$PY" -m parlab layout --world 16 --dp 2 --tp 4 --pp 2 --model llama3.1-8b --gpus-per-node 8 \
+  --json > "$OUT/layout-llama3.1-8b-dp2-tp4-pp2.json"
+"$PY" -m parlab layout --world 2 --tp 2 --sp --seq 4096 --model 1.3b > "$OUT/layout-1.3b-tp2-sp.txt"
+"$PY" -m parlab layout --world 2 --pp 2 --model 1.3b > "$OUT/layout-1.3b-pp2.txt"
+"$PY" -m parlab layout --world 2 --cp 2 --seq 32768 --model 1.3b > "$OUT/layout-1.3b-cp2.txt"
+# a broken layout is refused with its constraint row (exit 2, nothing launched)
+if "$PY" -m parlab layout --world 16 --tp 16 --model llama3.1-8b > "$OUT/layout-refused.txt" 2>&1; then
+  echo "expected the tp 16 layout of llama3.1-8b to be refused" >&2; exit 1
+fi
+
+timeout 560 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
+  --timeout 300 2>&1 | tee -a "$OUT/model-internal.log"
+cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"
+echo "report: $OUT/model-internal.md" | tee -a "$OUT/model-internal.log"
