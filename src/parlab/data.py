@@ -86,7 +86,11 @@ def rank_batch(batch: Batch, dp_rank: int, dp: int, device: torch.device | str =
     assert n % dp == 0, "the caller checks that dp divides the global batch"
     per = n // dp
     sl = slice(dp_rank * per, (dp_rank + 1) * per)
-    return Batch(
-        inputs=batch.inputs[sl].to(device, non_blocking=True),
-        labels=batch.labels[sl].to(device, non_blocking=True),
-    )
+    device = torch.device(device)
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if device.type == "cuda":  # pinned: the copy does not wait for queued GPU work
+            return t.contiguous().pin_memory().to(device, non_blocking=True)
+        return t.to(device)
+
+    return Batch(inputs=move(batch.inputs[sl]), labels=move(batch.labels[sl]))

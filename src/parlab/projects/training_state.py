@@ -285,7 +285,9 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             batch = rank_batch(
                 dataset.global_batch(step, global_batch), ctx.rank, ctx.world_size, dev
             )
-            metering = comm if step == metered_step else contextlib.nullcontext()
+            # Not under torch.compile: a dispatch mode would change what gets compiled.
+            meter_now = step == metered_step and not cfg["compile"]
+            metering = comm if meter_now else contextlib.nullcontext()
             comm.step = step
             with metering:
                 with autocast:
@@ -316,6 +318,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         "peak_memory": peak,
         "memory_source": mem.source,
         "state_bytes": state,
+        "comm_metered": not cfg["compile"],
         "comm_by_op": comm.by_op(metered_step),
         "comm_bytes_per_step": comm.bytes_in_step(metered_step),
         "comm_time": comm_time,
@@ -489,23 +492,30 @@ def document(
             per_rank=_per_rank(results, "peak_memory"),
         )
         metrics["mfu"] = Metric(value=mfu, unit="fraction")
-        metrics["comm_time"] = Metric(
-            value=max(_per_rank(results, "comm_time")),
-            unit="s",
-            per_rank=_per_rank(results, "comm_time"),
-        )
-        metrics["comm_bytes_per_step"] = Metric(
-            value=max(_per_rank(results, "comm_bytes_per_step")),
-            unit="B",
-            per_rank=_per_rank(results, "comm_bytes_per_step"),
-        )
-        for op in sorted(r0["comm_by_op"]):
-            per = [float(r["comm_by_op"].get(op, {}).get("bytes", 0)) for r in results]
-            metrics[f"comm_bytes_per_step.{op}"] = Metric(value=max(per), unit="B", per_rank=per)
-            cnt = [float(r["comm_by_op"].get(op, {}).get("count", 0)) for r in results]
-            metrics[f"comm_count_per_step.{op}"] = Metric(
-                value=max(cnt), unit="count", per_rank=cnt
+        if r0.get("comm_metered", True):
+            metrics["comm_time"] = Metric(
+                value=max(_per_rank(results, "comm_time")),
+                unit="s",
+                per_rank=_per_rank(results, "comm_time"),
             )
+            metrics["comm_bytes_per_step"] = Metric(
+                value=max(_per_rank(results, "comm_bytes_per_step")),
+                unit="B",
+                per_rank=_per_rank(results, "comm_bytes_per_step"),
+            )
+            for op in sorted(r0["comm_by_op"]):
+                per = [float(r["comm_by_op"].get(op, {}).get("bytes", 0)) for r in results]
+                metrics[f"comm_bytes_per_step.{op}"] = Metric(
+                    value=max(per), unit="B", per_rank=per
+                )
+                cnt = [float(r["comm_by_op"].get(op, {}).get("count", 0)) for r in results]
+                metrics[f"comm_count_per_step.{op}"] = Metric(
+                    value=max(cnt), unit="count", per_rank=cnt
+                )
+        else:
+            metrics["comm_time"] = Metric(value=None, unit="s")
+            metrics["comm_bytes_per_step"] = Metric(value=None, unit="B")
+            notes.append("comm not metered: the run uses torch.compile")
         for item in r0["state_bytes"]:
             per = [float(r["state_bytes"][item]) for r in results]
             metrics[f"state_bytes.{item}"] = Metric(value=max(per), unit="B", per_rank=per)
@@ -594,6 +604,26 @@ def comparison_configs(
     return [TrainConfig(strategy=s, **base) for s in names]
 
 
+def run_label(doc: Document) -> str:
+    """``strategy[+knobs] preset``: what tells two runs of the set apart."""
+    knobs = doc.layout.get("knobs", {})
+    extra = ""
+    if knobs.get("compile"):
+        extra += "+compile"
+    if knobs.get("recompute", "none") != "none":
+        extra += f"+{knobs['recompute']}-recompute"
+    if not knobs.get("reshard_after_forward", True) and "fsdp" in doc.layout["strategy"]:
+        extra += "+no-reshard"
+    return f"{doc.layout['strategy']}{extra} {doc.workload.get('preset', '')}".strip()
+
+
+def rel_err(measured: float | None, predicted: float | None) -> str:
+    """``(measured - predicted) / predicted`` as a signed percentage, or empty."""
+    if measured is None or not predicted:
+        return ""
+    return f"{(measured - predicted) / predicted:+.2%}"
+
+
 def fmt_bytes(v: float | None) -> str:
     from parlab.units import format_bytes
 
@@ -617,9 +647,9 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         f"Evidence level(s): {', '.join(levels)}. Each row is one contract document; "
         "predictions come from the ledger, measurements from the meters.",
         "",
-        "| strategy | role | ranks | tokens/s/GPU | step time | MFU | peak memory (max rank) "
-        "| predicted peak | comm bytes/step | predicted comm | comm time | run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | role | ranks | tokens/s/GPU | step time | MFU | peak memory (max rank) "
+        "| ledger peak | peak error | comm bytes/step | ledger comm | comm time | document |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def pv(d: Document, name: str) -> float | None:
@@ -630,11 +660,12 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         m = d.metric
         tps, st, mfu, ct = m("tokens_per_s_per_gpu"), m("step_time"), m("mfu"), m("comm_time")
         lines.append(
-            f"| {d.layout['strategy']} | {d.role} | {d.layout['world_size']} | "
+            f"| {run_label(d)} | {d.role} | {d.layout['world_size']} | "
             f"{'unknown' if tps is None else f'{tps:,.0f}'} | "
             f"{'unknown' if st is None else f'{st * 1e3:.1f} ms'} | "
             f"{'unknown' if mfu is None else f'{mfu:.1%}'} | {fmt_bytes(m('peak_memory'))} | "
-            f"{fmt_bytes(pv(d, 'peak_memory'))} | {fmt_bytes(m('comm_bytes_per_step'))} | "
+            f"{fmt_bytes(pv(d, 'peak_memory'))} | {rel_err(m('peak_memory'), pv(d, 'peak_memory'))} | "
+            f"{fmt_bytes(m('comm_bytes_per_step'))} | "
             f"{fmt_bytes(pv(d, 'comm_bytes_per_step'))} | "
             f"{'unknown' if ct is None else f'{ct * 1e3:.2f} ms'} | "
             f"{d.run_id} |"
@@ -642,9 +673,9 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
     for d in failed:
         f = d.failure
         lines.append(
-            f"| {d.layout['strategy']} | failure | {d.layout['world_size']} | "
+            f"| {run_label(d)} | failure | {d.layout['world_size']} | "
             f"failed ({f.kind if f else '?'}): {f.message if f else ''} | | | | "
-            f"{fmt_bytes(pv(d, 'peak_memory'))} | | | | {d.run_id} |"
+            f"{fmt_bytes(pv(d, 'peak_memory'))} | | | | | {d.run_id} |"
         )
     lines += ["", "## Per-rank state bytes by item (rank 0 / max), measured vs ledger", ""]
     lines += ["| strategy | item | measured | predicted | error |", "|---|---|---|---|---|"]
@@ -652,13 +683,11 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         for item in STATE_ITEMS:
             mv = d.metric(f"state_bytes.{item}")
             p = pv(d, f"state_bytes.{item}")
-            err = "" if mv is None or not p else f"{(mv - p) / p:+.2%}"
-            lines.append(
-                f"| {d.layout['strategy']} | {item} | {fmt_bytes(mv)} | {fmt_bytes(p)} | {err} |"
-            )
+            err = rel_err(mv, p)
+            lines.append(f"| {run_label(d)} | {item} | {fmt_bytes(mv)} | {fmt_bytes(p)} | {err} |")
     paths: dict[str, Path] = {}
     if ok:
-        names = [d.layout["strategy"] for d in ok]
+        names = [run_label(d) for d in ok]
         fig, ax = plt.subplots(figsize=(8, 4))
         bottom = [0.0] * len(ok)
         for item in STATE_ITEMS:
@@ -671,6 +700,7 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         if any(p is not None for p in pp):
             ax.plot(names, [(p or math.nan) / 2**20 for p in pp], "rx", label="peak (ledger)")
         ax.set_ylabel("MiB per rank (max rank)")
+        ax.tick_params(axis="x", rotation=30)
         ax.set_title("Per-rank memory by state item")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -698,9 +728,7 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
                 p, mv = pv(d, name), d.metric(name)
                 if p and mv:
                     ax.scatter(p / 2**20, mv / 2**20, marker=mark)
-                    ax.annotate(
-                        f"{d.layout['strategy']}:{name[:4]}", (p / 2**20, mv / 2**20), fontsize=7
-                    )
+                    ax.annotate(f"{run_label(d)}:{name[:4]}", (p / 2**20, mv / 2**20), fontsize=7)
         lim = ax.get_xlim()
         ax.plot(lim, lim, "k--", lw=0.8)
         ax.set_xlabel("predicted (MiB)")
@@ -714,7 +742,7 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
     for d in docs:
         for n in d.notes:
             if n.startswith("no predictions") or n.startswith("mfu unknown"):
-                lines.append(f"\n- {d.layout['strategy']}: {n}")
+                lines.append(f"- {run_label(d)}: {n}")
     paths["report"] = out_dir / "training-state.md"
     paths["report"].write_text("\n".join(lines) + "\n")
     return paths
@@ -780,9 +808,9 @@ def run_project(
     if report_only:
         entries, _ = read_results(results)
         latest: dict[str, Document] = {}
-        for e in entries:
+        for e in entries:  # the latest document of each distinct run (label)
             if e.doc.project == PROJECT and e.doc.task == "T2":
-                latest[str(e.doc.layout.get("strategy"))] = e.doc
+                latest[run_label(e.doc)] = e.doc
         if not latest:
             raise UsageError(f"no {PROJECT} documents under {results}: run the set first")
         return render_report(list(latest.values()), out_dir)

@@ -203,6 +203,17 @@ class MemoryMeter:
 # ---------------------------------------------------------------------------
 # Communication
 
+_FUNCTIONAL_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "all_to_all_single": "all_to_all",
+}
+
 _OP_NAMES = {
     "allreduce_": "all_reduce",
     "allreduce_coalesced_": "all_reduce",
@@ -268,7 +279,20 @@ class CommMeter(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "c10d":
             self._record(func, args, kwargs)
+        elif func.namespace == "_c10d_functional":
+            self._record_functional(func, args, kwargs)
         return out
+
+    def _record_functional(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Functional collectives (``torch.ops._c10d_functional``): payload from the input."""
+        name = func._schema.name.split("::")[-1].rstrip("_")
+        op = _FUNCTIONAL_NAMES.get(name)
+        if op is None:
+            return  # wait_tensor and the like
+        payload = _nbytes(args[0])
+        if op == "all_gather":
+            payload *= int(args[1])  # input x group size: the gathered output
+        self._append(func, args, kwargs, op=op, payload=payload, group_size=None)
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         name = func._schema.name.split("::")[-1]
@@ -287,6 +311,18 @@ class CommMeter(TorchDispatchMode):
                     break
                 except Exception:
                     continue
+        self._append(func, args, kwargs, op=op, payload=payload, group_size=group_size)
+
+    def _append(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        op: str,
+        payload: int,
+        group_size: int | None,
+    ) -> None:
         self.records.append(
             CollectiveRecord(
                 op=op,
@@ -351,6 +387,8 @@ def _wait_all(out: Any) -> None:
     for x in tree_flatten(out)[0]:
         if type(x).__name__ == "ScriptObject" and hasattr(x, "wait"):
             x.wait()
+        elif isinstance(x, torch.Tensor):  # a functional collective's result
+            torch.ops._c10d_functional.wait_tensor(x)
 
 
 def _sync(device: torch.device) -> None:

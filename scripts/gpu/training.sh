@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU evidence for PAR-TRAINING-STATE (issue 5): DDP, ZeRO-1/2/3, FSDP on the 1.3B model.
+#
+#   scripts/gpu/training.sh OUT_DIR
+#
+# Writes contract documents under OUT_DIR/results/PAR-TRAINING-STATE, the report
+# (Markdown + PNG) beside them, and the log at OUT_DIR/training.log.
+#
+# On 2 GPUs (about 5 minutes): torch DDP, parlab's ZeRO-1/2/3, FSDP2 on the 1.3B
+# Llama-style model (hidden 2048, 24 layers, seq 4096, micro-batch 2, bf16 compute,
+# fp32 params/grads/AdamW states, fused AdamW), 3 warm-up + 5 timed steps each; FSDP2
+# with torch.compile if time allows; FSDP2 on the 8B model (micro-batch 1) as the
+# second size for the ledger's peak-memory check; then the report.
+# Without GPUs the same runs use the tiny model on 2 gloo CPU ranks (a dry run).
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu/training.sh OUT_DIR}
+mkdir -p "$OUT/results"
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+LOG="$OUT/training.log"
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "$NGPU" -ge 2 ]; then
+  BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 120)
+  SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 120)
+else
+  echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks" | tee -a "$LOG"
+  BIG=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 1 --steps 2 --timeout 60)
+  SECOND=(--model small --nproc 2 --micro-batch 1 --seq 64 --warmup 1 --steps 2 --timeout 60)
+fi
+
+parlab() {
+  echo "+ parlab $*" | tee -a "$LOG"
+  local t0=$SECONDS
+  $PY -m parlab "$@" --results "$OUT/results" 2>&1 | tee -a "$LOG"
+  echo "  ($((SECONDS - t0)) s; total $SECONDS s)" | tee -a "$LOG"
+}
+
+for s in ddp zero1 zero2 zero3 fsdp; do
+  parlab train --strategy "$s" "${BIG[@]}"
+done
+parlab train --strategy fsdp "${SECOND[@]}"
+if [ "$SECONDS" -lt 200 ]; then
+  parlab train --strategy fsdp --compile "${BIG[@]}"
+else
+  echo "skipped fsdp --compile: $SECONDS s already spent" | tee -a "$LOG"
+fi
+parlab project training-state --report-only
+echo "done in $SECONDS s; report: $OUT/results/PAR-TRAINING-STATE/training-state.md" | tee -a "$LOG"
