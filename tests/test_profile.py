@@ -353,3 +353,25 @@ def test_hta_agreement(tmp_path: Path) -> None:
     for rank in range(2):
         want = float(ref[ref["rank"] == rank]["comp_comm_overlap_pctg"].mean())
         assert ours.overlap_pct[rank] == pytest.approx(want, abs=2.0)
+
+
+def test_skipping_cpu_ops_of_gpu_traces_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    import parlab.profile.analyze as analyze_mod
+
+    p = tmp_path / "rank0.trace.json"
+    with open(p, "w") as f:
+        write_big_trace(f, target_bytes=300_000, rank=0, world_size=1)
+    fast = analyze_trace(p)
+    sc = TraceScanner(p)
+    for _ in sc.events():
+        sc.skip = analyze_mod.KINETO_CPU_OP_NOT_COMM
+    assert sc.events_skipped > 100
+    monkeypatch.setattr(analyze_mod, "KINETO_CPU_OP_NOT_COMM", re.compile("(?!)"))
+    slow = analyze_trace(p)
+    assert fast.steps == slow.steps
+    assert fast.collectives == slow.collectives
+    assert fast.events == slow.events

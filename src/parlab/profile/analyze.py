@@ -61,7 +61,12 @@ from parlab.profile.classify import (
     payload_from_meta,
     payload_from_shapes,
 )
-from parlab.profile.trace_reader import TraceFormatError, TraceScanner, read_header
+from parlab.profile.trace_reader import (
+    KINETO_CPU_OP_NOT_COMM,
+    TraceFormatError,
+    TraceScanner,
+    read_header,
+)
 
 _KIND_CODE = {COMPUTE: 0, COMM: 1, MEMORY: 2}
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -177,22 +182,23 @@ class RunProfile:
 # one file
 
 
+_enc = json.encoder.encode_basestring  # the C string escaper json.dumps uses
+
+
 def _slim(
     ev: dict[str, Any], rank: int, shift: float, extra: dict[str, Any] | None, tids: set[Any]
 ) -> str:
-    tids.add(ev.get("tid", 0))
-    out: dict[str, Any] = {
-        "ph": "X",
-        "cat": ev.get("cat", ""),
-        "name": ev.get("name", ""),
-        "pid": rank,
-        "tid": ev.get("tid", 0),
-        "ts": round(float(ev["ts"]) + shift, 3),
-        "dur": ev.get("dur", 0),
-    }
+    """One event for the merged trace: pid = rank, shared clock, args trimmed."""
+    tid = ev.get("tid", 0)
+    tids.add(tid)
+    text = (
+        f'{{"ph":"X","cat":{_enc(str(ev.get("cat", "")))},"name":{_enc(str(ev.get("name", "")))},'
+        f'"pid":{rank},"tid":{json.dumps(tid)},"ts":{float(ev["ts"]) + shift:.3f},'
+        f'"dur":{float(ev.get("dur", 0) or 0):.3f}'
+    )
     if extra:
-        out["args"] = extra
-    return json.dumps(out, separators=(",", ":"))
+        return text + ',"args":' + json.dumps(extra, separators=(",", ":")) + "}"
+    return text + "}"
 
 
 class _Collector:
@@ -272,6 +278,8 @@ def analyze_trace(
             if gpu_trace is None:
                 meta = scanner.meta
                 gpu_trace = bool(meta.get("deviceProperties"))
+                if gpu_trace:  # GPU runs take compute from kernels: skip the CPU ops unread
+                    scanner.skip = KINETO_CPU_OP_NOT_COMM
                 if rank is None:
                     rank = _rank_of(meta, path)
                 if fragment is not None:
