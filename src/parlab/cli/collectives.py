@@ -89,6 +89,13 @@ def collectives_cmd(
     ),
     micro_batch: int = typer.Option(1, "--micro-batch", help="With --explain: sequences per rank."),
     seq: int | None = typer.Option(None, "--seq", help="With --explain: sequence length."),
+    microbatches: int = typer.Option(
+        1, "--microbatches", help="With --explain: micro-batches per step (accumulation, PP)."
+    ),
+    sp: bool = typer.Option(False, "--sp", help="With --explain: sequence parallelism on tp."),
+    shard_size: int | None = typer.Option(
+        None, "--shard-size", help="With --explain --strategy fsdp-hybrid: ranks per shard group."
+    ),
     calibration: Path | None = typer.Option(
         None, "--calibration", help="With --explain: calibration document or results folder."
     ),
@@ -105,7 +112,20 @@ def collectives_cmd(
         _fit(fit, results, as_json)
         return
     if explain is not None:
-        _explain(explain, layout, strategy, micro_batch, seq, calibration, gpu, results, as_json)
+        _explain(
+            explain,
+            layout,
+            strategy,
+            micro_batch,
+            seq,
+            calibration,
+            gpu,
+            results,
+            as_json,
+            microbatches=microbatches,
+            sp=sp,
+            shard_size=shard_size,
+        )
         return
     _sweep(
         op=op,
@@ -280,6 +300,10 @@ def _explain(
     gpu: str | None,
     results: Path | None,
     as_json: bool,
+    *,
+    microbatches: int,
+    sp: bool,
+    shard_size: int | None,
 ) -> None:
     from parlab.comm.explain import explain_document, format_explain
 
@@ -293,6 +317,9 @@ def _explain(
         seq=seq,
         calibration=calibration,
         gpu=gpu,
+        microbatches=microbatches,
+        sp=sp,
+        shard_size=shard_size,
         command=reproduce_command(),
     )
     path = write(doc, results_dir(results), quiet=as_json)

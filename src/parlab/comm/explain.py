@@ -111,6 +111,7 @@ def explain_document(
     gpu: str | None = None,
     microbatches: int = 1,
     sp: bool = False,
+    shard_size: int | None = None,
     dtype: str = "bf16-mixed",
 ) -> Document:
     """The T1 table for ``model_name`` on ``layout`` (see the module docstring)."""
@@ -122,6 +123,8 @@ def explain_document(
     strategy = strategy or "ddp"
     if micro_batch < 1:
         raise UsageError(f"--micro-batch {micro_batch} must be at least 1")
+    if microbatches < 1:
+        raise UsageError(f"--microbatches {microbatches} must be at least 1")
     items = traffic(
         spec,
         topo,
@@ -131,6 +134,7 @@ def explain_document(
         dtype=dtype,
         microbatches=microbatches,
         sp=sp,
+        shard_size=shard_size,
     )
     cal = load_calibration(calibration) if calibration is not None else None
     link, link_label = (None, "") if cal is not None else _catalog_link(gpu)
@@ -164,6 +168,8 @@ def explain_document(
         "time per step = calls per step x predicted time per call, summed without overlap; "
         "'blocking' rows are sync points on the critical path",
     ]
+    if topo.pp > 1:
+        notes.append("rows for a rank of pipeline stage 0 (the ledger's wire table per stage)")
     if cal is not None:
         notes.append(
             f"predicted from calibration {cal.run_id} ({cal.evidence_level}, fitted at n = "
@@ -193,7 +199,12 @@ def explain_document(
             "calibration": cal.run_id if cal else None,
             "wire_table": rows,
         },
-        layout={**topo.to_json(), "strategy": strategy, "sequence_parallel": sp},
+        layout={
+            **topo.to_json(),
+            "strategy": strategy,
+            "sequence_parallel": sp,
+            "shard_size": shard_size,
+        },
         metrics={
             "bytes_per_step": Metric(value=sum(r["total_bytes"] for r in rows), unit="B"),
             "collective_calls_per_step": Metric(

@@ -76,8 +76,9 @@ def format_table(doc: Document) -> str:
             )
             continue
         spec = O.SPECS[op]
+        place = "in place" if rs[0]["inplace"] else "out of place"
         out.append(
-            f"# {op}  (nccl-tests {spec.nccl_tests}; size = {spec.size_meaning}; "
+            f"# {op}, {place}  (nccl-tests {spec.nccl_tests}; size = {spec.size_meaning}; "
             f"busbw = algbw x {spec.factor} = x{O.busbw_factor(op, n):.3g})"
         )
         out.append(_HEAD)
