@@ -86,15 +86,16 @@ echo "== parlab evidence done after $(( $(date +%s) - t0 )) s"
 #    nccl-tests is installed here) against nccl-tests run on this machine with NVLS off
 run vs-reference "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES"
 NT_LOGS=()
+left() { echo $(( 170 - ($(date +%s) - t0) )); }  # seconds left of the 3-minute budget
 if [ "$NGPU" -ge 2 ]; then
   for b in all_reduce_perf all_gather_perf reduce_scatter_perf alltoall_perf broadcast_perf \
            reduce_perf sendrecv_perf; do
-    if command -v "$b" >/dev/null 2>&1; then
+    if command -v "$b" >/dev/null 2>&1 && [ "$(left)" -gt 20 ]; then
       timeout 15 "$b" -b 64M -e 4G -f 2 -g "$NGPU" > "$OUT/nccl-tests-$b.log" 2>&1
       NT_LOGS+=("$OUT/nccl-tests-$b.log")
     fi
   done
-  if command -v all_reduce_perf >/dev/null 2>&1; then
+  if command -v all_reduce_perf >/dev/null 2>&1 && [ "$(left)" -gt 35 ]; then
     timeout 15 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 \
       > "$OUT/nccl-tests-all_reduce_perf-small.log" 2>&1
     timeout 15 all_reduce_perf -b 8 -e 256K -f 2 -g "$NGPU" -w 50 -n 500 -G 1 \
