@@ -63,6 +63,7 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
         plans = d.workload["dispatch_plan"]
         assert m["dispatch_bytes"].per_rank == [sum(map(sum, p)) * 16 * 4 for p in plans]
         assert m["naive_max_abs_diff"].value < 1e-5  # naive and all-to-all agree
+        assert m["unsharded_max_abs_diff"].value < 1e-5 < m["output_max_abs"].value
         assert m["dispatch_time"].value > 0 and m["expert_compute_time"].value > 0
         assert m["a2a_busbw"].value is not None and m["reference_a2a_busbw"].value is not None
     # skew: hot experts sit on rank 0, which computes more and drops more

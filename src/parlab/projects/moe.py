@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from parlab.errors import UsageError
 from parlab.parallel import expert_comm as comm
-from parlab.parallel.expert import ExpertParallelMoE, MoESpec, check_ep
+from parlab.parallel.expert import ExpertParallelMoE, MoELayer, MoESpec, check_ep
 from parlab.parallel.router import (
     DROP_POLICIES,
     GATINGS,
@@ -311,6 +311,13 @@ def _workload_run(
         "capacity": cfg.router_config().capacity(cfg.tokens),
         "expert_impl": layer.experts.resolved_impl(x),
     }
+    # the unsharded layer (every expert, same seed) on this rank's tokens must give the same rows
+    with torch.no_grad():
+        ref = MoELayer(spec, seed=cfg.seed, device=ctx.device, dtype=dtype)
+        y_ref = ref(x, forced_idx_TK=forced).y_TH.float()
+        del ref
+    res["unsharded_max_abs_diff"] = float((out.y_TH.float() - y_ref).abs().max())
+    res["output_max_abs"] = float(y_ref.abs().max())
     if cfg.naive:
         naive = ExpertParallelMoE(
             spec, group, mode="naive", seed=cfg.seed, device=ctx.device, dtype=dtype
@@ -556,6 +563,12 @@ def workload_document(
         "tokens": Metric(value=cfg.tokens * n, unit="count"),
         "tokens_routed": Metric(value=total_routed, unit="count"),
         "effective_tokens": Metric(value=total_kept, unit="count"),
+        "unsharded_max_abs_diff": Metric(
+            value=max(float(r["workloads"][i]["unsharded_max_abs_diff"]) for r in ranks), unit="abs"
+        ),
+        "output_max_abs": Metric(
+            value=max(float(r["workloads"][i]["output_max_abs"]) for r in ranks), unit="abs"
+        ),
         "unserved_tokens": Metric(
             value=sum(r["workloads"][i]["unserved_tokens"] for r in ranks),
             unit="count",
@@ -603,6 +616,8 @@ def workload_document(
         "t the slowest rank's time; dispatch + combine: both buffers over both times",
         "reference all-to-all: a plain all_to_all_single with equal splits at the dispatch's mean "
         "payload, measured in the same run with the same timing",
+        "unsharded_max_abs_diff: largest difference between the expert-parallel output and the "
+        "unsharded layer (every expert on one device, same weights) on the same tokens",
         "layer_time: the sum over phases of the slowest rank's time (phases separated by barriers)",
     ]
     if n == 1:
@@ -1127,6 +1142,10 @@ def _markdown(
                 f"| {_cell(d, 'expert_compute_time')} | rank {slow} (+{_cell(d, 'slowest_rank_excess')} over mean) "
                 f"| {_cell(d, 'layer_time')} | {_cell(d, 'naive_layer_time')} |"
             )
+        out += ["", "Correctness on these devices (outputs, largest absolute difference): " + "; ".join(
+            f"{d.workload['name']}: expert-parallel vs unsharded layer {_cell(d, 'unsharded_max_abs_diff')}, "
+            f"naive vs expert-parallel {_cell(d, 'naive_max_abs_diff')} (largest |y| "
+            f"{_cell(d, 'output_max_abs')})" for d in loads) + "."]  # fmt: skip
         out += ["", "Target (issue 7): dispatch + combine busbw at least 85% of the all_to_all busbw at the "
                 "same payload. " + "; ".join(_verdict(d) for d in loads) + "."]  # fmt: skip
         out += ["", "### How skew moves the slowest rank", "", "| workload | " + " | ".join(
