@@ -80,6 +80,7 @@ def test_kernel_kinds_follow_hta() -> None:
     )
     assert kernel_kind("Memcpy DtoH (Device -> Pinned)") == "memory"
     assert kernel_kind("Memset (Device)") == "memory"
+    assert kernel_kind("cudaStreamSync_kernel") == "other"
     assert kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "compute"
 
 

@@ -55,6 +55,7 @@ from parlab.profile.classify import (
     COMM,
     COMPUTE,
     MEMORY,
+    OTHER,
     collective_name,
     is_cpu_comm,
     kernel_kind,
@@ -68,7 +69,7 @@ from parlab.profile.trace_reader import (
     read_header,
 )
 
-_KIND_CODE = {COMPUTE: 0, COMM: 1, MEMORY: 2}
+_KIND_CODE = {COMPUTE: 0, COMM: 1, MEMORY: 2, OTHER: 3}
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
@@ -491,7 +492,7 @@ def _summarize_rank(
             hi = nxt if nxt is not None else float(e.max())
         else:
             lo, hi = steps[k][1], steps[k][2]
-        busy = iv.union(np.r_[comp[0], comm[0], mem[0]], np.r_[comp[1], comm[1], mem[1]])
+        busy = iv.union(s, e)  # everything the device ran, synchronisation kernels too
         busy_in = iv.measure(iv.clip(busy, lo, hi))
         overlap = iv.intersection(comm, comp)
         comm_t = iv.measure(comm)

@@ -3,7 +3,8 @@
 GPU kernels follow Holistic Trace Analysis's rule, so the overlap figures
 mean the same thing: a kernel whose name starts with ``ncclKernel`` or
 ``ncclDevKernel`` is communication, one with ``Memcpy``/``Memset`` in its
-name is a memory copy, everything else is compute. The collective and its
+name is a memory copy, one with ``Sync`` in its name is neither (it waits), everything
+else is compute. The collective and its
 payload come, by preference, from the metadata the profiler attaches
 (``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``dtype``,
 ``Group size`` on the kernel or on its ``record_param_comms`` CPU op), else
@@ -24,6 +25,7 @@ from typing import Any
 
 COMM = "comm"
 MEMORY = "memory"
+OTHER = "other"
 COMPUTE = "compute"
 
 _DTYPE_BYTES = {
@@ -81,11 +83,14 @@ _COLLECTIVES = (
 
 
 def kernel_kind(name: str) -> str:
-    """``comm``, ``memory`` or ``compute`` for a GPU kernel or copy (HTA's rule)."""
+    """``comm``, ``memory``, ``other`` (synchronisation) or ``compute`` for a GPU kernel or
+    copy (HTA's rule)."""
     if name.startswith("ncclDevKernel") or name.startswith("ncclKernel"):
         return COMM
     if "Memcpy" in name or "Memset" in name:
         return MEMORY
+    if "Sync" in name:
+        return OTHER
     return COMPUTE
 
 
