@@ -183,3 +183,38 @@ def test_kv_transfer_send_recv_arrives_intact() -> None:
     assert [r["bytes"] for r in rows] == [2 * 2 * 2 * 4 * 8 * 4, 2 * 2 * 2 * 32 * 8 * 4]
     assert all(r["wrong"] == 0 and r["time_s"] > 0 for r in rows)
     assert kvxfer.kv_bytes_per_token(2, 2, 8, "bfloat16") == 2 * 2 * 2 * 8 * 2
+
+
+# ----- tensor-parallel replica ----------------------------------------------------------------------
+
+_TP_PROMPTS = ["the shared system prompt, then question one", "xy", "the shared system prompt!"]
+
+
+def _tp_generate(ctx):
+    from parlab.serve.engine import EngineConfig as Cfg
+    from parlab.serve.tp import build_tp_engine, worker_loop
+
+    eng = build_tp_engine(
+        ctx, model="tiny", dtype="float32", seed=0, config=Cfg(max_batch=2, max_len=256, block=8)
+    )
+    kv_heads_here = eng.k_cache[0].shape[1]
+    outs = None
+    if ctx.rank != 0:
+        worker_loop(eng)  # in lockstep with rank 0's iterations until it says stop
+    else:
+        outs = eng.generate([encode(p) for p in _TP_PROMPTS], 10)
+        eng.tp.stop()
+    logits = eng.forward(torch.tensor([encode("abc")]), [0], [0])[0]  # both ranks: all-reduces
+    return {"outs": outs, "logits": logits.tolist(), "kv_heads": kv_heads_here}
+
+
+def test_tensor_parallel_engine_equals_single_process(model) -> None:
+    res = run_ranks(_tp_generate, 2, timeout=90)
+    single = Engine(model, EngineConfig(max_batch=2, max_len=256, block=8))
+    ref = single.generate([encode(p) for p in _TP_PROMPTS], 10)
+    assert res[0]["outs"] == ref
+    with torch.no_grad():
+        full = model(torch.tensor([encode("abc")]))[0, -1].float()
+    for r in res:
+        torch.testing.assert_close(torch.tensor(r["logits"]), full, rtol=1e-4, atol=1e-4)
+    assert res[0]["kv_heads"] == res[1]["kv_heads"] == get_spec("tiny").n_kv_heads // 2

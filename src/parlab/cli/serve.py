@@ -219,8 +219,41 @@ def replica_cmd(
     duration: float | None = typer.Option(None, help="Stop after this many seconds."),
     stub_token_s: float = typer.Option(0.0, help="Stub: seconds between tokens."),
     stub_prefill_per_token_s: float = typer.Option(0.0, help="Stub: prefill s per token."),
+    tp: int = typer.Option(1, help="Tensor-parallel ranks (one GPU each; gloo ranks on CPU)."),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
+    if tp > 1:
+        from parlab.runtime.launch import LaunchConfig, launch
+
+        if engine != "model":
+            raise UsageError("--tp needs --engine model")
+        res = launch(
+            "parlab.serve.tp:replica_main",
+            {
+                "model": model,
+                "dtype": dtype,
+                "seed": seed,
+                "host": host,
+                "port": port,
+                "duration_s": duration if duration is not None else 24 * 3600.0,
+                "max_batch": max_batch,
+                "max_len": max_len,
+                "cache_blocks": cache_blocks,
+                "prefix_cache": prefix_cache,
+            },
+            LaunchConfig(
+                nproc=tp,
+                backend="auto",
+                timeout_s=300,
+                deadline_s=(duration or 24 * 3600.0) + 300,
+            ),
+        )
+        if not res.ok:
+            assert res.failure is not None
+            err_console.print(f"tensor-parallel replica failed: {res.failure.message}")
+            raise typer.Exit(1)
+        print_json(res.results[0])
+        return
     if engine == "stub":
         from parlab.serve import stub
 

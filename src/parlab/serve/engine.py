@@ -93,6 +93,8 @@ class Sequence:
     sink: Any = None
     """Where its tokens go (the server's queue)."""
     cancelled: bool = False
+    uid: int = -1
+    """Engine-wide id (the same on every tensor-parallel rank)."""
 
     @property
     def finished(self) -> bool:
@@ -111,7 +113,10 @@ def decode(ids: list[int]) -> str:
 class Engine:
     """Continuous batching for one model on one device."""
 
-    def __init__(self, model: Transformer, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, model: Transformer, config: EngineConfig | None = None, tp: Any = None
+    ) -> None:
+        """``tp``: a ``parlab.serve.tp.TPComm`` when ``model`` is sharded across ranks."""
         spec = model.spec
         if spec.mla is not None:
             raise UsageError(f"model {spec.name!r} uses MLA: the reference replica serves MHA/GQA")
@@ -126,7 +131,7 @@ class Engine:
             )
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        kvh, d = spec.n_kv_heads, spec.d_head
+        kvh, d = spec.n_kv_heads // (tp.world if tp is not None else 1), spec.d_head
         shape = (cfg.max_batch, kvh, cfg.max_len, d)
         self.k_cache = [
             torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
@@ -140,6 +145,11 @@ class Engine:
         self.running: list[Sequence] = []
         self.log: list[dict[str, float]] = []
         """Per iteration: kind (0 prefill, 1 decode), batch, tokens, seconds."""
+        self.tp = tp
+        self._inbox: list[Sequence] = []
+        self._cancels: list[int] = []
+        self._next_uid = 0
+        self._by_uid: dict[int, Sequence] = {}
         self.vocab_mask = torch.full((spec.vocab_size,), float("-inf"), device=self.device)
         self.vocab_mask[PRINTABLE[0] : PRINTABLE[1]] = 0.0
 
@@ -200,11 +210,17 @@ class Engine:
             rope = torch.stack([m.rope(pos_BS[b]) for b in range(B)])
         slot_t = torch.tensor(slots, device=self.device)
         for li, layer in enumerate(m.layers):
-            h = h + self._attn_layer(li, layer.attention_norm(h), rope, slot_t, starts, total)
+            h = h + self._reduce(
+                self._attn_layer(li, layer.attention_norm(h), rope, slot_t, starts, total)
+            )
             ffn = layer.moe if layer.moe is not None else layer.feed_forward
-            h = h + ffn(layer.ffn_norm(h))
+            h = h + self._reduce(ffn(layer.ffn_norm(h)))
         h = m.norm(h[:, -1])
         return m.output(h).float()
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
+        return x if self.tp is None else self.tp.all_reduce(x)
 
     def _sample(self, logits_V: torch.Tensor, seq: Sequence) -> int:
         logits_V = logits_V + self.vocab_mask
@@ -226,10 +242,39 @@ class Engine:
                 f"prompt ({len(seq.prompt)} tokens) + max_tokens ({seq.max_tokens}) exceeds "
                 f"the replica's --max-len {self.config.max_len}"
             )
-        self.waiting.append(seq)
+        self.submit(seq)
+
+    def submit(self, seq: Sequence) -> None:
+        """Hand a request to the engine; it joins at the start of the next ``step``."""
+        self._inbox.append(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        """Drop a request at the start of the next ``step``."""
+        self._cancels.append(seq.uid)
+
+    def _admit_inbox(self) -> None:
+        """Move submitted requests and cancellations in; on tensor-parallel ranks rank 0
+        broadcasts them first, so every rank schedules exactly the same iteration."""
+        new, self._inbox = self._inbox, []
+        cancels, self._cancels = self._cancels, []
+        if self.tp is not None:
+            msg = [(s.prompt, s.max_tokens, s.temperature, s.seed) for s in new]
+            msg, cancels = self.tp.broadcast_plan((msg, cancels))
+            if not self.tp.is_main:
+                new = [
+                    Sequence(prompt=p, max_tokens=m, temperature=t, seed=sd) for p, m, t, sd in msg
+                ]
+        for seq in new:
+            seq.uid = self._next_uid
+            self._next_uid += 1
+            self._by_uid[seq.uid] = seq
+            self.waiting.append(seq)
+        for uid in cancels:
+            if uid in self._by_uid:
+                self._by_uid[uid].cancelled = True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inbox or self._cancels)
 
     def _prefill(self, seq: Sequence) -> None:
         cfg = self.config
@@ -272,11 +317,13 @@ class Engine:
         """Run one iteration; return the sequences that got a token (the caller reads
         ``seq.output[-1]``; finished ones are already out of the engine)."""
         cfg = self.config
+        self._admit_inbox()
         for s in [s for s in self.running if s.cancelled]:
             self.running.remove(s)
             self._release(s)
+            self._by_uid.pop(s.uid, None)
         while self.waiting and self.waiting[0].cancelled:
-            self.waiting.popleft()
+            self._by_uid.pop(self.waiting.popleft().uid, None)
         t0 = time.perf_counter()
         emitted: list[Sequence] = []
         if self.waiting and self.free_slots:
@@ -320,6 +367,7 @@ class Engine:
         for s in self.running + [e for e in emitted if e not in self.running]:
             if s.finished:
                 self._release(s)
+                self._by_uid.pop(s.uid, None)
             else:
                 still.append(s)
         self.running = still

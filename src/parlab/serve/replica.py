@@ -58,9 +58,14 @@ def build_engine(
 class ReplicaServer:
     """HTTP front of one engine: ``await start()``, ``await stop()``."""
 
-    def __init__(self, engine: Engine, *, name: str = "parlab-tiny") -> None:
+    def __init__(
+        self, engine: Engine, *, name: str = "parlab-tiny", heartbeat_s: float | None = None
+    ) -> None:
+        """``heartbeat_s``: when idle, run an empty iteration this often (tensor-parallel
+        engines: keeps the other ranks in step)."""
         self.engine = engine
         self.name = name
+        self.heartbeat_s = heartbeat_s
         self._ids = itertools.count()
         self._pending: list[Sequence] = []
         self._wake = asyncio.Event()
@@ -107,13 +112,19 @@ class ReplicaServer:
         prev_end: float | None = None
         while True:
             for s in self._pending:
-                eng.waiting.append(s)
+                eng.submit(s)
             self._pending.clear()
             if not eng.has_work():
                 prev_end = None
                 self._wake.clear()
-                await self._wake.wait()
-                continue
+                if self.heartbeat_s is None:
+                    await self._wake.wait()
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.heartbeat_s)
+                    continue
+                except asyncio.TimeoutError:
+                    pass  # an empty iteration: the other ranks take part in it
             self._busy = True
             t0 = time.perf_counter()
             n_log = len(eng.log)
@@ -226,7 +237,7 @@ class ReplicaServer:
             await resp.write(protocol.DONE)
             return resp
         except (asyncio.CancelledError, ConnectionError):
-            seq.cancelled = True
+            self.engine.cancel(seq)
             self.cancelled += 1
             raise
 
