@@ -5,8 +5,11 @@
 #   - the replica's prefill/decode profile and the simulator's prediction for each run;
 #   - KV-cache transfer GPU0 -> GPU1 over NCCL send/recv against request length (real-nccl);
 #   - colocated vs prefill/decode split in the simulator, from those measurements (analytic);
-#   - the router's own overhead against stub replicas (serving-benchmark).
-# Without two GPUs it runs the same at CPU size (tiny model, gloo).
+#   - the router's own overhead against stub replicas (serving-benchmark);
+#   - a tensor-parallel replica (TP=2 over both GPUs) under a short load (serving-benchmark);
+#     SERVING_TP=0 skips it.
+# Without two GPUs it runs the same at CPU size (tiny model, gloo). Expect about 2 minutes on
+# 2xH200 (project ~70 s, router overhead ~15 s, TP replica ~35 s).
 #   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}
@@ -27,4 +30,27 @@ timeout --kill-after=10 120 $PY -m parlab serve project --preset "$PRESET" \
 # router overhead: two stub replicas, 500 req/s direct and through the router
 timeout --kill-after=10 40 $PY benchmarks/serve_router.py --rate 500 --requests 2000 \
   --results "$OUT/results" 2>&1 | tee "$OUT/router_overhead.log" || rc=1
+if [ "${SERVING_TP:-1}" = 1 ]; then
+  if [ "$PRESET" = gpu ]; then
+    TPARGS="--model 1.3b --dtype bfloat16 --max-batch 32 --max-len 4096"; N=48; RATE=8; IN=1024; OUTL=64
+  else
+    TPARGS="--model tiny"; N=8; RATE=4; IN=64; OUTL=8
+  fi
+  $PY -m parlab serve replica --tp 2 --port 0 --duration 35 $TPARGS > "$OUT/tp_replica.log" 2>&1 &
+  TPPID=$!
+  URL=""
+  for _ in $(seq 1 60); do
+    URL=$(grep -o "listening on http://[0-9.:]*" "$OUT/tp_replica.log" | head -1 | cut -d' ' -f3)
+    [ -n "$URL" ] && break
+    sleep 0.5
+  done
+  if [ -n "$URL" ]; then
+    timeout --kill-after=5 25 $PY -m parlab bench serve --base-url "$URL" --dataset synthetic \
+      --num-prompts $N --input-len $IN --output-len $OUTL --request-rate $RATE --no-progress \
+      --max-duration 20 --results "$OUT/results" 2>&1 | tee "$OUT/tp_bench.log" || rc=1
+  else
+    echo "tensor-parallel replica did not start (see tp_replica.log)"; rc=1
+  fi
+  wait $TPPID || rc=1
+fi
 exit $rc
