@@ -245,3 +245,63 @@ def test_bad_input(tmp_path: Path) -> None:
         decide(tmp_path, project="PAR-MOE-EXPERT", command="x")
     with pytest.raises(ValueError, match="not found"):
         decide(tmp_path, project="PAR-TRAINING-STATE", run_ids=["nope"], command="x")
+
+
+def run_cli(args: list[str]) -> int:
+    from parlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    return int(info.value.code or 0)
+
+
+def test_cli_decide_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = make_project(tmp_path)
+    assert run_cli(["decide", str(tmp_path), "--project", "PAR-TRAINING-STATE"]) == 0
+    out = capsys.readouterr().out
+    assert f"chosen: {docs['fsdp'].run_id}" in out and "oom" in out
+    [path] = (tmp_path / "PAR-TRAINING-STATE").glob("decide-*.json")
+    assert contract.read_document(path).role == "decision"
+    assert run_cli(["decide", str(tmp_path), "--json", "--memory-budget", "45GB"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["decision"]["chosen"] == docs["fsdp"].run_id
+    assert run_cli(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+    assert "HTML:" in capsys.readouterr().out
+    assert (tmp_path / "rep" / "report.html").is_file()
+
+
+def test_cli_decide_bad_input_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = make_project(tmp_path)
+    other = training_doc(
+        role="candidate",
+        strategy="fsdp",
+        tps=1.0,
+        step=1.0,
+        mem=[1e9, 1e9],
+        workload={**WORKLOAD, "seq": 2048},
+    )
+    contract.write_result(other, tmp_path)
+    before = sorted(tmp_path.rglob("*.json"))
+    for args, fragment in (
+        (
+            [
+                "--project",
+                "PAR-TRAINING-STATE",
+                "--run-id",
+                docs["ddp"].run_id,
+                "--run-id",
+                other.run_id,
+            ],
+            "workload.seq: 4096 vs 2048",
+        ),
+        (["--project", "PAR-NOPE"], "unknown project"),
+        (["--memory-budget", "lots"], "cannot parse size"),
+    ):
+        assert run_cli(["decide", str(tmp_path), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert fragment in err and len(err.splitlines()) == 1, err
+    assert run_cli(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*.json")) == before

@@ -9,7 +9,8 @@ decisions) from a results folder, and:
    and named with what differs -- when its evidence level differs (a CPU
    mechanism run is not a GPU measurement), its GPU model differs, or its
    ``workload`` differs (every key except the run-specific ones in
-   ``IGNORED_WORKLOAD_KEYS``: raw measurement rows, step counts, seeds).
+   ``IGNORED_WORKLOAD_KEYS``: raw measurement rows, step counts, seeds, loss
+   curves, and the micro-batch size, a layout knob under a fixed global batch).
    Other environment differences (GPU count, hosts, software versions, NCCL/
    TORCH variables) do not exclude a document: the decision states them in its
    notes. When run ids are given explicitly, any incomparable one is bad input.
@@ -63,6 +64,9 @@ IGNORED_WORKLOAD_KEYS = frozenset(
         "steps",
         "warmup_steps",
         "measure_steps",
+        "warmup",
+        "losses",
+        "micro_batch",
         "seed",
         "target",
         "records",

@@ -62,9 +62,13 @@ def plan_decide_step(results: Path, console: Any) -> None:
     console.print(f"wrote {path}")
     entries, _ = read_results(results)
     for project in eligible_projects(entries):
-        out = decide(
-            results, project=project, command=f"parlab decide {results} --project {project}"
-        )
+        try:
+            out = decide(
+                results, project=project, command=f"parlab decide {results} --project {project}"
+            )
+        except ValueError as exc:  # nothing comparable to decide on: say so, go on
+            console.print(f"decide {project}: nothing to decide ({exc})")
+            continue
         dec = out.doc.decision
         assert dec is not None
         console.print(
