@@ -85,7 +85,9 @@ def collectives_cmd(
     explain: str | None = typer.Option(None, "--explain", help="T1 table for this model."),
     layout: str | None = typer.Option(None, "--layout", help="With --explain: dp=8,tp=2 ..."),
     strategy: str | None = typer.Option(
-        None, "--strategy", help="With --explain: ddp, zero1-3, fsdp."
+        None,
+        "--strategy",
+        help="With --explain: ddp, zero1, zero2, zero3, fsdp, fsdp-hybrid (default ddp).",
     ),
     micro_batch: int = typer.Option(1, "--micro-batch", help="With --explain: sequences per rank."),
     seq: int | None = typer.Option(None, "--seq", help="With --explain: sequence length."),
