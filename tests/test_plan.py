@@ -206,3 +206,29 @@ def test_cli_bad_input_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_calibration_replaces_the_catalog_link_for_its_ops() -> None:
+    from parlab.comm.calibration import Calibration, OpFit
+
+    slow = OpFit(op="all_reduce", algorithm="ring", group_size=8, alpha_s=1e-4,
+                 beta_s_per_byte=1 / 5e9, intercept_s=0.0, slope_s_per_byte=0.0,
+                 rms_rel_err=0.0, max_rel_err=0.0, points=10, min_bytes=8, max_bytes=2**30,
+                 busbw_peak=5e9)  # fmt: skip
+    cal = Calibration(run_id="collectives-calibration-x", source_run_id="collectives-x",
+                      evidence_level="real-nccl", backend="nccl", group_size=8, devices=[],
+                      link_bw=None, link_bw_source="", ops={"all_reduce": slow})  # fmt: skip
+    cluster = make_cluster(gpus="8xH100", gpus_per_node=8, calibration=cal)
+    link = cluster.intra_link("all_reduce")
+    assert link.bandwidth == pytest.approx(5e9) and link.alpha_s == 1e-4
+    assert cluster.intra_link("all_gather") is cluster.intra  # not fitted: the catalog's
+    base = request("1.3b", "8xH100", micro_batches=(1,), recompute=("none",))
+    from dataclasses import replace
+
+    res = plan(replace(base, cluster=cluster))
+    top = res.top
+    assert top is not None and top.estimate is not None
+    # a 5 GB/s all-reduce no longer hides behind backward: DDP is no longer free
+    ddp = next(v for v in res.ranked if v.cand.strategy == "ddp" and v.cand.dp == 8)
+    assert ddp.estimate is not None and ddp.estimate.comm_exposed_s > 0.5
+    assert any("alpha-beta:collectives-calibration-x (real-nccl" in n for n in res.notes)
