@@ -393,7 +393,7 @@ class Engine:
     def profile(
         self,
         *,
-        prefill_lens: tuple[int, ...] = (32, 128, 512),
+        prefill_lens: tuple[int, ...] = (32, 128, 512, 2048),
         batches: tuple[int, ...] = (1, 4, 8),
     ) -> dict[str, Any]:
         """Time prefills of a few lengths and decode steps at a few batch sizes; fit
