@@ -6,7 +6,7 @@
 #
 # Run from the repository root. With 2+ GPUs (bf16, seq 4096, micro-batch 2 per rank; each
 # configuration: 1 wait + 1 warm-up + 2 profiled steps; about 2 min on 2xH200 in all):
-#   1. DDP bucket sweep, bucket_cap_mb 1, 25 (torch's default: the plain DDP run), 100, 400;
+#   1. DDP bucket sweep, bucket_cap_mb 1, 25 (torch's default: the plain DDP run), 250;
 #   2. FSDP2 per block: with/without explicit prefetch x reshard_after_forward on/off;
 #   3. TP over both GPUs without and with sequence parallelism (seq 2048, last: optional).
 # Without GPUs: the same commands on the tiny model on 2 gloo CPU ranks (a dry run).
@@ -28,7 +28,7 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_av
 if [ "$NGPU" -ge 2 ]; then
   BIG=(--model 1.3b --batch 2 --seq 4096 --nproc 2 --backend nccl)
   TP=(--model 1.3b --batch 2 --seq 2048 --nproc 2 --backend nccl)
-  BUCKETS=1,25,100,400
+  BUCKETS=1,25,250
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks"
   BIG=(--model tiny --batch 2 --seq 64 --nproc 2 --backend gloo)

@@ -82,10 +82,16 @@ def advice_for(name: str, count: float, nbytes: float | None, exposed_frac: floa
     avg = (nbytes / count) if nbytes and count else None
     small = avg is not None and avg < SMALL_MESSAGE_BYTES
     if name == "all_reduce":
+        if small and count > 2:
+            return (
+                f"many small all-reduces ({count:.3g} per step, {format_bytes(avg)} each): "
+                "bigger DDP buckets (bucket_cap_mb) or fewer syncs (gradient accumulation "
+                "with no_sync)"
+            )
         if small:
             return (
-                f"many small all-reduces ({format_bytes(avg)} each): bigger DDP buckets "
-                "(bucket_cap_mb) or fewer syncs (gradient accumulation with no_sync)"
+                f"small all-reduce ({format_bytes(avg)}): latency-bound; sync less often "
+                "(gradient accumulation with no_sync) or overlap it with backward"
             )
         if exposed_frac > 0.3:
             return "exposed gradient all-reduce: start it during backward (DDP buckets, smaller last bucket) or accumulate gradients to sync less often"
