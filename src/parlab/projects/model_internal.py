@@ -204,6 +204,10 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
                 loss = float(lt.detach())
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if cfg.cp > 1 and loss is not None:  # each CP rank's loss covers its own tokens
+                lt = torch.tensor([loss], device=dev)
+                dist.all_reduce(lt, group=groups["cp"])
+                loss = float(lt) / cfg.cp
             return loss, extra
 
         losses = []
