@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 # imported here once, so the forked ranks do not each import them (~2 s each)
+import torch._dynamo
+import torch.distributed.device_mesh
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
 from parlab.contract import read_document, write_result
 from parlab.hardware.env import snapshot
 from parlab.projects.model_internal import comparison_set, document, mi_many
