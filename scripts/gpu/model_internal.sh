@@ -42,3 +42,5 @@ timeout 560 "$PY" -m parlab project model-internal --preset "$PRESET" --results 
   --timeout 300 2>&1 | tee -a "$OUT/model-internal.log"
 cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"
 echo "report: $OUT/model-internal.md" | tee -a "$OUT/model-internal.log"
+# issue 6's targets, read from the documents above (met / NOT met / unknown)
+"$PY" benchmarks/model_internal_targets.py --results "$OUT/results" | tee "$OUT/targets.txt"
