@@ -17,12 +17,12 @@ ZeRO-1   reduce-scatter after backward (in place   all-gather after     full par
 ZeRO-2   reduce-scatter as soon as the unit's      all-gather after     full params, 1/N grads,
          gradients are ready (async, overlapping   the step, fp32       1/N optimizer
          the rest of backward); full grads freed
-ZeRO-3   as ZeRO-2                                 all-gather before    1/N of everything; one
-                                                   the unit's forward   unit's full params at a
-                                                   and again before     time (plus prefetch-free
-                                                   its backward, in     transients)
-                                                   the compute dtype;
-                                                   freed after use
+ZeRO-3   as ZeRO-2                                 all-gather before    1/N of everything; two
+                                                   the unit's forward   units' full params at a
+                                                   and again before     time (the one computing
+                                                   its backward, in     and the next one, whose
+                                                   the compute dtype;   gather is prefetched to
+                                                   freed after use      overlap that compute)
 =======  ========================================  ==================  =======================
 
 Payload of each collective = the unit's padded flat buffer (``padded x
@@ -140,6 +140,7 @@ class ZeroDataParallel:
         # (unit, work, output shard, input buffer kept alive until the work is done)
         self._pending: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
         self._reduced: set[int] = set()
+        self._inflight: dict[int, tuple[Any, torch.Tensor]] = {}  # ZeRO-3 prefetched gathers
         if stage == 1:
             self._bind_flat_grads()
         elif not naive:
@@ -165,21 +166,33 @@ class ZeroDataParallel:
             if name not in names:
                 continue
             i = names.index(name)
-            modules[0].register_forward_pre_hook(lambda _m, _a, i=i: self._gather(i))
+            modules[0].register_forward_pre_hook(
+                lambda _m, _a, i=i: self._gather(i, prefetch=i + 1)
+            )
             modules[-1].register_forward_hook(lambda _m, _a, out, i=i: self._after_forward(i, out))
 
-    def _gather(self, i: int) -> None:
-        """All-gather unit ``i``'s parameters (ZeRO-3) unless they are already here."""
-        if self.full[i] is not None:
+    def _start_gather(self, i: int) -> None:
+        """Launch the async all-gather of unit ``i`` (if it is a unit, absent and not in flight)."""
+        if not 0 <= i < len(self.units) or self.full[i] is not None or i in self._inflight:
             return
         u = self.units[i]
         shard = self.shards[i].detach()
         if self.gather_dtype is not None:
             shard = shard.to(self.gather_dtype)
         full = torch.empty(u.padded, dtype=shard.dtype, device=shard.device)
-        all_gather_(full, shard, self.group)
-        self.full[i] = full
-        u.bind(full)
+        self._inflight[i] = (all_gather_(full, shard, self.group, async_op=True), full)
+
+    def _gather(self, i: int, prefetch: int | None = None) -> None:
+        """Make unit ``i``'s parameters whole (ZeRO-3), then start gathering unit ``prefetch``
+        so that its all-gather overlaps unit ``i``'s compute."""
+        if self.full[i] is None:
+            self._start_gather(i)
+            work, full = self._inflight.pop(i)
+            work.wait()
+            self.full[i] = full
+            self.units[i].bind(full)
+        if prefetch is not None and not (prefetch > i and _in_backward()):
+            self._start_gather(prefetch)  # (no forward prefetch while recomputing in backward)
 
     def _release(self, i: int) -> None:
         self.full[i] = None
@@ -190,7 +203,7 @@ class ZeroDataParallel:
             return
         self._release(i)
         if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda grad, i=i: self._gather(i))
+            out.register_hook(lambda grad, i=i: self._gather(i, prefetch=i - 1))
 
     # ----- backward -----------------------------------------------------------------------------
 
@@ -276,6 +289,9 @@ class ZeroDataParallel:
         """Update this rank's shards; ZeRO-1/2 then all-gather the full parameters."""
         self.optimizer.step()
         if self.stage == 3:
+            for work, _full in self._inflight.values():  # a gather of pre-step values: stale
+                work.wait()
+            self._inflight.clear()
             return
         for i, u in enumerate(self.units):
             full = self.full[i]
