@@ -42,7 +42,9 @@ def N(start: float, dur: float, **kw: object) -> Span:
 
 
 def one_step(tmp_path: Path, spans: list[Span], *, gpu: bool = True) -> object:
-    events = gpu_events([spans]) if gpu else cpu_events([spans])
+    # one step whose CPU window is as long as its kernels (CPU traces: a 1000 us step)
+    span_end = max(sp.start + sp.dur for sp in spans)
+    events = gpu_events([spans], step_us=span_end) if gpu else cpu_events([spans])
     p = write_trace(
         tmp_path / "rank0.trace.json.gz", trace_doc(events, rank=0, world_size=1, gpu=gpu)
     )
@@ -376,3 +378,33 @@ def test_skipping_cpu_ops_of_gpu_traces_changes_nothing(
     assert fast.steps == slow.steps
     assert fast.collectives == slow.collectives
     assert fast.events == slow.events
+
+
+def test_gpu_document_and_merged_trace(tmp_path: Path) -> None:
+    from parlab.contract import read_document
+    from parlab.profile.report import profile_folder
+
+    traces = tmp_path / "traces"
+    for rank in (0, 1):
+        steps = [[C(0, 100), N(50, 100, stream=20), Span(kind="memory", start=160, dur=5)]] * 3
+        write_trace(
+            traces / f"rank{rank}.trace.json.gz",
+            trace_doc(gpu_events(steps), rank=rank, world_size=2),
+        )
+    o = profile_folder(traces, results=tmp_path / "res", command="parlab profile analyze t")
+    doc = read_document(o.path)
+    assert doc.evidence_level == "real-training" and doc.task == "T5"
+    assert doc.metrics["overlap_fraction"].value == pytest.approx(50.0)
+    assert doc.metrics["exposed_comm_time"].value == pytest.approx(50 * US)
+    assert doc.metrics["idle_time"].value == pytest.approx(1000 * US - 155 * US)  # every step
+    merged = json.loads(
+        gzip.decompress((o.path.parent / doc.artifacts["merged_trace"]).read_bytes())
+    )
+    threads = {
+        (e["pid"], e["args"]["name"]) for e in merged["traceEvents"] if e["name"] == "thread_name"
+    }
+    assert {(0, "stream 7"), (0, "stream 20"), (1, "stream 7"), (1, "stream 20")} <= threads
+    kernels = [e for e in merged["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(kernels) == 2 * 3 * 2
+    assert {e["args"]["collective"] for e in kernels if "args" in e} == {"all_reduce"}
+    assert "all_reduce" in o.text

@@ -5,7 +5,8 @@ Definitions (times per rank and per step; the step is ``ProfilerStep#N``):
 - GPU runs: compute is every kernel that is not NCCL and not a copy. A kernel belongs to the step whose CPU window holds its launch
   (matched by the ``correlation`` id of the launch and the kernel). The
   step's GPU window runs from its first kernel to the next step's first
-  kernel (the last step: to its last kernel's end).
+  kernel (the last step: for its CPU step's length, or to its last kernel's
+  end if that is later).
   CPU runs (gloo): compute is the ``aten::`` ops (not the wrappers around
   them, which may wait for a collective), communication is gloo's transfers;
   the step window is the ``ProfilerStep#N`` span; an event belongs to the step
@@ -489,7 +490,11 @@ def _summarize_rank(
         if gpu:
             lo = gpu_first[k]
             nxt = next((f for f in gpu_first[k + 1 :] if f is not None), None)
-            hi = nxt if nxt is not None else float(e.max())
+            if nxt is not None:
+                hi = nxt
+            else:  # the last step: its CPU step's length, or its last kernel if later
+                cpu_len = steps[k][2] - steps[k][1] if steps else 0.0
+                hi = max(float(e.max()), lo + cpu_len)
         else:
             lo, hi = steps[k][1], steps[k][2]
         busy = iv.union(s, e)  # everything the device ran, synchronisation kernels too
