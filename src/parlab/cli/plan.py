@@ -235,8 +235,10 @@ def plan_cmd(
                 "notes": doc.notes,
             }
         )
-        return
-    print_plan(result, path, top)
+    else:
+        print_plan(result, path, top)
+    if not result.ranked:
+        raise typer.Exit(1)  # a valid answer (nothing fits), written, but no plan to run
 
 
 def print_plan(result, path: Path, top: int) -> None:  # type: ignore[no-untyped-def]
