@@ -332,6 +332,9 @@ def test_folder_with_nothing_usable(tmp_path: Path) -> None:
         analyze_folder(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         analyze_folder(tmp_path / "nope")
+    _rank_file(tmp_path / "empty" / "ddp-bucket25mb", 0, 1)
+    with pytest.raises(ValueError, match="subfolders ddp-bucket25mb hold traces"):
+        analyze_folder(tmp_path / "empty")
 
 
 def test_hta_agreement(tmp_path: Path) -> None:

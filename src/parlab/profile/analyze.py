@@ -687,7 +687,13 @@ def analyze_folder(
         except TraceFormatError as exc:
             problems.append(Problem(path=str(p), message=f"{exc}; skipped, the rest analysed"))
     if not heads:
-        detail = "; ".join(pr.message for pr in problems) or "no .json or .json.gz files in it"
+        subs = sorted(d.name for d in folder.iterdir() if d.is_dir() and any(d.glob("*.json*")))
+        detail = "; ".join(pr.message for pr in problems) or (
+            f"no .json or .json.gz files in it (its subfolders {', '.join(subs[:5])} hold "
+            "traces: analyse one of them)"
+            if subs
+            else "no .json or .json.gz files in it"
+        )
         raise UsageError(f"no usable trace in {folder}: {detail}")
 
     def run_key(h: tuple[Path, dict[str, Any], int]) -> tuple[str, int | None]:
