@@ -23,8 +23,8 @@ if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 LOG="$OUT/training.log"
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ "$NGPU" -ge 2 ]; then
-  BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 120)
-  SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 120)
+  BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
+  SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks" | tee -a "$LOG"
   BIG=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 1 --steps 2 --timeout 60)
@@ -43,7 +43,7 @@ for s in ddp zero1 zero2 zero3 fsdp; do
 done
 parlab train --strategy fsdp "${SECOND[@]}"
 if [ "$SECONDS" -lt 200 ]; then
-  parlab train --strategy fsdp --compile "${BIG[@]}"
+  parlab train --strategy fsdp --compile "${BIG[@]}" --timeout 120
 else
   echo "skipped fsdp --compile: $SECONDS s already spent" | tee -a "$LOG"
 fi

@@ -469,7 +469,10 @@ def document(
     from parlab.hardware.env import snapshot
     from parlab.runtime import meters
 
-    preds, notes = ledger_predictions(cfg, backend)
+    try:
+        preds, notes = ledger_predictions(cfg, backend)
+    except ValueError as exc:  # the ledger cannot model this layout: say so, predict nothing
+        preds, notes = {}, [f"no ledger prediction: {exc}"]
     metrics: dict[str, Metric] = {}
     if results:
         r0 = results[0]
