@@ -84,7 +84,7 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     assert uniform.predictions["dispatch_bytes"].value == 64 * 2 * 16 * 4
     assert max(uniform.metrics["dispatch_bytes"].per_rank) <= 64 * 2 * 16 * 4
     pred = uniform.predictions["dispatch_time"]
-    assert pred.model == "calibration:collectives-x" and pred.value > 0
+    assert pred.model == "collectives-sweep:collectives-x" and pred.value > 0
     assert uniform.metrics["a2a_busbw_vs_calibration"].value is not None
     report = (tmp_path / "PAR-MOE-EXPERT" / art["report"]).read_text()
     assert "of parlab collectives" in report
@@ -134,3 +134,27 @@ def test_calibration_lookup() -> None:
     cal = {"run_id": "c", "points": pts}
     assert calibration_busbw(cal, 10_000) == pytest.approx(2e9)
     assert calibration_busbw(cal, 10) == 1e9 and calibration_busbw(cal, 1e9) == 3e9
+
+
+def test_find_calibration_in_a_results_folder(tmp_path: Path) -> None:
+    from parlab.contract import Document, Metric, write_result
+    from parlab.projects.moe import find_calibration
+
+    assert find_calibration(tmp_path, None, 2, "gloo") is None
+
+    def doc(run_id: str, records: list[dict]) -> Document:
+        return Document(
+            run_id=run_id, created="2026-01-01T00:00:00Z", project="PAR-COLLECTIVES", task="T1",
+            role="baseline", evidence_level="cpu-mechanism", command="parlab collectives",
+            environment=ENV, workload={"kind": "collectives-sweep", "measurements": records},
+            layout={"world_size": 2}, metrics={"busbw_peak": Metric(value=1.0, unit="B/s")},
+        )  # fmt: skip
+
+    rec = {"op": "all_to_all", "size": 4096, "busbw": 2e9, "group_size": 2}
+    write_result(doc("sweep-a", [rec]), tmp_path)
+    cal = find_calibration(tmp_path, None, 2, "gloo")
+    assert cal is not None and cal["run_id"] == "sweep-a" and cal["points"] == [(4096.0, 2e9)]
+    assert find_calibration(tmp_path, None, 2, "nccl") is None  # evidence levels never mix
+    other = write_result(doc("sweep-b", [{**rec, "op": "all_reduce"}]), tmp_path)
+    with pytest.raises(ValueError, match="no all_to_all"):
+        find_calibration(tmp_path, other, 2, "gloo")

@@ -42,6 +42,11 @@ step() {  # step LOG COMMAND...: run, keep the log, go on after a failure
 step moe-collectives.log $PY -m parlab collectives --op all_to_all "${CAL[@]}" --nproc 2 \
   --results "$RES"
 
+SWEEP=$(ls -t "$RES"/PAR-COLLECTIVES/collectives-*.json 2>/dev/null | grep -v calibration | head -1 || true)
+if [ -n "$SWEEP" ]; then  # its alpha-beta fit: a prediction of the dispatch time
+  step moe-collectives-fit.log $PY -m parlab collectives --fit "$SWEEP" --results "$RES"
+fi
+
 # 2. 16 experts, top-2, capacity 1.25 by position: uniform and Zipf 1.2 (hot experts on rank 0),
 #    the naive all-gather path beside, the overflow sweep, learned routing (none / aux / bias)
 step moe-e16.log $PY -m parlab project moe --ep 2 --experts 16 --topk 2 --capacity-factor 1.25 \

@@ -648,9 +648,26 @@ def workload_document(
             value=ledger, unit="B", model="ledger.traffic (dropless, all-to-all@ep forward)"
         )
     cal_workload = None
-    if calibration and n > 1:
+    if calibration and n > 1 and calibration.get("fit_predict") is not None:
+        predict = calibration["fit_predict"]
+        t_fit = predict(d_mean)
+        if t_fit:
+            predictions["dispatch_time_alpha_beta"] = Prediction(
+                value=t_fit, unit="s", model=calibration["fit_label"]
+            )
+        curve = ranks[0]["reference_a2a"]
+        cal_workload = {
+            "fit_run_id": calibration["fit_run_id"],
+            "fit_label": calibration["fit_label"],
+            "fit_curve": [[c["bytes"], predict(c["bytes"])] for c in curve],
+        }
+    if calibration and n > 1 and calibration.get("points"):
         bw = calibration_busbw(calibration, d_mean)
-        cal_workload = {"run_id": calibration["run_id"], "points": calibration["points"]}
+        cal_workload = {
+            **(cal_workload or {}),
+            "run_id": calibration["run_id"],
+            "points": calibration["points"],
+        }
         if bw:
             m["calibration_a2a_busbw"] = Metric(value=bw / 1e9, unit="GB/s")
             m["a2a_busbw_vs_calibration"] = Metric(
@@ -659,10 +676,10 @@ def workload_document(
             predictions["dispatch_time"] = Prediction(
                 value=d_mean * (n - 1) / n / bw,
                 unit="s",
-                model=f"calibration:{calibration['run_id']}",
+                model=f"collectives-sweep:{calibration['run_id']}",
             )
             predictions["dispatch_busbw"] = Prediction(
-                value=bw / 1e9, unit="GB/s", model=f"calibration:{calibration['run_id']}"
+                value=bw / 1e9, unit="GB/s", model=f"collectives-sweep:{calibration['run_id']}"
             )
     return Document(
         run_id=f"{tag}-{name.replace(':', '')}",
@@ -897,20 +914,50 @@ def calibration_points(
     return sorted(set(pts))
 
 
+def _fit(path: Path, group_size: int) -> dict[str, Any] | None:
+    """The all_to_all alpha-beta fit of a ``parlab collectives --fit`` document, if it has one."""
+    try:
+        from parlab.comm.calibration import load_calibration
+    except ImportError:
+        return None
+    cal = load_calibration(path)
+    if "all_to_all" not in cal.ops or cal.group_size != group_size:
+        return None
+    return {
+        "fit_run_id": cal.run_id,
+        "fit_label": cal.label,
+        "fit_predict": lambda nbytes: cal.predict("all_to_all", nbytes, group_size),
+    }
+
+
 def find_calibration(
     results: Path, path: Path | None, group_size: int, backend: str
 ) -> dict[str, Any] | None:
-    """The calibration to compare with: ``path`` if given, else the newest matching document."""
+    """What ``parlab collectives`` measured for all_to_all over ``group_size`` ranks.
+
+    ``run_id``/``points``: a sweep's measured (bytes, busbw) -- the reference of the 85%
+    target; ``fit_*``: a calibration's alpha-beta fit (a prediction of the dispatch time).
+    ``path`` may be either kind; without it, the newest of each kind in ``results`` whose
+    evidence level matches this run's backend. None when there is neither.
+    """
     import json
 
     from parlab.contract import read_document
 
+    out: dict[str, Any] = {}
     if path is not None:
         doc = read_document(path)
-        pts = calibration_points(doc.to_json(), group_size)
-        if not pts:
-            raise UsageError(f"{path} holds no all_to_all measurement over {group_size} ranks")
-        return {"run_id": doc.run_id, "points": pts, "evidence_level": doc.evidence_level}
+        if doc.workload.get("kind") == "collectives-calibration":
+            out.update(_fit(path, group_size) or {})
+        else:
+            pts = calibration_points(doc.to_json(), group_size)
+            if pts:
+                out.update(run_id=doc.run_id, points=pts, evidence_level=doc.evidence_level)
+        if not out:
+            raise UsageError(
+                f"{path} holds no all_to_all measurement or fit over {group_size} ranks"
+            )
+        return out
     folder = results / "PAR-COLLECTIVES"
     if not folder.is_dir():
         return None
@@ -920,12 +967,19 @@ def find_calibration(
             data = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if data.get("evidence_level") != want:
+        if data.get("evidence_level") != want or not isinstance(data.get("workload"), dict):
             continue
-        pts = calibration_points(data, group_size)
-        if pts:
-            return {"run_id": data.get("run_id", p.stem), "points": pts, "evidence_level": want}
-    return None
+        if data["workload"].get("kind") == "collectives-calibration":
+            if "fit_run_id" not in out:
+                try:
+                    out.update(_fit(p, group_size) or {})
+                except ValueError:
+                    continue
+        elif "run_id" not in out:
+            pts = calibration_points(data, group_size)
+            if pts:
+                out.update(run_id=data.get("run_id", p.stem), points=pts, evidence_level=want)
+    return out or None
 
 
 def calibration_busbw(cal: dict[str, Any], nbytes: float) -> float | None:
@@ -1028,6 +1082,10 @@ def render_report(docs: list[Any], folder: Path, stem: str) -> dict[str, str]:
             pts = cal["points"]
             ax.loglog([p[0] for p in pts], [p[0] * (n - 1) / n / p[1] for p in pts], "s--",
                       color="black", markersize=4, label=f"parlab collectives {cal['run_id']}")  # fmt: skip
+        if cal and cal.get("fit_curve") and n > 1:
+            fc = [c for c in cal["fit_curve"] if c[1]]
+            ax.loglog([c[0] for c in fc], [c[1] for c in fc], ":", color="black",
+                      label=f"{cal['fit_label']}")  # fmt: skip
         cal_pred = [d.predictions.get("dispatch_time") for d in loads]
         for d in loads:
             for phase, marker in (("dispatch", "^"), ("combine", "v")):
@@ -1037,7 +1095,7 @@ def render_report(docs: list[Any], folder: Path, stem: str) -> dict[str, str]:
         for d, p in zip(loads, cal_pred, strict=True):
             if p is not None and p.value:
                 ax.loglog([_m(d, "dispatch_bytes")[0]], [p.value], "x", markersize=10,
-                          label=f"calibration ({p.model}) {d.workload['name']}")  # fmt: skip
+                          label=f"{p.model} at this payload, {d.workload['name']}")  # fmt: skip
         ax.set(title="all-to-all time against payload", xlabel="bytes per rank", ylabel="seconds")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -1165,10 +1223,15 @@ def _markdown(
                 p = preds["dispatch_bytes"]
                 out += ["", f"Analytic ({p.model}) dispatch payload {_fmt(p.value, 'B')} per rank; "
                         f"measured {_cell(d, 'dispatch_bytes')} (mean; less where capacity dropped)."]  # fmt: skip
+            if "dispatch_time_alpha_beta" in preds:
+                p = preds["dispatch_time_alpha_beta"]
+                out += ["", f"Alpha-beta fit ({p.model}) predicted dispatch {_fmt(p.value, 's')} for "
+                        f"{d.workload['name']}; measured {_cell(d, 'dispatch_time')}."]  # fmt: skip
             if "dispatch_time" in preds:
                 p = preds["dispatch_time"]
-                out += ["", f"Calibration ({p.model}) predicted dispatch {_fmt(p.value, 's')} for "
-                        f"{d.workload['name']}; measured {_cell(d, 'dispatch_time')}."]  # fmt: skip
+                out += ["", f"The measured all_to_all busbw of {p.model} at this payload implies "
+                        f"dispatch {_fmt(p.value, 's')} for {d.workload['name']}; measured "
+                        f"{_cell(d, 'dispatch_time')}."]  # fmt: skip
     if sweep is not None:
         rows = sweep.workload["sweep"]
         cfs = list(dict.fromkeys(r["capacity_factor"] for r in rows))
@@ -1240,8 +1303,10 @@ def run_moe_project(
     if cfg.train_steps:
         docs.append(training_document(cfg, ranks, **kw))
     if cal is not None:
-        docs = [dataclasses.replace(d, notes=[*d.notes, f"collective calibration: {cal['run_id']} "
-                                              f"({cal['evidence_level']})"]) for d in docs]  # fmt: skip
+        used = [f"all_to_all sweep {cal['run_id']}" if "run_id" in cal else "",
+                f"all_to_all fit {cal['fit_label']}" if "fit_label" in cal else ""]  # fmt: skip
+        note = "parlab collectives reference: " + ", ".join(u for u in used if u)
+        docs = [dataclasses.replace(d, notes=[*d.notes, note]) for d in docs]
     folder = results / PROJECT
     art = render_report(docs, folder, tag)
     for d in docs:
