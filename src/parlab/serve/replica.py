@@ -9,8 +9,9 @@ chunk (``prompt_tokens_details.cached_tokens`` from the prefix cache) and
 ``[DONE]``. A client that disconnects cancels its request.
 
 Extra endpoints: ``POST /engine/reset`` (empty the prefix cache, when idle),
-``GET /engine/log`` (every iteration: kind, batch, tokens, seconds, and the
-gap since the previous one while busy -- the serving loop's own overhead),
+``GET /engine/log`` (every iteration: kind, batch, tokens, compute seconds,
+its wall time as the serving loop sees it, and the gap since the previous one
+while busy -- the serving loop's own overhead),
 ``GET /engine/stats`` (iterations run, by kind, with their
 mean time; requests served; prefix-cache hits) and ``POST /engine/profile``
 (the short prefill/decode profile that feeds the simulator; only while idle).
@@ -132,15 +133,22 @@ class ReplicaServer:
                 emitted = await loop.run_in_executor(self._exec, eng.step)
             finally:
                 self._busy = False
+            t1 = time.perf_counter()
             if len(eng.log) > n_log:
-                # time between iterations while busy: streaming and scheduling on this loop
+                # as the serving loop sees it: the iteration including the hand-offs to and
+                # from the engine thread, and the time since the previous one while busy
+                eng.log[-1]["wall"] = t1 - t0
                 eng.log[-1]["gap"] = 0.0 if prev_end is None else t0 - prev_end
-            prev_end = time.perf_counter()
+            prev_end = t1
             for s in emitted:
                 if s.sink is not None:
                     s.sink.put_nowait(s.output[-1])
                     if s.finished:
                         s.sink.put_nowait(None)
+            if emitted:
+                # let the woken handlers write their chunks before the next iteration takes
+                # the GIL-heavy engine thread: tokens leave as soon as they exist
+                await asyncio.sleep(0)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

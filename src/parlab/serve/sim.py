@@ -74,19 +74,19 @@ class ReplicaProfile:
 def fit_profile(log: list[dict[str, float]]) -> dict[str, float]:
     """Iteration costs from an engine's iteration log (``GET /engine/log``), least squares:
     prefill iteration ``s = base * requests + per_token * tokens``, decode ``s = base +
-    per_seq * batch``, where ``s`` is the iteration's compute plus the gap before it (the
-    serving loop's overhead, where logged). The profile of a replica *under the run's own
+    per_seq * batch``, where ``s`` is the iteration's wall time as the serving loop saw it plus
+    the gap before it (the serving loop's overhead), where logged, else its compute time. The profile of a replica *under the run's own
     conditions*."""
     pre = [e for e in log if e["kind"] == 0]
     dec = [e for e in log if e["kind"] == 1]
     if not pre or not dec:
         raise ValueError("the iteration log needs prefill and decode iterations")
     a = np.asarray([[e["batch"], e["tokens"]] for e in pre], dtype=np.float64)
-    y = np.asarray([e["s"] + e.get("gap", 0.0) for e in pre])
+    y = np.asarray([e.get("wall", e["s"]) + e.get("gap", 0.0) for e in pre])
     (pb, pt), *_ = np.linalg.lstsq(a, y, rcond=None)
     b = np.asarray([[1.0, e["batch"]] for e in dec])
     (db, ds), *_ = np.linalg.lstsq(
-        b, np.asarray([e["s"] + e.get("gap", 0.0) for e in dec]), rcond=None
+        b, np.asarray([e.get("wall", e["s"]) + e.get("gap", 0.0) for e in dec]), rcond=None
     )
     return {
         "prefill_base_s": max(float(pb), 0.0),
