@@ -8,7 +8,8 @@
 # 2. parlab project model-internal --preset gpu: the 1.3B model (hidden 2048, 24 layers,
 #    16 heads, bf16) on 1 GPU (baselines) and 2 GPUs: TP2 with sequence parallel and
 #    vocab-parallel loss (micro-batch 2 x 4096), TP2 without SP, PP2 GPipe and 1F1B
-#    (8 micro-batches of 1 x 4096), CP2 ring attention at sequence 32768. Each run:
+#    (8 micro-batches of 1 x 4096), CP2 ring attention at sequence 32768 and 65536 (one
+#    GPU alone may run out of memory at 65536: that is a failure document). Each run:
 #    step time, tokens/s/GPU, MFU, scaling efficiency vs 1 GPU at the same global
 #    batch, per-axis comm bytes and time, peak memory per rank, PP bubble vs formula.
 #    Documents under OUT_DIR/results, the report beside them, a log in OUT_DIR.

@@ -220,7 +220,8 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(dev)
         elif tracker is not None and hasattr(tracker, "peak"):
             tracker.peak = tracker.live
-        with tensor_comm.comm_log() as log:
+        dispatcher = meters.CommMeter()  # every c10d collective, DDP's gradient all-reduce too
+        with dispatcher, tensor_comm.comm_log() as log:
             loss, metered_extra = step(cfg.warmup)
         losses.append(loss)
         ctx.sync()
@@ -258,6 +259,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         "activation_bytes": act_bytes,
         "comm": by_axis,
         "comm_ops": ops,
+        "c10d_by_op": dispatcher.by_op(),
         "bubble": meters.median(bubbles) if bubbles else None,
         "metered_bubble": metered_extra.get("bubble"),
         "device": meters.device_name(dev),
@@ -397,6 +399,11 @@ def document(
         for k in sorted({k for r in results for k in r["comm_ops"]}):
             b = [float(r["comm_ops"].get(k, {}).get("bytes", 0)) for r in results]
             metrics[f"comm_op_bytes.{k}"] = Metric(value=max(b), unit="B", per_rank=b)
+        for op in sorted({k for r in results for k in r.get("c10d_by_op", {})}):
+            b = [float(r["c10d_by_op"].get(op, {}).get("bytes", 0)) for r in results]
+            n = [float(r["c10d_by_op"].get(op, {}).get("count", 0)) for r in results]
+            metrics[f"c10d_bytes_per_step.{op}"] = Metric(value=max(b), unit="B", per_rank=b)
+            metrics[f"c10d_count_per_step.{op}"] = Metric(value=max(n), unit="count", per_rank=n)
         if cfg.pp > 1:
             bub = [r["bubble"] for r in results]
             metrics["pp_bubble"] = Metric(value=sum(bub) / len(bub), unit="fraction", per_rank=bub)
@@ -406,7 +413,9 @@ def document(
         notes.append(
             f"peak memory: {r0['memory_source']}; activation_bytes: the metered step's peak "
             "above what was live before it; comm_time.<axis>: that step's transfers replayed "
-            "alone on the axis's group (time on the wire, not the exposed time)"
+            "alone on the axis's group (time on the wire, not the exposed time); "
+            "c10d_bytes_per_step.<op>: every c10d collective of that step on any axis "
+            "(the shared comm meter), DDP's gradient all-reduce over CP ranks included"
         )
         if backend == "gloo":
             notes.append("gloo CPU ranks: proves the mechanism and its bytes, not GPU speed")
@@ -458,25 +467,29 @@ def document(
 def comparison_set(
     preset: str, *, seq: int | None = None, steps: int | None = None
 ) -> list[tuple[RunConfig, RunConfig]]:
-    """(baseline on one rank, candidate) pairs: TP2+SP, PP2 GPipe and 1F1B, CP2 ring."""
+    """(baseline on one rank, candidate) pairs: TP2+SP, TP2, PP2 GPipe and 1F1B, CP2 ring at
+    the base sequence and at twice it (GPU: 32k and 64k)."""
     if preset == "gpu":
         base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 5, "warmup": 2}
         tp_kw = {"micro_batch": 2, "seq": seq or 4096}
         pp_kw = {"micro_batch": 1, "microbatches": 8, "seq": seq or 4096}
         cp_kw = {"micro_batch": 1, "seq": 32768 if seq is None else seq * 8}
+        long_kw = {"micro_batch": 1, "seq": 2 * cp_kw["seq"], "steps": 2, "warmup": 1}
     elif preset == "cpu":
         base = {"model": "tiny", "dtype": "fp32", "steps": steps or 2, "warmup": 1}
         tp_kw = {"micro_batch": 2, "seq": seq or 64}
         pp_kw = {"micro_batch": 1, "microbatches": 4, "seq": seq or 64}
         cp_kw = {"micro_batch": 1, "seq": 2 * (seq or 64)}
+        long_kw = {"micro_batch": 1, "seq": 2 * cp_kw["seq"], "steps": 1, "warmup": 1}
     else:
         raise UsageError(f"preset {preset!r}: use cpu or gpu")
 
     def pair(name: str, kw: dict[str, Any], **cand: Any) -> tuple[RunConfig, RunConfig]:
-        single = RunConfig(name=f"single-{name}", nproc=1, role="baseline", **base, **kw)
+        both = {**base, **kw}
+        single = RunConfig(name=f"single-{name}", nproc=1, role="baseline", **both)
         sched = cand.pop("schedule", "1f1b")
         return dataclasses.replace(single, schedule=sched), RunConfig(
-            name=name, role="candidate", schedule=sched, **base, **kw, **cand
+            name=name, role="candidate", schedule=sched, **both, **cand
         )
 
     return [
@@ -485,10 +498,12 @@ def comparison_set(
         pair("pp2-gpipe", pp_kw, nproc=2, pp=2, schedule="gpipe"),
         pair("pp2-1f1b", pp_kw, nproc=2, pp=2, schedule="1f1b"),
         pair("cp2-ring", cp_kw, nproc=2, cp=2),
+        # twice the sequence: one rank may run out of memory (a failure document), CP2 not
+        pair("cp2-ring-long", long_kw, nproc=2, cp=2),
     ]
 
 
-NAMES = ("tp2-sp", "tp2", "pp2-gpipe", "pp2-1f1b", "cp2-ring")
+NAMES = ("tp2-sp", "tp2", "pp2-gpipe", "pp2-1f1b", "cp2-ring", "cp2-ring-long")
 
 
 def _launch(
@@ -729,6 +744,38 @@ def render_report(
             sched = d.layout["pp_schedule"]
             lines += [f"### {sched} schedule, p={p}, m={m} (step x rank)", "", "```"]
             lines += [format_grid(build(sched, p, m)), "```", ""]
+    cp_pairs = [(b, c) for b, c in pairs if c.cp > 1 and c.name in by]
+    if cp_pairs:
+        lines += ["## Context parallel: memory per rank", ""]
+        rows = []
+        for b, c in cp_pairs:
+            one = next((d for d in docs if d.layout["strategy"] == b.name), None)
+            if one is None:  # shared with another pair of the same workload
+                one = next(
+                    (d for d in docs if d.role != "candidate" and d.workload["seq"] == c.seq),
+                    None,
+                )
+            one_peak = "-"
+            if one is not None:
+                one_peak = (
+                    _cell(one, "peak_memory")
+                    if one.failure is None
+                    else f"failed ({one.failure.kind})"
+                )
+            rows.append(
+                [
+                    c.name,
+                    str(c.seq),
+                    one_peak,
+                    _cell(by[c.name], "peak_memory"),
+                    _cell(by[c.name], "memory_saved_vs_single"),
+                    _pred(by[c.name], "peak_memory"),
+                ]
+            )
+        lines += _table(
+            ["run", "seq", "1 rank peak", "CP2 peak per rank", "saved per rank", "ledger CP2 peak"],
+            rows,
+        )
     lines += ["## Layouts", ""]
     for _, cand in pairs:
         if cand.name not in by:
