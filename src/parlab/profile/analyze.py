@@ -370,9 +370,12 @@ def analyze_trace(
         if frag is not None:
             for tid in sorted(tids, key=str):
                 gpu_stream = isinstance(tid, int) and tid < 1000 and tid not in col.thread_names
-                tname = (
-                    f"stream {tid}" if gpu_stream else col.thread_names.get(tid, f"thread {tid}")
-                )
+                if gpu_stream:
+                    tname = f"stream {tid}"
+                elif isinstance(tid, str):  # some profilers name streams "stream 7" themselves
+                    tname = col.thread_names.get(tid, tid)
+                else:
+                    tname = col.thread_names.get(tid, f"thread {tid}")
                 frag.write(
                     ",\n"
                     + json.dumps(
