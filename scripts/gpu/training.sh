@@ -10,7 +10,8 @@
 # Llama-style model (hidden 2048, 24 layers, seq 4096, micro-batch 2, bf16 compute,
 # fp32 params/grads/AdamW states, fused AdamW), 3 warm-up + 5 timed steps each; FSDP2
 # with torch.compile if time allows; FSDP2 on the 8B model (micro-batch 1) as the
-# second size for the ledger's peak-memory check; then the report.
+# second size for the ledger's peak-memory check; FSDP2 without reshard and with
+# selective / full recompute while time is left; then the report.
 # Without GPUs the same runs use the tiny model on 2 gloo CPU ranks (a dry run).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu/training.sh OUT_DIR}
@@ -47,5 +48,14 @@ if [ "$SECONDS" -lt 200 ]; then
 else
   echo "skipped fsdp --compile: $SECONDS s already spent" | tee -a "$LOG"
 fi
+# FSDP's knobs, each only while time is left (about 30 s a run on GPUs).
+for knobs in "--no-reshard" "--recompute selective" "--recompute full"; do
+  if [ "$SECONDS" -lt 240 ]; then
+    # shellcheck disable=SC2086
+    parlab train --strategy fsdp "${BIG[@]}" $knobs
+  else
+    echo "skipped fsdp $knobs: $SECONDS s already spent" | tee -a "$LOG"
+  fi
+done
 parlab project training-state --report-only
 echo "done in $SECONDS s; report: $OUT/results/PAR-TRAINING-STATE/training-state.md" | tee -a "$LOG"

@@ -574,8 +574,15 @@ def run_training(cfg: TrainConfig, *, command: str) -> Document:
 # The comparison set and its report
 
 
-CPU_SET = ("ddp", "ddp-bucket", "zero1", "zero2", "zero3", "fsdp")
-GPU_SET = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+# (strategy, knob overrides): torch's paths beside parlab's, and FSDP's reshard/recompute knobs.
+_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("fsdp", {"reshard_after_forward": False}),
+    ("fsdp", {"recompute": "selective"}),
+    ("fsdp", {"recompute": "full"}),
+)
+CPU_SET = (("ddp", {}), ("ddp-bucket", {}), ("zero1", {}), ("zero2", {}), ("zero3", {}),
+           ("fsdp", {}), *_VARIANTS)  # fmt: skip
+GPU_SET = (("ddp", {}), ("zero1", {}), ("zero2", {}), ("zero3", {}), ("fsdp", {}), *_VARIANTS)
 
 
 def comparison_configs(
@@ -604,7 +611,7 @@ def comparison_configs(
             "dtype": "fp32",
         }
         names = CPU_SET
-    return [TrainConfig(strategy=s, **base) for s in names]
+    return [TrainConfig(strategy=s, **{**base, **knobs}) for s, knobs in names]
 
 
 def run_label(doc: Document) -> str:
@@ -760,7 +767,31 @@ def train_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, A
     return out
 
 
-def run_set(configs: list[TrainConfig], *, command: str, grouped: bool) -> list[Document]:
+def train_command(cfg: TrainConfig) -> str:
+    """The ``parlab train`` line that reproduces one run of a set."""
+    import shlex
+
+    args = ["parlab", "train", "--strategy", cfg.strategy, "--model", cfg.model]
+    defaults = TrainConfig(strategy=cfg.strategy, model=cfg.model)
+    flags = {
+        "nproc": "--nproc", "steps": "--steps", "warmup": "--warmup",
+        "micro_batch": "--micro-batch", "global_batch": "--global-batch", "seq": "--seq",
+        "dtype": "--dtype", "recompute": "--recompute", "optimizer": "--optimizer", "lr": "--lr",
+        "seed": "--seed", "hybrid_shard": "--hybrid-shard", "data": "--data",
+        "memory_cap": "--memory-cap", "timeout_s": "--timeout",
+    }  # fmt: skip
+    for field, flag in flags.items():
+        value = getattr(cfg, field)
+        if value != getattr(defaults, field) and value is not None:
+            args += [flag, str(value)]
+    if cfg.compile:
+        args.append("--compile")
+    if not cfg.reshard_after_forward:
+        args.append("--no-reshard")
+    return shlex.join(args)
+
+
+def run_set(configs: list[TrainConfig], *, grouped: bool) -> list[Document]:
     """Run every config; ``grouped`` runs them in one launch (falling back to one each on failure)."""
     from parlab.runtime.launch import LaunchConfig, launch
 
@@ -784,13 +815,13 @@ def run_set(configs: list[TrainConfig], *, command: str, grouped: bool) -> list[
                     c,
                     [per_rank[i] for per_rank in res.results],
                     None,
-                    command=f"{command} --strategy {c.strategy}",
+                    command=train_command(c),
                     backend=backend,
                     environment=env,
                 )
                 for i, c in enumerate(configs)
             ]
-    return [run_training(c, command=f"{command} --strategy {c.strategy}") for c in configs]
+    return [run_training(c, command=train_command(c)) for c in configs]
 
 
 def run_project(
@@ -825,8 +856,7 @@ def run_project(
             raise UsageError(f"unknown strategy {unknown[0]!r}: use one of {', '.join(STRATEGIES)}")
         base = configs[0]
         configs = [dataclasses.replace(base, strategy=s) for s in only]
-    command = f"parlab train --model {configs[0].model} --nproc {configs[0].nproc} --steps {configs[0].steps} --seq {configs[0].seq} --dtype {configs[0].dtype}"
-    docs = run_set(configs, command=command, grouped=not gpu)
+    docs = run_set(configs, grouped=not gpu)
     for d in docs:
         path = write_result(d, results)
         if console is not None:
