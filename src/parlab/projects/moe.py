@@ -397,11 +397,13 @@ def _train(
         loss = torch.nn.functional.mse_loss(out.y_TH.float(), target.float()) + out.aux_loss
         for p in params:
             p.grad = None
-        loss.backward()
+        # the loss of the whole ep group is the mean of the ranks' losses: each rank's share
+        # reaches its experts' gradients through the all-to-all backward; the replicated
+        # router's gradient is summed over the ranks
+        (loss / comm.group_size(group)).backward()
         grad = layer.router.gate.weight.grad
         if grad is not None and comm.group_size(group) > 1:
             dist.all_reduce(grad, group=group)
-            grad /= comm.group_size(group)
         _adam_step(params, moments, step + 1, cfg.train_lr)
         routed = _sum_over(group, out.routed_E.clone())
         kept = _sum_over(group, out.kept_E.clone())
@@ -845,7 +847,8 @@ def training_document(
             f"Zipf({cfg.skews[0] if cfg.skews else 1.0:g}); target tanh(x A)",
             "tokens_per_rank": cfg.tokens,
             "steps": cfg.train_steps,
-            "optimizer": f"Adam lr {cfg.train_lr:g} (router gradient averaged over the ep ranks)",
+            "optimizer": f"Adam lr {cfg.train_lr:g} on the mean loss of the ep ranks (the "
+            "replicated router's gradient summed over them)",
             "aux_coeff": cfg.aux_coeff,
             "bias_rate": cfg.bias_rate,
             "per_step": {run["mode"]: run["steps"] for run in runs},
