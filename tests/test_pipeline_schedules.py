@@ -53,3 +53,45 @@ def test_bad_schedules_are_refused() -> None:
     broken[1] = list(reversed(broken[1]))
     with pytest.raises(ValueError, match="deadlocks"):
         simulate(broken)
+
+
+def _lockstep_bubble(name: str, p: int, m: int, v: int, t_f: float, t_b: float) -> float:
+    """Replay ``lockstep`` slots the way the executor waits: a rank starts its slot-t
+    action after its own previous action and after every message it receives at slot t."""
+    from parlab.parallel.pipeline import _message, lockstep
+    from parlab.parallel.pipeline_schedules import n_stages
+
+    sched = build(name, p, m, v)
+    slots = lockstep(sched)
+    n = n_stages(sched)
+    free, busy, end_of = [0.0] * p, [0.0] * p, {}
+    for t in range(len(slots.starts[0])):
+        ready = list(free)
+        for q in range(p):
+            a = slots.ends[q][t]
+            msg = _message(a, n) if a is not None else None
+            if msg is not None:
+                dst = msg[1] % p
+                ready[dst] = max(ready[dst], end_of[(q, str(a))])
+        for r in range(p):
+            a = slots.starts[r][t]
+            if a is not None:
+                d = (t_f if a.kind == "F" else t_b) / v
+                end_of[(r, str(a))] = ready[r] + d
+                free[r] = ready[r] + d
+                busy[r] += d
+    return 1 - sum(busy) / (p * max(free))
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "m", "v"),
+    [("gpipe", 2, 8, 1), ("1f1b", 2, 8, 1), ("1f1b", 4, 8, 1), ("interleaved-1f1b", 2, 8, 2)],
+)
+def test_executor_lockstep_adds_no_bubble(name: str, p: int, m: int, v: int) -> None:
+    from parlab.parallel.pipeline import lockstep
+
+    starts = lockstep(build(name, p, m, v)).starts
+    for r, acts in enumerate(build(name, p, m, v)):
+        assert [a for a in starts[r] if a is not None] == acts  # each rank keeps its order
+    want = formula(name, p, m, v)["of_step"]
+    assert _lockstep_bubble(name, p, m, v, 1.0, 2.0) == pytest.approx(want, abs=1e-9)

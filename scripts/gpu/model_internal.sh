@@ -39,6 +39,17 @@ if "$PY" -m parlab layout --world 16 --tp 16 --model llama3.1-8b > "$OUT/layout-
   echo "expected the tp 16 layout of llama3.1-8b to be refused" >&2; exit 1
 fi
 
+# parlab's ring attention vs torch's context_parallel (GPU only; CPU reports "unsupported")
+timeout 120 "$PY" -c '
+import json, sys
+from parlab.runtime.launch import LaunchConfig, launch
+r = launch("parlab.parallel.context:torch_cp_agreement", {"seq": 8192},
+           LaunchConfig(nproc=2, timeout_s=60))
+print(json.dumps({"ok": r.ok, "ranks": r.results,
+                  "failure": r.failure.message if r.failure else None}, indent=1))
+' > "$OUT/cp-vs-torch-context-parallel.json" 2>>"$OUT/model-internal.log" || true
+cat "$OUT/cp-vs-torch-context-parallel.json" | tee -a "$OUT/model-internal.log"
+
 timeout 560 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
   --timeout 300 2>&1 | tee -a "$OUT/model-internal.log"
 cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"

@@ -303,3 +303,51 @@ def apply_context_parallel(model: nn.Module, cp_group: Any, *, variant: str = "r
         attn.cp_group = cp_group
         attn.variant = variant
     return model
+
+
+def torch_cp_agreement(
+    ctx: Any, *, seq: int = 8192, heads: int = 16, head_dim: int = 128
+) -> dict[str, Any]:
+    """Rank function (GPU): parlab's ring attention vs torch's ``context_parallel`` on SDPA.
+
+    Both shard the sequence head-tail (chunks ``i`` and ``2c-1-i``); the same random
+    bf16 q, k, v go through each; returns the largest output and input-gradient
+    differences on this rank. torch's CP has no CPU sharding rule for causal SDPA,
+    so on CPU it reports ``unsupported``.
+    """
+
+    if ctx.device.type != "cuda":
+        return {"status": "unsupported", "reason": "torch context_parallel needs CUDA SDPA"}
+    try:
+        return _torch_cp_agreement(ctx, seq=seq, heads=heads, head_dim=head_dim)
+    except Exception as exc:  # torch's CP API is experimental: report, do not fail the run
+        return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _torch_cp_agreement(ctx: Any, *, seq: int, heads: int, head_dim: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    cp, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cuda", (cp,), mesh_dim_names=("cp",))
+    g = torch.Generator(device=ctx.device).manual_seed(0)
+    shape = (1, heads, seq, head_dim)
+    q, k, v, do = (
+        torch.randn(shape, generator=g, device=ctx.device, dtype=torch.bfloat16) for _ in range(4)
+    )
+    mine = [shard_sequence(t, cp, me, dim=2).requires_grad_() for t in (q, k, v)]
+    out_mine = ring_attention(*mine, mesh.get_group(), causal=True)
+    out_mine.backward(shard_sequence(do, cp, me, dim=2))
+    theirs = [t.clone() for t in (q, k, v, do)]
+    with context_parallel(mesh, buffers=theirs, buffer_seq_dims=[2, 2, 2, 2]):
+        tq, tk, tv, tdo = (t.requires_grad_() if i < 3 else t for i, t in enumerate(theirs))
+        out_t = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        out_t.backward(tdo)
+    return {
+        "status": "ok",
+        "out": (out_t.float() - out_mine.float()).abs().max().item(),
+        "dq": (tq.grad.float() - mine[0].grad.float()).abs().max().item(),
+        "dk": (tk.grad.float() - mine[1].grad.float()).abs().max().item(),
+        "dv": (tv.grad.float() - mine[2].grad.float()).abs().max().item(),
+        "fallbacks": list(_FALLBACKS),
+    }

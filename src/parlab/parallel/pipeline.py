@@ -100,16 +100,33 @@ class _Timer:
         return {n: b - a for n, a, b in self.marks}
 
 
-def lockstep(schedule: list[list[Action]]) -> list[list[Action | None]]:
-    """Each rank's action at each step of the unit-time grid (``None``: idle)."""
-    tl = simulate(schedule, t_f=1.0, t_b=1.0)
+@dataclass(frozen=True, kw_only=True)
+class Slots:
+    """The schedule on a common clock: which action starts and which ends at each slot."""
+
+    starts: list[list[Action | None]]
+    """Per rank, per slot: the action that starts there (``None``: none)."""
+    ends: list[list[Action | None]]
+    """Per rank, per slot: the action that ends there (its message is sent at that slot)."""
+
+
+def lockstep(schedule: list[list[Action]], *, t_f: int = 1, t_b: int = 2) -> Slots:
+    """Place every action on slots of ``1/v`` of a forward, from ``simulate(t_f, t_b)``.
+
+    ``t_b = 2 t_f`` (a backward costs about two forwards) orders the messages as a real
+    run produces them, so lockstep adds no idle time to GPipe, 1F1B or interleaved 1F1B
+    when the real ratio is near it.
+    """
+    tl = simulate(schedule, t_f=float(t_f), t_b=float(t_b))
     v = n_stages(schedule) // len(schedule)
-    steps = round(tl.makespan * v)
-    out: list[list[Action | None]] = [[None] * steps for _ in schedule]
+    slots = round(tl.makespan * v) + 1
+    starts: list[list[Action | None]] = [[None] * slots for _ in schedule]
+    ends: list[list[Action | None]] = [[None] * slots for _ in schedule]
     for r, spans in enumerate(tl.spans):
-        for start, _, a in spans:
-            out[r][round(start * v)] = a
-    return out
+        for start, end, a in spans:
+            starts[r][round(start * v)] = a
+            ends[r][round(end * v)] = a
+    return Slots(starts=starts, ends=ends)
 
 
 def _message(a: Action, n_stages: int) -> tuple[str, int, int] | None:
@@ -139,18 +156,20 @@ def run_schedule(
     first stage's inputs, ``targets`` the last stage's. The summed loss is scaled
     by ``1/m`` so gradients equal those of the mean loss over the whole batch.
 
-    Ranks walk the schedule's unit-time grid in lockstep: after its step-``t``
-    action, a rank posts one batch with what it produced at step ``t`` and the
-    receives of what its neighbours produced at step ``t``, so both sides of
-    every message sit in the same step's batch (deadlock-free under NCCL
-    grouping). Only receives are waited for; sends complete in the background.
+    Ranks walk the schedule's slots (``lockstep``) together: at slot ``t`` a rank
+    first posts one batch with the messages of the actions that end at ``t`` --
+    its own sends and the receives of its neighbours' -- so both sides of every
+    message sit in the same slot's batch (deadlock-free under NCCL grouping),
+    then runs the action that starts at ``t``. Only receives are waited for;
+    sends complete in the background.
     """
     p = len(schedule)
     n = n_stages(schedule)
     m = len(microbatches)
     me = dist.get_rank(group) if p > 1 else 0
-    grid = lockstep(schedule)
+    slots = lockstep(schedule)
     inbox: dict[tuple[str, int, int], torch.Tensor] = {}
+    produced: dict[tuple[str, int, int], torch.Tensor] = {}
     inputs: dict[tuple[int, int], torch.Tensor] = {}
     outputs: dict[tuple[int, int], torch.Tensor] = {}
     sends_pending: list[Any] = []
@@ -164,47 +183,25 @@ def run_schedule(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_start = time.perf_counter()
-    for t in range(len(grid[me])):
-        a = grid[me][t]
-        out_msg: tuple[tuple[str, int, int], torch.Tensor] | None = None
-        if a is not None:
-            mod = stages[a.stage]
-            t0 = timer.start()
-            if a.kind == "F":
-                x = microbatches[a.mb] if a.stage == 0 else inbox.pop(("act", a.stage, a.mb))
-                if a.stage > 0:
-                    x.requires_grad_(True)
-                inputs[(a.stage, a.mb)] = x
-                y = mod(x)
-                if a.stage == n - 1:
-                    y = loss_fn(y, targets[a.mb]) / m
-                    loss_sum += y.detach()
-                else:
-                    out_msg = (("act", a.stage + 1, a.mb), y.detach())
-                outputs[(a.stage, a.mb)] = y
-            else:
-                y = outputs.pop((a.stage, a.mb))
-                y.backward(None if a.stage == n - 1 else inbox.pop(("grad", a.stage, a.mb)))
-                x = inputs.pop((a.stage, a.mb))
-                if a.stage > 0:
-                    assert x.grad is not None, "a non-first stage's input requires grad"
-                    out_msg = (("grad", a.stage - 1, a.mb), x.grad)
-            timer.stop(str(a), t0)
+    for t in range(len(slots.starts[me])):
+        # 1. the messages of every action that ends at slot t, in one batch
         ops = []
-        if out_msg is not None:
-            key, tensor = out_msg
-            if key[1] % p == me:
-                inbox[key] = tensor
-            else:
+        n_recv = 0
+        for q in range(p):
+            b = slots.ends[q][t]
+            msg = _message(b, n) if b is not None else None
+            if msg is None:
+                continue
+            if q == me:
+                tensor = produced.pop(msg)
+                if msg[1] % p == me:
+                    inbox[msg] = tensor
+                    continue
                 tensor = tensor.contiguous()
                 stats.sent_bytes += tensor.numel() * tensor.element_size()
                 tensor_comm._log("send_recv", tensor, axis="pp")
-                ops.append(dist.P2POp(dist.isend, tensor, peer(key[1]), group))
-        n_recv = 0
-        for q in range(p):
-            b = grid[q][t] if q != me else None
-            msg = _message(b, n) if b is not None else None
-            if msg is not None and msg[1] % p == me:
+                ops.append(dist.P2POp(dist.isend, tensor, peer(msg[1]), group))
+            elif msg[1] % p == me:
                 buf = torch.empty(act_shape, dtype=act_dtype, device=device)
                 ops.append(dist.P2POp(dist.irecv, buf, peer(q), group))
                 inbox[msg] = buf
@@ -216,6 +213,32 @@ def run_schedule(
                     w.wait()
             else:
                 sends_pending += works
+        # 2. the action that starts at slot t
+        a = slots.starts[me][t]
+        if a is None:
+            continue
+        mod = stages[a.stage]
+        t0 = timer.start()
+        if a.kind == "F":
+            x = microbatches[a.mb] if a.stage == 0 else inbox.pop(("act", a.stage, a.mb))
+            if a.stage > 0:
+                x.requires_grad_(True)
+            inputs[(a.stage, a.mb)] = x
+            y = mod(x)
+            if a.stage == n - 1:
+                y = loss_fn(y, targets[a.mb]) / m
+                loss_sum += y.detach()
+            else:
+                produced[("act", a.stage + 1, a.mb)] = y.detach()
+            outputs[(a.stage, a.mb)] = y
+        else:
+            y = outputs.pop((a.stage, a.mb))
+            y.backward(None if a.stage == n - 1 else inbox.pop(("grad", a.stage, a.mb)))
+            x = inputs.pop((a.stage, a.mb))
+            if a.stage > 0:
+                assert x.grad is not None, "a non-first stage's input requires grad"
+                produced[("grad", a.stage - 1, a.mb)] = x.grad
+        timer.stop(str(a), t0)
     for w in sends_pending:
         w.wait()
     stats.action_s = timer.results()
