@@ -3,8 +3,10 @@
 Reads the project's baseline, candidate and failure documents (never other
 decisions) from a results folder, and:
 
-1. Picks the reference: the newest baseline (else the newest candidate, else
-   the newest failure), preferring measured documents over ``analytic`` ones.
+1. Picks the reference: the newest baseline (else candidate, else failure) of
+   the largest group of mutually comparable documents (groups that measured
+   the objective first, measured before ``analytic``, then by size, then by
+   the newest document), so one odd newer run does not orphan the rest.
 2. Checks comparability against it. A document is *incomparable* -- left out,
    and named with what differs -- when its evidence level differs (a CPU
    mechanism run is not a GPU measurement), its GPU model differs, or its
@@ -186,13 +188,34 @@ def environment_differences(ref: Document, doc: Document) -> list[str]:
     return out
 
 
-def _pick_reference(docs: Sequence[Document]) -> Document:
-    measured = [d for d in docs if d.evidence_level != "analytic"] or list(docs)
+def comparability_key(doc: Document) -> str:
+    """Documents with equal keys are comparable (level, GPU model, workload less run noise)."""
+    workload = {k: v for k, v in doc.workload.items() if k not in IGNORED_WORKLOAD_KEYS}
+    return json.dumps([doc.evidence_level, _gpu_models(doc), workload], sort_keys=True, default=str)
+
+
+def _pick_reference(project: str, docs: Sequence[Document], metric: str | None) -> Document:
+    """The newest baseline (else candidate, else failure) of the largest comparable group.
+
+    Groups whose documents measured the objective come first; then measured over analytic;
+    then the most documents; then the group holding the newest document.
+    """
+    groups: dict[str, list[Document]] = {}
+    for d in docs:
+        groups.setdefault(comparability_key(d), []).append(d)
+
+    def rank(group: list[Document]) -> tuple[bool, bool, int, int]:
+        measurable = _objective(project, group, metric, None) is not None
+        measured = group[0].evidence_level != "analytic"
+        newest = max(docs.index(d) for d in group)
+        return measurable, measured, len(group), newest
+
+    best = max(groups.values(), key=rank)
     for role in ("baseline", "candidate", "failure"):
-        in_role = [d for d in measured if d.role == role]
+        in_role = [d for d in best if d.role == role]
         if in_role:
             return in_role[-1]
-    raise AssertionError("docs is not empty")
+    raise AssertionError("a group is never empty")
 
 
 def _objective(
@@ -277,7 +300,7 @@ def decide(
             f"{project} has no baseline, candidate or failure document under {results_dir}: "
             "run its benchmark first"
         )
-    ref = _pick_reference(docs)
+    ref = _pick_reference(project, docs, metric)
     comparable: list[Document] = []
     incomparable: list[tuple[Document, str]] = []
     for d in docs:

@@ -51,7 +51,7 @@ def plan_decide_step(results: Path, console: Any) -> None:
     path = write_plan(doc, result, results)
     top = result.top
     console.print(
-        f"plan [analytic] {model} on {DEMO_CLUSTER}: {len(result.ranked)} admitted, "
+        f"plan \\[analytic] {model} on {DEMO_CLUSTER}: {len(result.ranked)} admitted, "
         f"{len(result.rejected)} rejected in {result.elapsed_s:.2f} s; top: "
         + (
             f"{top.cand.name} ({top.tokens_per_s_per_gpu:,.0f} tokens/s per GPU predicted)"
@@ -72,7 +72,7 @@ def plan_decide_step(results: Path, console: Any) -> None:
         dec = out.doc.decision
         assert dec is not None
         console.print(
-            f"decide {project} [{out.doc.evidence_level}]: chosen {dec.chosen or 'none'}; "
+            f"decide {project} \\[{out.doc.evidence_level}]: chosen {dec.chosen or 'none'}; "
             f"{len(dec.rejected)} rejected; {len(out.incomparable)} incomparable"
         )
 

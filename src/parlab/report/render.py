@@ -388,7 +388,7 @@ td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#f3f4f6}code,pre{background:#f3f4f6;padding:2px 4px;font-size:.85em;
 white-space:pre-wrap;word-break:break-all}
 .badge{display:inline-block;color:#fff;border-radius:4px;padding:0 6px;font-size:.8em;
-margin-right:4px}figure{margin:1em 0}figcaption{font-size:.85em;color:#444}
+margin-right:4px;white-space:nowrap}figure{margin:1em 0}figcaption{font-size:.85em;color:#444}
 img{max-width:100%;border:1px solid #eee}nav{font-size:.9em}
 """
 
