@@ -375,6 +375,11 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
         for item in STATE_ITEMS
     }
+    if strategy.startswith("fsdp") and not cfg.reshard_after_forward:
+        # The ledger models FSDP with reshard_after_forward on only: no peak or comm from it.
+        return preds, [
+            "no peak or comm prediction: the ledger has no reshard_after_forward=False knob"
+        ]
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
     if cfg.strategy.endswith("-naive"):
@@ -749,9 +754,25 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         fig.savefig(paths["predicted"], dpi=110)
         plt.close(fig)
         lines += [""] + [f"![{k}]({p.name})" for k, p in paths.items()]
+    lines += [
+        "",
+        "## How to read it",
+        "",
+        "- State bytes: counted on every rank from the real tensors (each storage once) after "
+        "the last step's update; the table shows the largest rank.",
+        "- Peak memory: the CUDA allocator's high-water mark on GPUs; tracked tensor bytes on "
+        "CPU (gloo runs), where the ledger's peak is a rough guide only.",
+        "- Comm bytes/step: every collective the metered step issued (payload as nccl-tests "
+        "counts it); comm time: those collectives replayed alone, one after another -- the "
+        "cost if nothing overlapped, not the exposed time.",
+        "- Selective recompute here keeps matmul and attention outputs and recomputes the rest "
+        "(torchtitan's op-level policy).",
+    ]
+    seen: set[str] = set()
     for d in docs:
         for n in d.notes:
-            if n.startswith("no predictions") or n.startswith("mfu unknown"):
+            if n.startswith(("no ", "comm not metered", "mfu unknown")) and n not in seen:
+                seen.add(n)
                 lines.append(f"- {run_label(d)}: {n}")
     paths["report"] = out_dir / "training-state.md"
     paths["report"].write_text("\n".join(lines) + "\n")
