@@ -45,8 +45,9 @@ Optimizer phase: ``optimizer_temporaries`` (foreach AdamW: one state-sized
 temporary, ``sqrt(v)``; fused AdamW: none). ``allocator_overhead``: an
 explicit, settable number (``overhead_bytes``), never a hidden factor.
 
-Peak (per stage) = resident (params, optimizer, master, ddp_buckets, overhead)
-+ max(forward/backward, optimizer step), where
+Peak (per stage) = resident (params, optimizer, master, ddp_buckets, overhead, and
+the gradients where they live in persistent buffers: DDP with ``bucket_view``,
+ZeRO-1's flat gradient buffers) + max(forward/backward, optimizer step), where
 
 - forward/backward = activations + recompute_buffer + autocast_weight_copies +
   gather_buffers + reduce_buffers + gradients already accumulated (all of them
@@ -500,10 +501,13 @@ def predict(
         # host / device
         host = _offloaded(offload)
         dev = {k: (0 if k in host else v) for k, v in row.items()}
+        # gradients that live in persistent buffers: DDP's buckets with bucket_view (the grads
+        # are views of them, zeroed not freed) and ZeRO-1's full flat gradient buffers
+        grads_resident = (strategy == "ddp" and topo.dp > 1 and bucket_view) or strategy == "zero1"
         resident = sum(
             dev[k]
             for k in ("params", "optimizer", "master_params", "ddp_buckets", "allocator_overhead")
-        )
+        ) + (dev["grads"] if grads_resident else 0)
         base = sum(
             dev[k]
             for k in (
@@ -514,13 +518,15 @@ def predict(
         head_grads = 0
         if last and not accumulate:
             head_grads = sn.head * pol.grad_bytes * g_el // max(1, sn.held)
-        grads_fb = dev["grads"] if accumulate else 0
+        grads_fb = dev["grads"] if accumulate and not grads_resident else 0
         # the loss region (logits, log-probs and their gradients) is gone before the first
         # block's backward needs its activation gradients and the output layer's grads
-        fb = base + grads_fb + max(
-            dev["logits"] + dev["loss_buffers"], dev["backward_transient"] + head_grads
+        fb = (
+            base
+            + grads_fb
+            + max(dev["logits"] + dev["loss_buffers"], dev["backward_transient"] + head_grads)
         )
-        opt = dev["grads"] + dev["optimizer_temporaries"]
+        opt = (0 if grads_resident else dev["grads"]) + dev["optimizer_temporaries"]
         peaks.append(resident + max(fb, opt))
         phases.append("forward-backward" if fb >= opt else "optimizer-step")
         for k, v in row.items():
