@@ -199,13 +199,15 @@ def megatron_spec(name: str, heads: int, hidden: int, layers: int) -> Any:
     )
 
 
-def megatron_rows(mfu: float) -> list[tuple[str, str, float, float | None, Any]]:
+def megatron_rows(mfu: float | dict[str, float]) -> list[tuple[str, str, float, float | None, Any]]:
+    """(model, mode, published s, predicted s, verdict) of the eight Table 5 rows."""
     from parlab.plan.estimate import Throughput
     from parlab.plan.planner import PlanRequest, evaluate
     from parlab.plan.space import Candidate, make_cluster
 
     out = []
     for name, (heads, hidden, layers, tp, pp, gpus, gb) in CONFIGS.items():
+        m = mfu[name] if isinstance(mfu, dict) else mfu
         spec = megatron_spec(name, heads, hidden, layers)
         cluster = make_cluster(gpus=f"{gpus}xA100-80GB", gpus_per_node=8, inter_node_bw=25e9)
         peak = cluster.gpu.peak("bf16") or 0.0
@@ -214,19 +216,40 @@ def megatron_rows(mfu: float) -> list[tuple[str, str, float, float | None, Any]]
             cluster=cluster,
             global_batch=gb,
             seq=2048,
-            throughput=Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True),
+            throughput=Throughput(mfu=m, peak_flops=peak, source=f"MFU {m:.3f}", assumed=True),
             dtype="bf16-master",
             optimizer="adam",
         )
         for i, (rc, sp) in enumerate((("full", False), ("selective", True))):
-            cand = Candidate(dp=1, tp=tp, pp=pp, cp=1, ep=1, strategy="ddp", micro_batch=1,
-                             microbatches=gb, recompute=rc,
-                             schedule="1f1b" if pp > 1 else "-")  # fmt: skip
+            cand = Candidate(
+                dp=1,
+                tp=tp,
+                pp=pp,
+                cp=1,
+                ep=1,
+                strategy="ddp",
+                micro_batch=1,
+                microbatches=gb,
+                recompute=rc,
+                schedule="1f1b" if pp > 1 else "-",
+            )
             v = evaluate(req, cand, sp=sp)
             pred = v.estimate.step_s if v.estimate else None
             label = "full recompute" if rc == "full" else "selective + SP"
             out.append((name, label, PUBLISHED[name][i], pred, v))
     return out
+
+
+def implied_mfu(v: Any, published: float, used: float) -> float:
+    """The MFU at which the prediction of ``v`` (made at MFU ``used``) equals ``published``.
+
+    published = C / mfu + exposed + (C / mfu + blocking) b, with C the compute at MFU 1 and
+    b = (pp - 1) / (v m); the communication and bubble model are kept as they are.
+    """
+    e = v.estimate
+    b = e.bubble_s / (e.compute_s + e.comm_blocking_s) if e.compute_s else 0.0
+    c1 = e.compute_s * used
+    return c1 * (1 + b) / (published - e.comm_exposed_s - e.comm_blocking_s * b)
 
 
 def table_megatron() -> None:
@@ -235,42 +258,45 @@ def table_megatron() -> None:
     print()
     print("== 2. Korthikanti et al. 2022 Table 5 (published, A100; external references)")
     base = megatron_rows(DEFAULT_MFU)
-    # one-point calibration: the MFU that makes 22B selective+SP exact, used for the other 7
-    ref = next(r for r in base if r[0] == "22B" and r[1] == "selective + SP")
-    est = ref[4].estimate
-    # step = compute + rest, compute proportional to 1/MFU: solve compute' = published - rest
-    rest = est.step_s - est.compute_s - est.bubble_s
-    bubble_ratio = est.bubble_s / (est.compute_s + est.comm_blocking_s) if est.compute_s else 0.0
-    target_compute = (ref[2] - rest) / (1 + bubble_ratio) - est.comm_blocking_s * bubble_ratio
-    cal_mfu = DEFAULT_MFU * est.compute_s / target_compute
-    cal = megatron_rows(cal_mfu)
+    implied = [implied_mfu(r[4], r[2], DEFAULT_MFU) for r in base]
+    sel = {r[0]: implied[i] for i, r in enumerate(base) if r[1] == "selective + SP"}
+    # (a) one point: the MFU that makes 22B selective + SP exact, for all eight rows
+    cal_mfu = sel["22B"]
+    one = megatron_rows(cal_mfu)
+    # (b) two points: efficiency growing with the per-GPU GEMM width n = hidden / tp,
+    #     eff(n) = E n / (n + n0), E and n0 from 22B and 175B selective + SP
+    width = {k: CONFIGS[k][1] / CONFIGS[k][3] for k in CONFIGS}
+    n1, n2, y1, y2 = width["22B"], width["175B"], sel["22B"], sel["175B"]
+    n0 = n1 * n2 * (y2 - y1) / (y1 * n2 - y2 * n1)
+    top = y1 * (n1 + n0) / n1
+    by_width = {k: top * n / (n + n0) for k, n in width.items()}
+    two = megatron_rows(by_width)
     head = (
-        f"{'model':<6}{'mode':<16}{'published s':>12}{'pred@0.40':>11}{'err':>9}"
-        f"{'pred@cal':>10}{'err':>9}{'<10%':>6}{'implied MFU':>12}  comm exposed / bubble (cal)"
+        f"{'model':<6}{'mode':<16}{'published':>10}{'@0.40':>8}{'err':>8}{'@1pt':>8}{'err':>8}"
+        f"{'<10%':>5}{'@width':>8}{'err':>8}{'<10%':>5}{'implied MFU':>12}  exposed comm / bubble"
     )
     print(head)
     print("-" * len(head))
-    for (name, label, pub, pred, _v), (_, _, _, pcal, vc) in zip(base, cal, strict=True):
-        e = vc.estimate
-        note = "calibration point" if (name, label) == ("22B", "selective + SP") else ""
-        # the MFU at which this model's prediction would equal the published time
-        b = e.bubble_s / (e.compute_s + e.comm_blocking_s) if e.compute_s else 0.0
-        c1 = e.compute_s * cal_mfu
-        implied = c1 * (1 + b) / (pub - e.comm_exposed_s - e.comm_blocking_s * b)
+    for i, (name, label, pub, pred, _v) in enumerate(base):
+        p1, p2 = one[i][3], two[i][3]
+        e = one[i][4].estimate
+        is_cal1 = (name, label) == ("22B", "selective + SP")
+        is_cal2 = is_cal1 or (name, label) == ("175B", "selective + SP")
         print(
-            f"{name:<6}{label:<16}{pub:>12.2f}{pred or 0:>11.2f}{pct(pred, pub):>9}"
-            f"{pcal or 0:>10.2f}{pct(pcal, pub):>9}{within(pcal, pub, STEP_TARGET) if not note else '-':>6}"
-            f"{implied:>12.3f}  {e.comm_exposed_s:.2f} s / {e.bubble_s:.2f} s {note}"
+            f"{name:<6}{label:<16}{pub:>10.2f}{pred or 0:>8.2f}{pct(pred, pub):>8}"
+            f"{p1 or 0:>8.2f}{pct(p1, pub):>8}{'cal' if is_cal1 else within(p1, pub, STEP_TARGET):>5}"
+            f"{p2 or 0:>8.2f}{pct(p2, pub):>8}{'cal' if is_cal2 else within(p2, pub, STEP_TARGET):>5}"
+            f"{implied[i]:>12.3f}  {e.comm_exposed_s:.2f} s / {e.bubble_s:.2f} s"
         )
     print(
-        f"assumed MFU {DEFAULT_MFU:g}; calibrated MFU {cal_mfu:.3f} (from 22B selective + SP "
-        "alone). Layouts: the paper's Table 3 as stated in this script's CONFIGS; "
-        "inter-node 25 GB/s per GPU assumed."
+        f"@0.40: the planner's assumed MFU. @1pt: MFU {cal_mfu:.3f} calibrated on 22B "
+        f"selective + SP alone. @width: eff(n) = {top:.3f} n / (n + {n0:.0f}), n = hidden / tp, "
+        "fitted on 22B and 175B selective + SP ('cal' rows), predicting the other six."
     )
     print(
-        "implied MFU: the compute efficiency at which this model (its comm and bubble kept) "
-        "would give the published time; a constant MFU cannot follow it where it rises with "
-        "the per-GPU GEMM width (hidden / tp: 768 for 22B, 3200 for 1T)."
+        "implied MFU: the compute efficiency at which the planner's model (its communication "
+        "and bubble kept) gives the published time. Layouts: the paper's Table 3 as stated in "
+        "CONFIGS; A100-80GB, 8 per node, NVLink3 300 GB/s, inter-node 25 GB/s per GPU (assumed)."
     )
 
 
