@@ -80,6 +80,10 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     assert rates == sorted(rates, reverse=True) and rates[-1] == 0.0
     assert sweep.metrics["min_dropless_capacity_factor_uniform"].value in (1.0, 4.0)
     assert set(train.workload["per_step"]) == {"none", "aux", "bias"}
+    for j, run in enumerate(ranks[0]["training"]):  # the replicated router stayed replicated
+        assert run["router_checksum"] == ranks[1]["training"][j]["router_checksum"]
+        if run["mode"] == "bias":
+            assert run["router_checksum"][1] != 0.0 or run["steps"][0]["max_vio"] == 0
     # the analytic ledger's payload is the dropless one: T x k x H x 4 bytes (fp32)
     assert uniform.predictions["dispatch_bytes"].value == 64 * 2 * 16 * 4
     assert max(uniform.metrics["dispatch_bytes"].per_rank) <= 64 * 2 * 16 * 4

@@ -418,7 +418,16 @@ def _train(
                 "seconds": time.perf_counter() - t0,
             }
         )
-    return {"mode": mode, "steps": steps}
+    router = layer.router
+    return {
+        "mode": mode,
+        "steps": steps,
+        # the replicated router must stay identical on every rank
+        "router_checksum": [
+            float(router.gate.weight.float().sum()),
+            float(router.expert_bias.abs().sum()),
+        ],
+    }
 
 
 @torch.no_grad()
