@@ -32,6 +32,7 @@ Run: ``.venv/bin/python benchmarks/plan_accuracy.py [RESULTS_DIR]`` (default
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -135,6 +136,7 @@ def run_request(doc: Any, mfu: float) -> tuple[Any, Any, bool] | None:
 
 
 def table_gpu_runs(root: Path) -> None:
+    from parlab.plan.estimate import measured_throughput
     from parlab.plan.planner import DEFAULT_MFU, evaluate
 
     docs = gpu_runs(root)
@@ -162,7 +164,12 @@ def table_gpu_runs(root: Path) -> None:
         v = evaluate(req, cand, sp=sp)
         pred = v.estimate.step_s if v.estimate else None
         key = f"{d.workload.get('preset')}|{d.workload.get('seq')}|{d.workload.get('global_batch')}"
-        others = [o.metric("mfu") for o in by_workload[key] if o is not d and o.metric("mfu")]
+        others = []
+        for o in by_workload[key]:
+            # its mfu metric, else its tokens/s x FLOPs per token / peak
+            if o is not d:
+                with contextlib.suppress(ValueError):
+                    others.append(measured_throughput(o, 1.0).mfu)
         loo = None
         if others:
             req2, _, _ = run_request(d, float(statistics.median(others)))  # type: ignore[misc]
