@@ -162,3 +162,14 @@ def test_find_calibration_in_a_results_folder(tmp_path: Path) -> None:
     other = write_result(doc("sweep-b", [{**rec, "op": "all_reduce"}]), tmp_path)
     with pytest.raises(ValueError, match="no all_to_all"):
         find_calibration(tmp_path, other, 2, "gloo")
+
+
+def test_hot_expert_placement() -> None:
+    from parlab.projects.moe import hot_order
+
+    assert hot_order(8, 2, "contiguous") == list(range(8))
+    # Zipf ranks 0, 1, 2, 3 ... go to rank 0, rank 1, rank 0, rank 1 ...
+    assert hot_order(8, 2, "spread") == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert sorted(hot_order(12, 4, "spread")) == list(range(12))
+    with pytest.raises(ValueError, match="--hot"):
+        MoERunConfig(ep=2, experts=4, topk=2, hot="middle")

@@ -40,6 +40,10 @@ def moe_cmd(
         "--skew",
         help="Skewed workload(s) zipf:S (repeat or comma-separate; default zipf:1.2).",
     ),
+    hot: str = typer.Option(
+        "contiguous",
+        help="Where Zipf's hot experts sit: contiguous (all on rank 0) or spread (round-robin).",
+    ),
     sweep: str = typer.Option(
         "0.5,0.75,1,1.25,1.5,2", help="Capacity factors of the overflow sweep (comma-separated)."
     ),
@@ -83,6 +87,7 @@ def moe_cmd(
         ffn_hidden=ffn_hidden,
         tokens=tokens,
         skews=skews,
+        hot=hot,
         sweep=parse_floats(sweep, "--sweep"),
         train_steps=train_steps,
         balance=tuple(b.strip() for b in balance.split(",") if b.strip()),

@@ -89,6 +89,9 @@ class MoERunConfig:
     """Tokens per rank per forward."""
     skews: tuple[float, ...] = (1.2,)
     """Zipf exponents of the skewed workloads (uniform always runs)."""
+    hot: str = "contiguous"
+    """Where the hot experts sit: ``contiguous`` (Zipf rank j is expert j: rank 0 holds the
+    hottest) or ``spread`` (Zipf ranks dealt round-robin over the ep ranks)."""
     sweep: tuple[float, ...] = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     """Capacity factors of the overflow sweep."""
     train_steps: int = 8
@@ -139,6 +142,8 @@ class MoERunConfig:
         bad = [b for b in self.balance if b not in BALANCE_MODES]
         if bad:
             raise UsageError(f"--balance {bad[0]!r} is not one of {', '.join(BALANCE_MODES)}")
+        if self.hot not in ("contiguous", "spread"):
+            raise UsageError(f"--hot {self.hot!r} is not one of contiguous, spread")
         if self.dtype not in ("auto", *DTYPES):
             raise UsageError(f"--dtype {self.dtype!r} is not one of auto, bf16, fp32")
 
@@ -247,11 +252,19 @@ def _tokens(
     )
 
 
+def hot_order(experts: int, ep: int, hot: str) -> list[int]:
+    """The expert that gets Zipf rank j (``contiguous``: j; ``spread``: round-robin over ranks)."""
+    L = experts // ep
+    if hot == "contiguous":
+        return list(range(experts))
+    return [(j % ep) * L + j // ep for j in range(experts)]
+
+
 def _forced(cfg: MoERunConfig, rank: int, salt: int, skew: float) -> torch.Tensor:
     g = torch.Generator().manual_seed(cfg.seed * 104_729 + rank * 7 + salt)
-    return sample_experts(
-        cfg.tokens, cfg.experts, cfg.topk, zipf_probabilities(cfg.experts, skew), g
-    )
+    probs = zipf_probabilities(cfg.experts, skew)
+    idx = sample_experts(cfg.tokens, cfg.experts, cfg.topk, probs, g)
+    return torch.tensor(hot_order(cfg.experts, cfg.ep, cfg.hot))[idx]
 
 
 def _time_layer(
@@ -705,8 +718,10 @@ def workload_document(
             "kind": "uniform" if name == "uniform" else "zipf",
             "name": name,
             "zipf_s": w0["skew"],
-            "routing": "expert choices drawn from Zipf(s) over experts (expert 0 hottest, on rank 0); "
-            "gate weights are the router's scores at the drawn experts",
+            "routing": "expert choices drawn from Zipf(s) over experts; gate weights are the "
+            "router's scores at the drawn experts",
+            "hot_experts": cfg.hot,
+            "zipf_rank_to_expert": hot_order(cfg.experts, cfg.ep, cfg.hot),
             "tokens_per_rank": cfg.tokens,
             "hidden": cfg.hidden,
             "ffn_hidden": cfg.ffn_hidden,
@@ -1185,7 +1200,8 @@ def _markdown(
         f"({lay['backend']}; torch {sw.get('torch')}, CUDA {sw.get('cuda') or '-'}, NCCL {sw.get('nccl') or '-'})",
         f"- layer: hidden {wl.get('hidden')}, expert FFN {wl.get('ffn_hidden')}, {lay['gating']} gating, "
         f"capacity factor {lay['capacity_factor']}, drop {lay['drop_policy']}, {wl.get('dtype')}, "
-        f"{wl.get('tokens_per_rank')} tokens per rank; experts per rank {lay['expert_placement']}; "
+        f"{wl.get('tokens_per_rank')} tokens per rank; experts per rank {lay['expert_placement']}, "
+        f"hot experts {wl.get('hot_experts')}; "
         f"expert FFNs run as {wl.get('expert_impl')}",
         f"- command: `{first.command}`",
         "- documents: " + ", ".join(f"`{d.run_id}`" for d in docs),
