@@ -15,6 +15,7 @@ from parlab.projects.moe import (
     _to_json,
     calibration_busbw,
     calibration_points,
+    dispatch_plans,
     moe_rank,
     parse_skews,
     render_report,
@@ -51,6 +52,10 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
         path = contract.write_result(d, tmp_path)
         jsonschema.validate(json.loads(path.read_text()), contract.schema())
     uniform, skewed, sweep, train = docs
+    # the plan computed beforehand, with no process group, is the one the run exchanged
+    plans = dispatch_plans(cfg)
+    assert plans["uniform"] == uniform.workload["dispatch_plan"]
+    assert plans["zipf:1.5"] == skewed.workload["dispatch_plan"]
     for d in (uniform, skewed):
         m = d.metrics
         assert d.evidence_level == "cpu-mechanism" and d.project == "PAR-MOE-EXPERT"
@@ -173,3 +178,14 @@ def test_hot_expert_placement() -> None:
     assert sorted(hot_order(12, 4, "spread")) == list(range(12))
     with pytest.raises(ValueError, match="--hot"):
         MoERunConfig(ep=2, experts=4, topk=2, hot="middle")
+
+
+def test_plan_prints_and_launches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["project", "moe", "--ep", "2", "--experts", "4", "--tokens", "32", "--hidden", "16"]
+    assert run_cli([*args, "--plan", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "dispatch plan, uniform" in out and "dispatch plan, zipf:1.2" in out
+    assert "r1e3" in out and "computed" in out
+    assert not any(tmp_path.iterdir())

@@ -70,6 +70,9 @@ def moe_cmd(
         help="A `parlab collectives` document to compare with (default: the newest one in the "
         "results folder, if any).",
     ),
+    plan: bool = typer.Option(
+        False, "--plan", help="Print each workload's dispatch plan and stop (nothing launched)."
+    ),
     results: Path | None = ResultsOption,
 ) -> None:
     """PAR-MOE-EXPERT (T4): EP all-to-all vs naive, load per expert/rank, overflow, slowest rank."""
@@ -101,6 +104,14 @@ def moe_cmd(
         backend=backend,
         timeout_s=timeout,
     )
+    if plan:
+        from parlab.parallel.expert_comm import format_plan
+        from parlab.projects.moe import dispatch_plans
+
+        for name, grid in dispatch_plans(cfg).items():
+            console.print(f"dispatch plan, {name} (tokens sent, source rank x expert):")
+            console.print(format_plan(grid), markup=False)
+        return
     if calibration is not None and not calibration.is_file():
         raise ValueError(f"--calibration {calibration}: no such file; give a collectives document")
     root = results_dir(results)

@@ -267,6 +267,30 @@ def _forced(cfg: MoERunConfig, rank: int, salt: int, skew: float) -> torch.Tenso
     return torch.tensor(hot_order(cfg.experts, cfg.ep, cfg.hot))[idx]
 
 
+def dispatch_plans(cfg: MoERunConfig) -> dict[str, list[list[list[int]]]]:
+    """Each workload's dispatch plan -- tokens each rank sends to each expert, ``[src][dst][l]``
+    -- from the routing alone, on the CPU, with no process group (``parlab project moe --plan``).
+
+    It is what the run will exchange: the same tokens, draws and router (fp32 here; a bf16
+    run can break a probability-policy tie differently)."""
+    from parlab.parallel.router import Router
+
+    L = cfg.experts // cfg.ep
+    out = {}
+    for salt, (name, skew) in enumerate(cfg.workloads()):
+        plans = []
+        for r in range(cfg.ep):
+            router = Router(cfg.hidden, cfg.router_config())
+            router.reset(cfg.seed)
+            x = _tokens(cfg, r, salt, torch.device("cpu"), torch.float32)
+            with torch.no_grad():
+                routing = router(x, _forced(cfg, r, salt, skew))
+            counts = routing.counts(cfg.experts, kept=True).view(cfg.ep, L)
+            plans.append(counts.tolist())
+        out[name] = plans
+    return out
+
+
 def _time_layer(
     layer: ExpertParallelMoE,
     x: torch.Tensor,
