@@ -170,7 +170,7 @@ def test_cli_writes_an_analytic_decision_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["plan", "--model", "1.3b", "--gpus", "8xH100", "--global-batch", "64", "--seq",
-            "4096", "--micro-batches", "1,2", "--results", str(tmp_path)]  # fmt: skip
+            "4096", "--micro-batches", "1", "--recompute", "none,full", "--results", str(tmp_path)]  # fmt: skip
     assert run_cli(args) == 0
     out = capsys.readouterr().out
     assert "Top choice: ddp dp8 mb1x8 rc:none" in out and "assumed MFU 0.4" in out
@@ -232,3 +232,16 @@ def test_a_calibration_replaces_the_catalog_link_for_its_ops() -> None:
     ddp = next(v for v in res.ranked if v.cand.strategy == "ddp" and v.cand.dp == 8)
     assert ddp.estimate is not None and ddp.estimate.comm_exposed_s > 0.5
     assert any("alpha-beta:collectives-calibration-x (real-nccl" in n for n in res.notes)
+
+
+def test_cluster_from_an_environment_document() -> None:
+    doc = training_doc(role="baseline", strategy="ddp", tps=1.0, step=1.0, mem=[1e9, 1e9])
+    c = make_cluster(env_doc=doc)
+    assert (c.gpu.name, c.count, c.gpus_per_node, c.nodes) == ("H200", 2, 2, 1)
+    assert doc.run_id in c.source
+    cpu = training_doc(role="baseline", strategy="ddp", tps=1.0, step=1.0, mem=[1e9, 1e9],
+                       env={"hardware": {"gpus": []}})  # fmt: skip
+    with pytest.raises(ValueError, match="lists no GPU"):
+        make_cluster(env_doc=cpu)
+    with pytest.raises(ValueError, match="give the cluster"):
+        make_cluster()
