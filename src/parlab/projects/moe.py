@@ -461,7 +461,7 @@ def _train(
         "steps": steps,
         # the replicated router must stay identical on every rank
         "router_checksum": [
-            float(router.gate.weight.float().sum()),
+            float(router.gate.weight.detach().float().sum()),
             float(router.expert_bias.abs().sum()),
         ],
     }
