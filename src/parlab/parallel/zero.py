@@ -45,7 +45,7 @@ from torch import nn
 from parlab.errors import UsageError
 from parlab.parallel.data import OptimizerFactory, unique_params
 from parlab.parallel.data_comm import FlatUnit, all_gather_, all_reduce_, reduce_scatter_
-from parlab.runtime.meters import optimizer_tensors
+from parlab.runtime.meters import optimizer_tensors, resize_storage
 
 
 def default_units(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
@@ -123,8 +123,14 @@ class ZeroDataParallel:
             flat = u.flatten([p.detach() for p in u.params], dtype=torch.float32)
             if stage == 3:
                 self.shards.append(nn.Parameter(flat[u.shard_slice()].clone()))
-                self.full.append(None)
-                u.release()
+                # One gather buffer per unit, for good: the parameters are views of it, and so
+                # are the tensors autograd saves. Releasing frees its storage (resized to 0)
+                # and gathering fills it again, so saved views see the gathered values.
+                dtype = self.gather_dtype or torch.float32
+                full = torch.empty(u.padded, dtype=dtype, device=flat.device)
+                u.bind(full)
+                resize_storage(full, 0)
+                self.full.append(full)
             else:
                 # The shard is a view of the full buffer: the optimizer updates it in place and
                 # the all-gather fills the other chunks around it.
@@ -140,7 +146,8 @@ class ZeroDataParallel:
         # (unit, work, output shard, input buffer kept alive until the work is done)
         self._pending: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
         self._reduced: set[int] = set()
-        self._inflight: dict[int, tuple[Any, torch.Tensor]] = {}  # ZeRO-3 prefetched gathers
+        self._inflight: dict[int, Any] = {}  # ZeRO-3: unit -> its prefetched all-gather
+        self._gathered = [False] * len(self.units)  # ZeRO-3: unit's buffer holds its params
         if stage == 1:
             self._bind_flat_grads()
         elif not naive:
@@ -173,30 +180,29 @@ class ZeroDataParallel:
 
     def _start_gather(self, i: int) -> None:
         """Launch the async all-gather of unit ``i`` (if it is a unit, absent and not in flight)."""
-        if not 0 <= i < len(self.units) or self.full[i] is not None or i in self._inflight:
+        if not 0 <= i < len(self.units) or self._gathered[i] or i in self._inflight:
             return
-        u = self.units[i]
-        shard = self.shards[i].detach()
-        if self.gather_dtype is not None:
-            shard = shard.to(self.gather_dtype)
-        full = torch.empty(u.padded, dtype=shard.dtype, device=shard.device)
-        self._inflight[i] = (all_gather_(full, shard, self.group, async_op=True), full)
+        full = self.full[i]
+        assert full is not None
+        shard = self.shards[i].detach().to(full.dtype)
+        resize_storage(full, full.numel() * full.element_size())
+        self._inflight[i] = all_gather_(full, shard, self.group, async_op=True)
 
     def _gather(self, i: int, prefetch: int | None = None) -> None:
         """Make unit ``i``'s parameters whole (ZeRO-3), then start gathering unit ``prefetch``
         so that its all-gather overlaps unit ``i``'s compute."""
-        if self.full[i] is None:
+        if not self._gathered[i]:
             self._start_gather(i)
-            work, full = self._inflight.pop(i)
-            work.wait()
-            self.full[i] = full
-            self.units[i].bind(full)
+            self._inflight.pop(i).wait()
+            self._gathered[i] = True
         if prefetch is not None and not (prefetch > i and _in_backward()):
             self._start_gather(prefetch)  # (no forward prefetch while recomputing in backward)
 
     def _release(self, i: int) -> None:
-        self.full[i] = None
-        self.units[i].release()
+        full = self.full[i]
+        assert full is not None
+        resize_storage(full, 0)
+        self._gathered[i] = False
 
     def _after_forward(self, i: int, out: Any) -> None:
         if _in_backward():  # recomputation inside backward: the parameters are needed next
@@ -289,8 +295,9 @@ class ZeroDataParallel:
         """Update this rank's shards; ZeRO-1/2 then all-gather the full parameters."""
         self.optimizer.step()
         if self.stage == 3:
-            for work, _full in self._inflight.values():  # a gather of pre-step values: stale
+            for i, work in list(self._inflight.items()):  # gathers of pre-step values: stale
                 work.wait()
+                self._release(i)
             self._inflight.clear()
             return
         for i, u in enumerate(self.units):

@@ -109,7 +109,7 @@ class _TensorTracker(TorchDispatchMode):
         self.cap_bytes = cap_bytes
         self.live = 0
         self.peak = 0
-        self._keys: set[int] = set()
+        self._sizes: dict[int, int] = {}  # id(storage) -> bytes it holds now
 
     def track(self, tensors: Iterable[torch.Tensor | None]) -> None:
         for t in tensors:
@@ -121,17 +121,28 @@ class _TensorTracker(TorchDispatchMode):
     def _register(self, t: torch.Tensor) -> None:
         s = t.untyped_storage()
         key = id(s)
-        if key in self._keys or s.nbytes() == 0:
+        if key in self._sizes or s.nbytes() == 0:
             return
-        self._keys.add(key)
-        n = s.nbytes()
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(s, self._free, key, n)
+        self._sizes[key] = 0
+        weakref.finalize(s, self._free, key)
+        self._set(key, s.nbytes())
 
-    def _free(self, key: int, n: int) -> None:
-        self._keys.discard(key)
-        self.live -= n
+    def _set(self, key: int, n: int) -> None:
+        self.live += n - self._sizes[key]
+        self._sizes[key] = n
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def resized(self, s: torch.UntypedStorage, n: int) -> None:
+        """A storage was resized in place to ``n`` bytes (freed: 0)."""
+        key = id(s)
+        if key not in self._sizes:
+            self._sizes[key] = 0
+            weakref.finalize(s, self._free, key)
+        self._set(key, n)
+        self._check()
 
     def _check(self) -> None:
         if self.cap_bytes is not None and self.live > self.cap_bytes:
@@ -148,6 +159,23 @@ class _TensorTracker(TorchDispatchMode):
                     self._register(p)
         self._check()
         return out
+
+
+def resize_storage(t: torch.Tensor, nbytes: int) -> None:
+    """Resize ``t``'s storage in place (0 frees it; views and saved tensors keep pointing at it).
+
+    The trick ZeRO-3 and FSDP use to free gathered parameters that autograd still refers
+    to; the CPU memory meter is told, since no op it can see allocates or frees the bytes.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    s = t.untyped_storage()
+    if s.nbytes() == nbytes:
+        return
+    s.resize_(nbytes)
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, _TensorTracker):
+            mode.resized(s, nbytes)
 
 
 class MemoryMeter:
