@@ -156,6 +156,11 @@ class TrainConfig:
                 f"--hybrid-shard {self.shard_size} does not divide --nproc {self.nproc}: "
                 "pick a divisor"
             )
+        if self.compile and self.strategy not in ("ddp", "fsdp", "fsdp-hybrid"):
+            raise UsageError(
+                f"--compile with {self.strategy}: parlab's own mechanisms run eager (their hooks "
+                "issue collectives); use --compile with ddp, fsdp or fsdp-hybrid"
+            )
         if self.memory_cap is not None and self.memory_cap < 1:
             raise UsageError("--memory-cap must be a positive size")
 
