@@ -50,6 +50,7 @@ from parlab.serve.datasets import Dataset, SampleRequest
 from parlab.serve.metrics import RequestOutcome, Slo, summarize
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,6 +204,7 @@ async def send_one(
     model: str,
     req: SampleRequest,
     out: RequestOutcome,
+    timeout: aiohttp.ClientTimeout | None = None,
 ) -> None:
     """Send one request and fill ``out``; never raises (except cancellation)."""
     chat = cfg.api == "chat"
@@ -216,8 +218,9 @@ async def send_one(
     try:
         async with session.post(
             url,
-            json=_payload(cfg, model, req),
-            timeout=aiohttp.ClientTimeout(total=cfg.request_timeout_s),
+            data=json.dumps(_payload(cfg, model, req)).encode(),
+            headers=_JSON,
+            timeout=timeout or aiohttp.ClientTimeout(total=cfg.request_timeout_s),
         ) as resp:
             out.replica = resp.headers.get("x-parlab-replica")
             if resp.status != 200:
@@ -328,13 +331,15 @@ async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:
     async with aiohttp.ClientSession(connector=connector) as session:
         model = cfg.model or await resolve_model(session, base)
 
+        timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+
         async def one(i: int) -> None:
             try:
                 if sem is not None:
                     async with sem:
-                        await send_one(session, url, cfg, model, reqs[i], outcomes[i])
+                        await send_one(session, url, cfg, model, reqs[i], outcomes[i], timeout)
                 else:
-                    await send_one(session, url, cfg, model, reqs[i], outcomes[i])
+                    await send_one(session, url, cfg, model, reqs[i], outcomes[i], timeout)
             finally:
                 progress.advance()
 
