@@ -216,6 +216,9 @@ def _predicted_vs_measured(docs: Sequence[Document], metric: str, *, level: str)
     rows = rows[-_MAX_DOCS:]
     if not rows:
         return None
+    unit = rows[0][3]
+    scale, shown = {"B": (2**-30, "GiB"), "B/s": (1e-9, "GB/s")}.get(unit, (1.0, unit))
+    rows = [(d, p * scale, m * scale, shown) for d, p, m, _u in rows]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.0, 3.4))
     xs = range(len(rows))
@@ -238,6 +241,19 @@ def _predicted_vs_measured(docs: Sequence[Document], metric: str, *, level: str)
     ax.margins(y=0.15)
     return _png(fig)
 
+
+PREDICTION_FIRST = (
+    "step_time",
+    "peak_memory",
+    "tokens_per_s_per_gpu",
+    "comm_bytes_per_step",
+    "dispatch_time",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+)
+"""Predicted-vs-measured figures for these metrics come first."""
+MAX_PREDICTION_FIGURES = 6
+"""At most this many predicted-vs-measured figures per project and level (the table has all)."""
 
 SCALAR_FIGURES: tuple[tuple[str, str, float], ...] = (
     ("tokens_per_s_per_gpu", "tokens/s per GPU", 1.0),
@@ -297,8 +313,11 @@ def project_figures(project: str, docs: Sequence[Document], key_prefix: str) -> 
             "as the load generator measured them.",
             _serving(group, level=level),
         )
-        predicted = sorted({n for d in group for n in d.predictions if n in d.metrics})
-        for metric in predicted:
+        predicted = sorted(
+            {n for d in group for n in d.predictions if n in d.metrics},
+            key=lambda n: (PREDICTION_FIRST.index(n) if n in PREDICTION_FIRST else 99, n),
+        )
+        for metric in predicted[:MAX_PREDICTION_FIGURES]:
             add(
                 f"pred-{metric}",
                 f"{metric} predicted vs measured",
