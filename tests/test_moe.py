@@ -272,3 +272,27 @@ def test_apply_expert_parallel_to_the_reference_model(mode: str) -> None:
         assert len(errs) > 10
         for name, err in errs.items():
             assert err < 1e-4, f"rank {rank}: {name} differs by {err}"
+
+
+def _ep_subgroups(ctx) -> dict:
+    from parlab.topology import Topology
+
+    topo = Topology(world_size=4, dp=4, ep=2)  # ep groups [0, 1] and [2, 3]
+    group = comm.build_ep_group(topo, ctx.rank)
+    spec = _spec(4, 2)
+    ref = MoELayer(spec, seed=2)
+    x_all = torch.randn(4 * T, H, generator=torch.Generator().manual_seed(9))
+    layer = ExpertParallelMoE.from_reference(ref, group)
+    mine = slice(ctx.rank * T, (ctx.rank + 1) * T)
+    y = layer(x_all[mine]).y_TH
+    return {
+        "ep": layer.ep,
+        "ep_rank": layer.ep_rank,
+        "err": (y - ref(x_all[mine]).y_TH).abs().max().item(),
+    }
+
+
+def test_ep_groups_inside_a_larger_world() -> None:
+    results = run_ranks(_ep_subgroups, 4)
+    assert [(r["ep"], r["ep_rank"]) for r in results] == [(2, 0), (2, 1), (2, 0), (2, 1)]
+    assert all(r["err"] < 1e-5 for r in results)
