@@ -57,6 +57,9 @@ class RunConfig:
     """Sequence parallel (with TP)."""
     cp_variant: str = "ring"
     """``ring`` or ``allgather``."""
+    impl: str = "parlab"
+    """``parlab`` (parlab's mechanisms) or ``torch`` (plain DTensor ``parallelize_module`` for
+    TP, ``torch.distributed.pipelining`` for PP): the references the issue compares with."""
     schedule: str = "1f1b"
     """Pipeline schedule (``gpipe``, ``1f1b``); also used for gradient accumulation at pp 1."""
     micro_batch: int = 1
@@ -158,12 +161,17 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             cp_variant=cfg.cp_variant,
             data_parallel="ddp" if cfg.cp > 1 else "none",
         )
-        if mesh is not None:
+        torch_pp = None
+        if cfg.impl == "torch" and cfg.tp > 1:
+            _torch_tp(model, mesh["tp"])
+        elif cfg.impl == "torch" and cfg.pp > 1:
+            torch_pp = _torch_pipeline(model, cfg, c["pp"], mesh["pp"].get_group(), dev)
+        elif mesh is not None:
             model = parallelize(model, mesh, plan)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4, fused=dev.type == "cuda")
         param_bytes = meters.count_bytes(params)
-        tp_group = mesh["tp"].get_group() if cfg.tp > 1 else None
+        tp_group = mesh["tp"].get_group() if cfg.tp > 1 and cfg.impl == "parlab" else None
         groups = {
             a: mesh[a].get_group() for a in ("tp", "pp", "cp") if getattr(cfg, a) > 1 and mesh
         }
@@ -183,7 +191,14 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             if cfg.cp > 1:
                 x, y = shard_sequence(x, cfg.cp, c["cp"]), shard_sequence(y, cfg.cp, c["cp"])
             extra: dict[str, Any] = {}
-            if cfg.pp > 1 or cfg.microbatches > 1:
+            if torch_pp is not None:
+                losses_t: list[torch.Tensor] = []
+                kw = {"target": y, "losses": losses_t} if c["pp"] == cfg.pp - 1 else {}
+                torch_pp.step(x, **kw) if c["pp"] == 0 else torch_pp.step(**kw)
+                loss = (
+                    sum(float(t.detach()) for t in losses_t) / len(losses_t) if losses_t else None
+                )
+            elif cfg.pp > 1 or cfg.microbatches > 1:
                 st = run_schedule(
                     sched,
                     {c["pp"]: model},
@@ -272,6 +287,37 @@ def _cp_fallbacks() -> list[str]:
     from parlab.parallel import context
 
     return list(context._FALLBACKS)
+
+
+def _torch_tp(model: Any, tp_mesh: Any) -> None:
+    """The plain DTensor TP the issue measures as a reference (no SP, logits replicated)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan: dict[str, Any] = {}
+    for i in range(len(model.layers)):
+        for n in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
+            plan[f"layers.{i}.{n}"] = ColwiseParallel()
+        plan[f"layers.{i}.feed_forward.w3"] = ColwiseParallel()
+        plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
+        plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
+    parallelize_module(model, tp_mesh, plan)
+
+
+def _torch_pipeline(model: Any, cfg: RunConfig, stage: int, group: Any, dev: Any) -> Any:
+    """``torch.distributed.pipelining`` over the same stage module (the issue's PP reference)."""
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.reshape(-1))
+
+    st = PipelineStage(model, stage, cfg.pp, dev, group=group)
+    cls = ScheduleGPipe if cfg.schedule == "gpipe" else Schedule1F1B
+    return cls(st, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
 
 
 def mi_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -404,7 +450,7 @@ def document(
             n = [float(r["c10d_by_op"].get(op, {}).get("count", 0)) for r in results]
             metrics[f"c10d_bytes_per_step.{op}"] = Metric(value=max(b), unit="B", per_rank=b)
             metrics[f"c10d_count_per_step.{op}"] = Metric(value=max(n), unit="count", per_rank=n)
-        if cfg.pp > 1:
+        if cfg.pp > 1 and all(r["bubble"] is not None for r in results):
             bub = [r["bubble"] for r in results]
             # the bottleneck stage idles only in fill and drain: its idle fraction is the
             # pipeline bubble; the other stages also wait for it (stage imbalance)
@@ -458,6 +504,7 @@ def document(
             "loss_parallel": cfg.tp > 1,
             "cp_variant": cfg.cp_variant if cfg.cp > 1 else None,
             "pp_schedule": cfg.schedule if cfg.pp > 1 else None,
+            "implementation": cfg.impl,
             "backend": backend,
         },
         metrics=metrics,
@@ -478,7 +525,7 @@ def comparison_set(
     """(baseline on one rank, candidate) pairs: TP2+SP, TP2, PP2 GPipe and 1F1B, CP2 ring at
     the base sequence and at twice it (GPU: 32k and 64k)."""
     if preset == "gpu":
-        base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 5, "warmup": 2}
+        base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 4, "warmup": 2}
         tp_kw = {"micro_batch": 2, "seq": seq or 4096}
         pp_kw = {"micro_batch": 1, "microbatches": 8, "seq": seq or 4096}
         cp_kw = {"micro_batch": 1, "seq": 32768 if seq is None else seq * 8}
@@ -508,10 +555,22 @@ def comparison_set(
         pair("cp2-ring", cp_kw, nproc=2, cp=2),
         # twice the sequence: one rank may run out of memory (a failure document), CP2 not
         pair("cp2-ring-long", long_kw, nproc=2, cp=2),
+        # torch's own implementations, the references issue 6 quotes
+        pair("tp2-dtensor", tp_kw, nproc=2, tp=2, impl="torch"),
+        pair("pp2-1f1b-torch", pp_kw, nproc=2, pp=2, schedule="1f1b", impl="torch"),
     ]
 
 
-NAMES = ("tp2-sp", "tp2", "pp2-gpipe", "pp2-1f1b", "cp2-ring", "cp2-ring-long")
+NAMES = (
+    "tp2-sp",
+    "tp2",
+    "pp2-gpipe",
+    "pp2-1f1b",
+    "cp2-ring",
+    "cp2-ring-long",
+    "tp2-dtensor",
+    "pp2-1f1b-torch",
+)
 
 
 def _launch(
@@ -681,6 +740,8 @@ def render_report(
     for d in docs:
         lay = d.layout
         mesh = " x ".join(f"{a}{lay['mesh'][a]}" for a in ("pp", "cp", "tp") if lay["mesh"][a] > 1)
+        if lay.get("implementation") == "torch":
+            mesh += " (torch)"
         status = "ok" if d.failure is None else f"failed ({d.failure.kind})"
         rows.append(
             [
