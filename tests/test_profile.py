@@ -411,3 +411,24 @@ def test_gpu_document_and_merged_trace(tmp_path: Path) -> None:
     assert len(kernels) == 2 * 3 * 2
     assert {e["args"]["collective"] for e in kernels if "args" in e} == {"all_reduce"}
     assert "all_reduce" in o.text
+
+
+def test_trace_without_step_marks_is_one_step(tmp_path: Path) -> None:
+    for gpu in (True, False):
+        events = (
+            gpu_events([[C(0, 100), N(50, 100, stream=20)]])
+            if gpu
+            else cpu_events([[C(0, 100), N(50, 100)]])
+        )
+        events = [e for e in events if not e["name"].startswith("ProfilerStep")]
+        p = write_trace(tmp_path / f"r{gpu}.json", trace_doc(events, rank=0, world_size=1, gpu=gpu))
+        (s,) = analyze_trace(p).steps
+        assert s.step == -1
+        assert s.comm_s == pytest.approx(100 * US)
+        assert s.overlap_s == pytest.approx(50 * US)
+
+
+def test_cpu_comm_past_the_step_mark_is_cut(tmp_path: Path) -> None:
+    s = one_step(tmp_path, [C(0, 600), N(900, 300)], gpu=False)  # the step ends at 1000 us
+    assert s.comm_s == pytest.approx(100 * US)
+    assert s.exposed_s == pytest.approx(100 * US)

@@ -15,7 +15,6 @@ the hotspot text.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -33,7 +32,6 @@ from parlab.cli.common import (
     print_json,
     reproduce_command,
     results_dir,
-    write,
 )
 from parlab.errors import UsageError
 from parlab.units import format_bytes, format_seconds
@@ -214,130 +212,25 @@ def run_cmd(
 # presets
 
 
-def _default_nproc() -> int:
-    import torch
-
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return n if n >= 2 else 2
-
-
 def run_preset(
-    preset: str,
-    kwargs: dict[str, Any],
-    *,
-    nproc: int | None,
-    backend: str,
-    timeout: float,
-    results: Path,
-    trace_dir: Path | None,
-    schedule: str,
-    project: str,
-    command: str,
-    plot: tuple[str, str] | None,
-    quiet: bool = False,
+    preset: str, kwargs: dict[str, Any], *, quiet: bool = False, **opts: Any
 ) -> list[Any]:
-    """Launch a preset on every rank, analyse each configuration's traces, write the documents.
+    """Run a preset sweep (``parlab.profile.sweep``), print it, exit 1 if the run failed."""
+    from parlab.profile.sweep import run_sweep
 
-    ``plot``: (title, x label) of the sweep plot across configurations.
-    """
-    from parlab.contract import Document, Failure, new_run_id, now_iso, write_result
-    from parlab.hardware.env import snapshot
-    from parlab.profile.capture import parse_schedule
-    from parlab.profile.export import write_sweep_png
-    from parlab.profile.presets import PRESETS
-    from parlab.profile.report import profile_folder
-    from parlab.runtime.launch import LaunchConfig, launch
-
-    sched = list(parse_schedule(schedule))
-    nproc = nproc or _default_nproc()
-    config = LaunchConfig(nproc=nproc, backend=backend, timeout_s=timeout)
-    run_id = new_run_id(f"profile-{preset}")
-    tdir = trace_dir or results / "profile-traces" / run_id
-    kwargs = {**kwargs, "out_dir": str(tdir.resolve()), "schedule": sched, "run_id": run_id}
-    res = launch(PRESETS[preset], kwargs, config)
-    resolved = config.resolved_backend()
-    level = "real-training" if resolved == "nccl" else "cpu-mechanism"
-    workload = {k: v for k, v in kwargs.items() if k in ("model", "batch", "seq")}
-    if not res.ok:
-        failure = res.failure or Failure(kind="crash", message="the preset failed")
-        doc = Document(
-            run_id=run_id,
-            created=now_iso(),
-            project=project,
-            task="T5",
-            role="failure",
-            evidence_level=level,
-            command=command,
-            environment=snapshot(),
-            workload={"preset": preset, **workload},
-            layout={"world_size": nproc, "backend": resolved, "strategy": preset},
-            metrics={},
-            status="failed",
-            failure=failure,
+    res = run_sweep(preset, kwargs, **opts)
+    if res.failure is not None:
+        f = res.failure
+        err_console.print(
+            f"profile preset {preset} failed ({f.kind}, rank {f.rank}): {f.message}", markup=False
         )
-        path = write(doc, results)
-        raise UsageError(
-            f"profile preset {preset} failed ({failure.kind}, rank {failure.rank}): "
-            f"{failure.message} (document {path})"
-        )
-    configs = res.results[0]
-    outcomes = []
-    for i, c in enumerate(configs):
-        outcomes.append(
-            profile_folder(
-                c["dir"],
-                results=results,
-                command=command,
-                project=project,
-                label=c["label"],
-                role="baseline" if i == 0 else "candidate",
-                workload={
-                    "preset": preset,
-                    "sweep_run_id": run_id,
-                    **workload,
-                    "knobs": c["knobs"],
-                },
-                layout={
-                    "strategy": preset,
-                    "mesh": {"tp" if preset == "tp" else "dp": nproc},
-                    **c["knobs"],
-                },
-            )
-        )
-    if plot is not None and len(outcomes) > 1:
-        first = outcomes[0]
-        png = results / project / first.doc.run_id / "sweep.png"
-        labels = [o.doc.workload["label"] for o in outcomes]
-
-        def ms(name: str) -> list[float | None]:
-            return [
-                None if o.summary.mean(name) is None else 1e3 * o.summary.mean(name)
-                for o in outcomes
-            ]
-
-        write_sweep_png(
-            png,
-            labels=labels,
-            series={
-                "exposed comm": ms("exposed_s"),
-                "comm": ms("comm_s"),
-                "step": ms("step_time_s"),
-            },
-            title=f"{plot[0]} ({level}, {nproc} ranks, {workload.get('model')})",
-            ylabel="ms per step (mean over ranks)",
-            xlabel=plot[1],
-        )
-        rel = str(png.relative_to(results / project))
-        updated = []
-        for o in outcomes:
-            doc = dataclasses.replace(o.doc, artifacts={**o.doc.artifacts, "sweep_png": rel})
-            write_result(doc, results)
-            updated.append(dataclasses.replace(o, doc=doc))
-        outcomes = updated
-        err_console.print(f"sweep plot: {png}")
+        err_console.print(f"wrote {res.failure_path} (failure document)", markup=False)
+        raise typer.Exit(1)
+    if res.sweep_png is not None:
+        err_console.print(f"sweep plot: {res.sweep_png}", markup=False)
     if not quiet:
-        print_outcomes(outcomes)
-    return outcomes
+        print_outcomes(res.outcomes)
+    return res.outcomes
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -494,7 +387,9 @@ def tp_cmd(
 ) -> None:
     """Tensor parallelism over all ranks, without and with sequence parallelism."""
     _check_shape(model, batch, seq)
-    n = nproc or _default_nproc()
+    from parlab.profile.sweep import default_nproc
+
+    n = nproc or default_nproc()
     if seq % n:
         raise UsageError(f"--seq {seq} must divide by the {n} TP ranks for sequence parallelism")
     run_preset(
@@ -514,7 +409,9 @@ def tp_cmd(
 
 def demo_step(results: Path, console_: Any) -> None:
     """``parlab demo``: a CPU-sized DDP bucket sweep on 2 gloo ranks, profiled and analysed."""
-    outcomes = run_preset(
+    from parlab.profile.sweep import run_sweep
+
+    res = run_sweep(
         "ddp-buckets",
         {"model": "tiny", "batch": 2, "seq": 64, "buckets_mb": [0.01, 1.0]},
         nproc=2,
@@ -524,11 +421,10 @@ def demo_step(results: Path, console_: Any) -> None:
         trace_dir=None,
         schedule="1,1,2",
         project="PAR-TRAINING-STATE",
-        command=f"parlab profile ddp-buckets --buckets 0.01,1 --backend gloo --nproc 2 --results {results}",
+        command="parlab profile ddp-buckets --buckets 0.01,1 --model tiny --seq 64 "
+        f"--backend gloo --nproc 2 --results {results}",
         plot=("DDP: exposed communication vs bucket_cap_mb", "bucket_cap_mb"),
-        quiet=True,
     )
-    print_outcomes(outcomes)
-    for o in outcomes:
-        if o.doc.status != "ok":
-            raise RuntimeError(f"profile of {o.doc.workload.get('label')} failed")
+    if res.failure is not None:
+        raise RuntimeError(f"profile preset failed ({res.failure.kind}): {res.failure.message}")
+    print_outcomes(res.outcomes)

@@ -487,9 +487,6 @@ def _summarize_rank(
         if not m.any():
             continue
         s, e, kd = ts[m], end[m], kind[m]
-        comp = iv.union(s[kd == 0], e[kd == 0])
-        comm = iv.union(s[kd == 1], e[kd == 1])
-        mem = iv.union(s[kd == 2], e[kd == 2])
         if gpu:
             lo = gpu_first[k]
             nxt = next((f for f in gpu_first[k + 1 :] if f is not None), None)
@@ -498,8 +495,14 @@ def _summarize_rank(
             else:  # the last step: its CPU step's length, or its last kernel if later
                 cpu_len = steps[k][2] - steps[k][1] if steps else 0.0
                 hi = max(float(e.max()), lo + cpu_len)
-        else:
+        elif steps:
             lo, hi = steps[k][1], steps[k][2]
+        else:  # no step marks: the whole trace is one step
+            lo, hi = float(s.min()), float(e.max())
+        # what runs past the window (a transfer finishing after the step mark) is cut off
+        comp = iv.clip(iv.union(s[kd == 0], e[kd == 0]), lo, hi)
+        comm = iv.clip(iv.union(s[kd == 1], e[kd == 1]), lo, hi)
+        mem = iv.clip(iv.union(s[kd == 2], e[kd == 2]), lo, hi)
         busy = iv.union(s, e)  # everything the device ran, synchronisation kernels too
         busy_in = iv.measure(iv.clip(busy, lo, hi))
         overlap = iv.intersection(comm, comp)

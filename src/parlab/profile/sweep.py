@@ -1,0 +1,143 @@
+"""Run a cause-and-effect preset: launch it on every rank, analyse each setting, plot the sweep.
+
+``run_sweep`` launches the preset's rank function (``parlab.profile.presets``)
+through torchrun (``parlab.runtime.launch``: NCCL on GPUs, gloo on CPU),
+which trains once per setting under ``Profiler``; then it analyses each
+setting's trace folder into one T5 document (the first setting is the
+baseline, the others candidates), draws one bar chart of exposed
+communication, communication and step time per setting (``sweep.png``,
+beside the first document, named in every document's artifacts). A failed
+launch writes one failure document and returns it; nothing is analysed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parlab.contract import Document, Failure, new_run_id, now_iso, write_result
+from parlab.profile.capture import parse_schedule
+from parlab.profile.report import ProfileOutcome, profile_folder
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepResult:
+    """What a preset produced."""
+
+    outcomes: list[ProfileOutcome] = field(default_factory=list)
+    """One analysed setting each, in the preset's order."""
+    sweep_png: Path | None = None
+    """The sweep plot, when there were several settings."""
+    failure: Failure | None = None
+    """Why the launch failed (then ``outcomes`` is empty)."""
+    failure_path: Path | None = None
+    """The failure document."""
+
+
+def default_nproc() -> int:
+    """Every GPU when there are at least two, else 2 (gloo CPU ranks)."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return n if n >= 2 else 2
+
+
+def run_sweep(
+    preset: str,
+    kwargs: dict[str, Any],
+    *,
+    nproc: int | None,
+    backend: str,
+    timeout: float,
+    results: Path,
+    trace_dir: Path | None,
+    schedule: str,
+    project: str,
+    command: str,
+    plot: tuple[str, str] | None,
+) -> SweepResult:
+    """Launch ``preset`` with ``kwargs`` on ``nproc`` ranks; analyse and document every setting.
+
+    ``plot``: (title, x label) of the sweep plot across settings (None: no plot).
+    """
+    from parlab.hardware.env import snapshot
+    from parlab.profile.export import write_sweep_png
+    from parlab.profile.presets import PRESETS
+    from parlab.runtime.launch import LaunchConfig, launch
+
+    sched = list(parse_schedule(schedule))
+    nproc = nproc or default_nproc()
+    config = LaunchConfig(nproc=nproc, backend=backend, timeout_s=timeout)
+    run_id = new_run_id(f"profile-{preset}")
+    tdir = trace_dir or results / "profile-traces" / run_id
+    kwargs = {**kwargs, "out_dir": str(tdir.resolve()), "schedule": sched, "run_id": run_id}
+    res = launch(PRESETS[preset], kwargs, config)
+    resolved = config.resolved_backend()
+    level = "real-training" if resolved == "nccl" else "cpu-mechanism"
+    workload = {k: v for k, v in kwargs.items() if k in ("model", "batch", "seq")}
+    if not res.ok:
+        failure = res.failure or Failure(kind="crash", message="the preset failed")
+        doc = Document(
+            run_id=run_id,
+            created=now_iso(),
+            project=project,
+            task="T5",
+            role="failure",
+            evidence_level=level,
+            command=command,
+            environment=snapshot(),
+            workload={"preset": preset, **workload},
+            layout={"world_size": nproc, "backend": resolved, "strategy": preset},
+            metrics={},
+            status="failed",
+            failure=failure,
+        )
+        return SweepResult(failure=failure, failure_path=write_result(doc, results))
+    outcomes = []
+    for i, c in enumerate(res.results[0]):
+        outcomes.append(
+            profile_folder(
+                c["dir"],
+                results=results,
+                command=command,
+                project=project,
+                label=c["label"],
+                role="baseline" if i == 0 else "candidate",
+                workload={
+                    "preset": preset,
+                    "sweep_run_id": run_id,
+                    **workload,
+                    "knobs": c["knobs"],
+                },
+                layout={
+                    "strategy": preset,
+                    "mesh": {"tp" if preset == "tp" else "dp": nproc},
+                    **c["knobs"],
+                },
+            )
+        )
+    if plot is None or len(outcomes) < 2:
+        return SweepResult(outcomes=outcomes)
+    png = results / project / outcomes[0].doc.run_id / "sweep.png"
+
+    def ms(name: str) -> list[float | None]:
+        vals = [o.summary.mean(name) for o in outcomes]
+        return [None if v is None else 1e3 * v for v in vals]
+
+    write_sweep_png(
+        png,
+        labels=[o.doc.workload["label"] for o in outcomes],
+        series={"exposed comm": ms("exposed_s"), "comm": ms("comm_s"), "step": ms("step_time_s")},
+        title=f"{plot[0]} ({level}, {nproc} ranks, {workload.get('model')})",
+        ylabel="ms per step (mean over ranks)",
+        xlabel=plot[1],
+    )
+    rel = str(png.relative_to(results / project))
+    updated = []
+    for o in outcomes:
+        doc = dataclasses.replace(o.doc, artifacts={**o.doc.artifacts, "sweep_png": rel})
+        write_result(doc, results)  # the same run_id: replaces the document atomically
+        updated.append(dataclasses.replace(o, doc=doc))
+    return SweepResult(outcomes=updated, sweep_png=png)
