@@ -245,3 +245,17 @@ def test_cluster_from_an_environment_document() -> None:
         make_cluster(env_doc=cpu)
     with pytest.raises(ValueError, match="give the cluster"):
         make_cluster()
+
+
+def test_cli_documents_from_another_schema_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    foreign = tmp_path / "other.json"
+    foreign.write_text(json.dumps({"schema": "someone-else/v3", "run_id": "x"}))
+    base = ["plan", "--model", "1.3b", "--gpus", "8xH100", "--global-batch", "64", "--seq",
+            "4096", "--results", str(tmp_path / "r")]  # fmt: skip
+    for extra in (["--measured", str(foreign)], ["--env", str(foreign)]):
+        assert run_cli([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "not a distributed-benchmark/v1 document" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
