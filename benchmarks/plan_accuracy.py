@@ -206,7 +206,9 @@ def megatron_spec(name: str, heads: int, hidden: int, layers: int) -> Any:
     )
 
 
-def megatron_rows(mfu: float | dict[str, float]) -> list[tuple[str, str, float, float | None, Any]]:
+def megatron_rows(
+    mfu: float | dict[str, float], half: float = 0.0
+) -> list[tuple[str, str, float, float | None, Any]]:
     """(model, mode, published s, predicted s, verdict) of the eight Table 5 rows."""
     from parlab.plan.estimate import Throughput
     from parlab.plan.planner import PlanRequest, evaluate
@@ -226,6 +228,7 @@ def megatron_rows(mfu: float | dict[str, float]) -> list[tuple[str, str, float, 
             throughput=Throughput(mfu=m, peak_flops=peak, source=f"MFU {m:.3f}", assumed=True),
             dtype="bf16-master",
             optimizer="adam",
+            gemm_width_half=half,
         )
         for i, (rc, sp) in enumerate((("full", False), ("selective", True))):
             cand = Candidate(
@@ -276,8 +279,10 @@ def table_megatron() -> None:
     n1, n2, y1, y2 = width["22B"], width["175B"], sel["22B"], sel["175B"]
     n0 = n1 * n2 * (y2 - y1) / (y1 * n2 - y2 * n1)
     top = y1 * (n1 + n0) / n1
-    by_width = {k: top * n / (n + n0) for k, n in width.items()}
-    two = megatron_rows(by_width)
+    # through the planner's own option: the MFU at the model's full width (tp 1), and
+    # gemm_width_half = n0 scales it to hidden / tp
+    at_full = {k: top * CONFIGS[k][1] / (CONFIGS[k][1] + n0) for k in CONFIGS}
+    two = megatron_rows(at_full, half=n0)
     head = (
         f"{'model':<6}{'mode':<16}{'published':>10}{'@0.40':>8}{'err':>8}{'@1pt':>8}{'err':>8}"
         f"{'<10%':>5}{'@width':>8}{'err':>8}{'<10%':>5}{'implied MFU':>12}  exposed comm / bubble"
@@ -298,7 +303,8 @@ def table_megatron() -> None:
     print(
         f"@0.40: the planner's assumed MFU. @1pt: MFU {cal_mfu:.3f} calibrated on 22B "
         f"selective + SP alone. @width: eff(n) = {top:.3f} n / (n + {n0:.0f}), n = hidden / tp, "
-        "fitted on 22B and 175B selective + SP ('cal' rows), predicting the other six."
+        "fitted on 22B and 175B selective + SP ('cal' rows), predicting the other six "
+        f"(the planner's --gemm-width-half {n0:.0f})."
     )
     print(
         "implied MFU: the compute efficiency at which the planner's model (its communication "

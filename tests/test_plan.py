@@ -259,3 +259,21 @@ def test_cli_documents_from_another_schema_are_one_line_exit_2(
         err = capsys.readouterr().err.strip()
         assert "not a distributed-benchmark/v1 document" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_gemm_width_efficiency_charges_tensor_parallelism() -> None:
+    flat = plan(request("1.3b", "8xH100", micro_batches=(1,), recompute=("none",),
+                        strategies=("ddp",)))  # fmt: skip
+    wide = plan(request("1.3b", "8xH100", micro_batches=(1,), recompute=("none",),
+                        strategies=("ddp",), gemm_width_half=700.0))  # fmt: skip
+
+    def compute(res: PlanResult, tp: int) -> float:
+        v = next(v for v in res.ranked if v.cand.tp == tp and v.cand.pp == v.cand.cp == 1)
+        assert v.estimate is not None
+        return v.estimate.compute_s
+
+    # tp 1 is the MFU's own width: unchanged; tp 4 runs 512-wide matmuls: slower by f(2048)/f(512)
+    assert compute(wide, 1) == pytest.approx(compute(flat, 1))
+    f = lambda n: n / (n + 700.0)  # noqa: E731
+    assert compute(wide, 4) == pytest.approx(compute(flat, 4) * f(2048) / f(512))
+    assert any("f(n) = n / (n + 700)" in n for n in wide.notes)

@@ -157,6 +157,11 @@ def plan_cmd(
     max_exposed_comm: float | None = typer.Option(
         None, help="Reject candidates whose exposed comm exceeds this fraction of the step."
     ),
+    gemm_width_half: float = typer.Option(
+        0.0,
+        help="n0 of the GEMM-width efficiency n/(n+n0), n = hidden/tp (0: constant MFU; "
+        "benchmarks/plan_accuracy.py fits 714 on Megatron's A100 runs).",
+    ),
     project: str | None = typer.Option(None, help="Project of the document (default: by top)."),
     top: int = typer.Option(10, help="Rows of the ranking table."),
     results: Path | None = typer.Option(None, "--results", help="Results folder."),
@@ -213,6 +218,7 @@ def plan_cmd(
         overlap=overlap,
         memory_reserve=memory_reserve,
         max_exposed_comm=max_exposed_comm,
+        gemm_width_half=gemm_width_half,
     )
     result = plan(req)
     doc = plan_document(

@@ -240,6 +240,7 @@ def plan_document(
             "dtype": req.dtype,
             "optimizer": req.optimizer,
             "overlap": req.overlap,
+            "gemm_width_half": req.gemm_width_half,
             "memory_reserve": req.memory_reserve,
             "max_exposed_comm": req.max_exposed_comm,
             "space": {

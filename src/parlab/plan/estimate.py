@@ -8,6 +8,11 @@
   recompute adds the attention core's forward (2 L s q_dim per token).
   Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU either
   measured (from a training document) or assumed, and labelled which.
+  Optionally (``gemm_width_half`` n0 > 0) the MFU belongs to one per-GPU GEMM
+  width (hidden / tp of the run it was measured on; the planned model at tp 1
+  when assumed) and other widths scale it by f(n) / f(n_ref), f(n) = n/(n+n0):
+  tensor parallelism narrows every matmul and narrow matmuls run further from
+  peak. Off by default (a constant MFU).
 - **Communication**: every item of the ledger's wire table
   (``parlab.ledger.traffic.traffic``, the one definition of what crosses the
   wire) is timed with ``parlab.comm.model``: the flat alpha-beta formula when
@@ -56,10 +61,23 @@ class Throughput:
     """``assumed MFU 0.40`` or ``measured: <run_id> ...``."""
     assumed: bool
     """True when the MFU is an assumption, not a measurement."""
+    ref_width: float | None = None
+    """Per-GPU GEMM width (hidden / tp) the MFU belongs to; None: the planned model at tp 1."""
 
     @property
     def achieved(self) -> float:
         return self.mfu * self.peak_flops
+
+
+def width_factor(width: float, ref_width: float, half: float) -> float:
+    """Efficiency at GEMM width ``width`` relative to ``ref_width``: f(n) / f(ref), f = n/(n+half).
+
+    ``half`` = 0 gives 1 (a constant MFU). Wider per-GPU matrices run closer to peak; tensor
+    parallelism divides the width by tp.
+    """
+    if half <= 0:
+        return 1.0
+    return (width / (width + half)) / (ref_width / (ref_width + half))
 
 
 def flops_per_token(spec: ModelSpec, seq: int) -> tuple[float, str]:
@@ -251,9 +269,14 @@ def measured_throughput(doc: Any, peak_flops: float) -> Throughput:
         fpt, _ = flops_per_token(spec, int(seq))
         mfu = tps * fpt / gpu.peak("bf16")  # type: ignore[operator]
         how = f"{tps:,.0f} tokens/s per GPU x {fpt / 1e9:.3g} GFLOP per token"
+    mesh = doc.layout.get("mesh") or {}
+    model = doc.workload.get("model")
+    hidden = model.get("hidden") if isinstance(model, dict) else None
+    tp = int(mesh.get("tp", 1)) if isinstance(mesh.get("tp", 1), int) else 1
     return Throughput(
         mfu=float(mfu),
         peak_flops=peak_flops,
         source=f"measured MFU {mfu:.3f} of {doc.run_id} ({doc.evidence_level}, {gpu.name}; {how})",
         assumed=False,
+        ref_width=float(hidden) / tp if hidden else None,
     )

@@ -41,6 +41,7 @@ from parlab.plan.estimate import (
     estimate,
     flops_per_token,
     recompute_flops_per_token,
+    width_factor,
 )
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
@@ -90,6 +91,9 @@ class PlanRequest:
     """Fraction of GPU memory kept free (CUDA context, fragmentation)."""
     max_exposed_comm: float | None = None
     """Reject candidates whose exposed communication exceeds this fraction of the step."""
+    gemm_width_half: float = 0.0
+    """n0 of the GEMM-width efficiency f(n) = n / (n + n0), n = hidden / tp, relative to the
+    MFU's own width (``parlab.plan.estimate.width_factor``); 0: a constant MFU."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1 or self.seq < 1:
@@ -98,6 +102,8 @@ class PlanRequest:
             )
         if not 0.0 <= self.memory_reserve < 1.0:
             raise UsageError(f"memory reserve {self.memory_reserve}: give a fraction in [0, 1)")
+        if self.gemm_width_half < 0:
+            raise UsageError(f"GEMM width half {self.gemm_width_half}: give 0 (off) or more")
         if not 0.0 <= self.overlap <= 1.0:
             raise UsageError(f"overlap {self.overlap}: give a fraction in [0, 1]")
         for name, values, allowed in (
@@ -406,6 +412,12 @@ def plan(req: PlanRequest) -> PlanResult:
         f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
         f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
         "recompute: full adds one forward (x 4/3), selective the attention core's forward",
+        (
+            f"GEMM width: efficiency x f(hidden/tp) / f({req.throughput.ref_width or req.spec.hidden:g}),"
+            f" f(n) = n / (n + {req.gemm_width_half:g})"
+            if req.gemm_width_half
+            else "GEMM width: not modelled (the same MFU at every tp)"
+        ),
         f"communication: the ledger's wire table timed by parlab.comm's alpha-beta model; "
         f"intra-node {cluster.intra.source}"
         + (
@@ -441,7 +453,10 @@ def _timed(
     """An admitted verdict: the step-time estimate and what follows from it."""
     world = req.cluster.count
     extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute, fpt)
-    compute_s = (fpt + extra) * req.tokens_per_step / world / req.throughput.achieved
+    th = req.throughput
+    ref = th.ref_width or float(req.spec.hidden)
+    eff = width_factor(req.spec.hidden / cand.tp, ref, req.gemm_width_half)
+    compute_s = (fpt + extra) * req.tokens_per_step / world / (th.achieved * eff)
     est = estimate(cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap)
     tps = req.tokens_per_step / est.step_s / world
     return Verdict(
