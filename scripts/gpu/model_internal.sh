@@ -51,7 +51,7 @@ print(json.dumps({"ok": r.ok, "ranks": r.results,
 cat "$OUT/cp-vs-torch-context-parallel.json" | tee -a "$OUT/model-internal.log"
 
 timeout 560 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
-  --timeout 300 2>&1 | tee -a "$OUT/model-internal.log"
+  --timeout 300 --budget 480 2>&1 | tee -a "$OUT/model-internal.log"
 cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"
 echo "report: $OUT/model-internal.md" | tee -a "$OUT/model-internal.log"
 # issue 6's targets, read from the documents above (met / NOT met / unknown)

@@ -153,6 +153,9 @@ def register_project_command() -> None:
         seq: int | None = typer.Option(None, help="Override the sequence length."),
         steps: int | None = typer.Option(None, help="Override the measured steps per run."),
         timeout: float = typer.Option(600.0, help="Process-group timeout, seconds."),
+        budget: float | None = typer.Option(
+            None, help="Wall-time cap for all launches, seconds (runs left out: failures)."
+        ),
     ) -> None:
         """TP, SP, PP (GPipe, 1F1B) and CP against one rank: documents and a report."""
         from parlab.projects.model_internal import run_project
@@ -166,6 +169,7 @@ def register_project_command() -> None:
             seq=seq,
             steps=steps,
             timeout_s=timeout,
+            budget_s=budget,
         )
 
 

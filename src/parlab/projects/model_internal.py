@@ -322,13 +322,24 @@ def _torch_pipeline(model: Any, cfg: RunConfig, stage: int, group: Any, dev: Any
 
 def mi_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank function: several runs in one launch (CPU sets: saves start-ups)."""
+    import gc
+
     out: list[dict[str, Any] | None] = []
     for r in runs:
         if r["nproc"] == 1 and ctx.world_size > 1:  # a one-rank baseline: rank 0 alone
             one = dataclasses.replace(ctx, world_size=1, local_world_size=1)
-            out.append(mi_rank(one, **r) if ctx.rank == 0 else None)
+            res: dict[str, Any] | None = None
+            if ctx.rank == 0:
+                try:
+                    res = mi_rank(one, **r)
+                except torch.OutOfMemoryError as exc:  # the others wait at the barrier
+                    res = {"failure": {"kind": "oom", "message": str(exc).splitlines()[0]}}
+            out.append(res)
         else:
             out.append(mi_rank(ctx, **r))
+        gc.collect()
+        if ctx.is_cuda:
+            torch.cuda.empty_cache()
         dist.barrier()
     return out
 
@@ -574,30 +585,49 @@ NAMES = (
 
 
 def _launch(
-    configs: list[RunConfig], *, gpu: bool, timeout_s: float
+    configs: list[RunConfig], *, gpu: bool, timeout_s: float, budget_s: float | None = None
 ) -> tuple[list[list[dict[str, Any]] | None], list[Failure | None], str]:
-    """Run configs; on CPU all in one launch (one-rank baselines on rank 0 alone), on GPUs one
-    launch each (fresh device memory per run). Per-config results (or ``None``) and failure."""
+    """Run configs, all in one launch (one start-up; one-rank baselines run on rank 0 alone,
+    an out-of-memory there becomes that run's failure); if the launch fails, one launch per
+    config. Per-config results (or ``None``) and failure."""
     from parlab.runtime.launch import LaunchConfig, launch
 
     backend = "nccl" if gpu else "gloo"
     width = max(c.nproc for c in configs)
-    if not gpu:
-        lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s)
-        res = launch(
-            "parlab.projects.model_internal:mi_many", {"runs": [c.to_json() for c in configs]}, lc
-        )
-        if res.ok:
-            outs = [[r[i] for r in res.results][: c.nproc] for i, c in enumerate(configs)]
-            return list(outs), [None] * len(configs), backend
+    start = time.monotonic()
+    lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s, deadline_s=budget_s)
+    res = launch(
+        "parlab.projects.model_internal:mi_many", {"runs": [c.to_json() for c in configs]}, lc
+    )
+    if res.ok:
+        outs: list[list[dict[str, Any]] | None] = []
+        fails: list[Failure | None] = []
+        for i, c in enumerate(configs):
+            per = [r[i] for r in res.results][: c.nproc]
+            f = per[0].get("failure") if per[0] else None
+            outs.append(None if f else per)
+            fails.append(Failure(kind=f["kind"], message=f["message"], rank=0) if f else None)
+        return outs, fails, backend
+    grouped = res.failure.message if res.failure else "?"
     outs2: list[list[dict[str, Any]] | None] = []
-    fails: list[Failure | None] = []
+    fails2: list[Failure | None] = []
     for c in configs:
-        lc = LaunchConfig(nproc=c.nproc, backend=backend, timeout_s=timeout_s)
+        left = None if budget_s is None else budget_s - (time.monotonic() - start)
+        if left is not None and left < 30:
+            outs2.append(None)
+            fails2.append(
+                Failure(
+                    kind="timeout",
+                    message="not run: the set's time budget was spent (the grouped launch "
+                    f"failed: {grouped})",
+                )
+            )
+            continue
+        lc = LaunchConfig(nproc=c.nproc, backend=backend, timeout_s=timeout_s, deadline_s=left)
         res = launch("parlab.projects.model_internal:mi_rank", c.to_json(), lc)
         outs2.append(res.results if res.ok else None)
-        fails.append(None if res.ok else res.failure)
-    return outs2, fails, backend
+        fails2.append(None if res.ok else res.failure)
+    return outs2, fails2, backend
 
 
 def run_project(
@@ -610,8 +640,12 @@ def run_project(
     seq: int | None = None,
     steps: int | None = None,
     timeout_s: float = 600.0,
+    budget_s: float | None = None,
 ) -> dict[str, Path]:
-    """``parlab project model-internal``: run the set, write documents, render the report."""
+    """``parlab project model-internal``: run the set, write documents, render the report.
+
+    ``budget_s`` caps the wall time of the launches (documents are still written for
+    every run: the ones not run are failures of kind ``timeout``)."""
     from parlab.contract import write_result
     from parlab.hardware.env import snapshot
 
@@ -636,7 +670,7 @@ def run_project(
     out_dir = results / PROJECT
     out_dir.mkdir(parents=True, exist_ok=True)
     group = [*singles.values(), *(c for _, c in pairs)]
-    outs, fails, backend = _launch(group, gpu=gpu, timeout_s=timeout_s)
+    outs, fails, backend = _launch(group, gpu=gpu, timeout_s=timeout_s, budget_s=budget_s)
     if True:
         for cfg, res, fail in zip(group, outs, fails, strict=True):
             arts = {}
