@@ -56,7 +56,7 @@ def reference(global_batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = SyntheticTokens(vocab_size=spec.vocab_size, seq=SEQ, seed=0)
     losses = []
-    for step in range(STEPS + WARMUP):
+    for step in range(WARMUP + STEPS + 1):  # + the metered step
         b = data.global_batch(step, global_batch)
         loss = F.cross_entropy(model(b.inputs).flatten(0, 1).float(), b.labels.flatten())
         loss.backward()

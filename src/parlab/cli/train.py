@@ -63,7 +63,9 @@ def train_cmd(
     model: str = typer.Option("tiny", help="Model preset (tiny, small, 1.3b, 8b, ...)."),
     nproc: int = typer.Option(2, help="Ranks: GPUs, or gloo CPU processes without GPUs."),
     steps: int = typer.Option(5, help="Timed steps."),
-    warmup: int = typer.Option(2, help="Untimed steps first (the last one is metered)."),
+    warmup: int = typer.Option(
+        2, help="Untimed steps first (one metered step follows the timed ones)."
+    ),
     micro_batch: int = typer.Option(2, "--micro-batch", help="Sequences per rank per step."),
     global_batch: int | None = typer.Option(
         None, "--global-batch", help="Sequences per step over all ranks (nproc must divide it)."

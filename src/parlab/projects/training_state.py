@@ -8,10 +8,11 @@ too). Evidence level: ``real-training`` on NCCL, ``cpu-mechanism`` on gloo.
 
 On every rank, one run is: build the model from its preset (same seed on
 every rank), apply recomputation, compile, then the strategy; train
-``warmup + steps`` steps on the rank's slice of a seeded synthetic global
-batch (or a local text file). The last warm-up step is the *metered* step:
-the comm meter records every collective it issues (payload per op). The
-``steps`` timed steps run with no meter in the way. Peak memory covers the
+``warmup + steps + 1`` steps on the rank's slice of a seeded synthetic global
+batch (or a local text file). The ``steps`` timed steps run with no meter in
+the way; the one step after them is the *metered* step (steady state: DDP's
+bucket rebuild and lazy optimizer state are behind it): the comm meter
+records every collective it issues (payload per op). Peak memory covers the
 whole run (CUDA allocator, or tracked tensor bytes on CPU); state bytes are
 counted from the real tensors after the last step's optimizer update. After
 training, the metered step's collectives are replayed alone to time them
@@ -75,7 +76,7 @@ class TrainConfig:
     steps: int = 5
     """Timed steps."""
     warmup: int = 2
-    """Untimed steps first; the last one is the metered step (at least 1)."""
+    """Untimed steps first (one more untimed step, metered, follows the timed ones)."""
     micro_batch: int = 2
     """Sequences per rank per step."""
     global_batch: int | None = None
@@ -269,7 +270,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     )
     global_batch = cfg["global_batch"] or cfg["micro_batch"] * ctx.world_size
     warmup, steps = cfg["warmup"], cfg["steps"]
-    metered_step = warmup - 1
+    metered_step = warmup + steps  # one extra step after the timed ones: steady state, untimed
     autocast = (
         torch.autocast(dev.type, dtype=compute)
         if compute != torch.float32 and not cfg["strategy"].startswith("fsdp")
@@ -284,7 +285,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             apply_compile(model)
         strat = build_strategy(ctx, cfg, model)
         state: dict[str, int] = {}
-        for step in range(warmup + steps):
+        for step in range(warmup + steps + 1):
             if step == warmup:
                 timer.mark()
             batch = rank_batch(
@@ -301,11 +302,11 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
                 loss.backward()
                 strat.finish_backward()
                 strat.step()
-            if step == warmup + steps - 1:
+            if step == metered_step:
                 state = meters.state_bytes(strat.state_items())
             strat.zero_grad()
             losses.append(loss.detach())
-            if step >= warmup:
+            if warmup <= step < metered_step:
                 timer.mark()
         step_times = timer.step_times()
         peak = mem.peak_bytes()
