@@ -160,7 +160,7 @@ def plan_cmd(
     gemm_width_half: float = typer.Option(
         0.0,
         help="n0 of the GEMM-width efficiency n/(n+n0), n = hidden/tp (0: constant MFU; "
-        "benchmarks/plan_accuracy.py fits 714 on Megatron's A100 runs).",
+        "benchmarks/plan_accuracy.py fits about 700 on Megatron's A100 runs).",
     ),
     project: str | None = typer.Option(None, help="Project of the document (default: by top)."),
     top: int = typer.Option(10, help="Rows of the ranking table."),

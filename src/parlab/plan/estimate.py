@@ -1,11 +1,10 @@
 """Predicted step time of one candidate: compute + exposed communication + pipeline bubble.
 
 - **Compute** = training FLOPs of the global batch / world size / achieved
-  FLOP/s per GPU. FLOPs per token come from ``parlab.models.flops`` where it
-  exists (``train_flops_per_token``); until then from the stand-in below
-  (6 x non-embedding active parameters + causal attention 6 L s q_dim per
-  token), labelled as such. Full recompute adds one forward (x 4/3); selective
-  recompute adds the attention core's forward (2 L s q_dim per token).
+  FLOP/s per GPU. FLOPs per token come from ``parlab.models.flops``
+  (``6 N + 12 L H Q T``, PaLM's counting). Full recompute adds one forward
+  (``2 N + 4 L H Q T``); selective recompute the attention core's forward
+  again (``4 L H Q T``).
   Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU either
   measured (from a training document) or assumed, and labelled which.
   Optionally (``gemm_width_half`` n0 > 0) the MFU belongs to one per-GPU GEMM
@@ -82,23 +81,23 @@ def width_factor(width: float, ref_width: float, half: float) -> float:
 
 def flops_per_token(spec: ModelSpec, seq: int) -> tuple[float, str]:
     """Training FLOPs per token (forward + backward, no recompute) and the formula's source."""
-    try:
-        from parlab.models import flops  # type: ignore[attr-defined]
+    from parlab.models import flops
 
-        return float(flops.train_flops_per_token(spec, seq=seq)), "parlab.models.flops"
-    except (ImportError, AttributeError):
-        pass
-    n = spec.num_active_params(embedding=False)
-    attn = 6.0 * spec.layers * seq * spec.q_dim  # causal: half of 12 L s q_dim
-    return 6.0 * n + attn, "stand-in 6N + 6 L s q_dim (parlab.models.flops absent)"
+    return float(flops.train_flops_per_token(spec, seq=seq)), "parlab.models.flops (6N + 12LHQT)"
 
 
-def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str, base: float) -> float:
-    """Extra FLOPs per token that recompute adds."""
+def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str) -> float:
+    """Extra FLOPs per token that recompute adds (``parlab.models.flops`` counting).
+
+    Full: one more forward (2N + 4LHQT). Selective: the attention core's forward again
+    (4LHQT: scores and their weighted sum).
+    """
+    from parlab.models import flops
+
     if recompute == "full":
-        return base / 3.0
+        return float(flops.forward_flops_per_token(spec, seq))
     if recompute == "selective":
-        return 2.0 * spec.layers * seq * spec.q_dim
+        return 4.0 * spec.layers * spec.heads * flops.attention_head_dim(spec) * seq
     return 0.0
 
 

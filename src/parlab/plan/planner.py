@@ -411,7 +411,8 @@ def plan(req: PlanRequest) -> PlanResult:
     notes = [
         f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
         f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
-        "recompute: full adds one forward (x 4/3), selective the attention core's forward",
+        "recompute: full adds one forward (2N + 4LHQT), selective the attention core's forward "
+        "(4LHQT)",
         (
             f"GEMM width: efficiency x f(hidden/tp) / f({req.throughput.ref_width or req.spec.hidden:g}),"
             f" f(n) = n / (n + {req.gemm_width_half:g})"
@@ -452,7 +453,7 @@ def _timed(
 ) -> Verdict:
     """An admitted verdict: the step-time estimate and what follows from it."""
     world = req.cluster.count
-    extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute, fpt)
+    extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute)
     th = req.throughput
     ref = th.ref_width or float(req.spec.hidden)
     eff = width_factor(req.spec.hidden / cand.tp, ref, req.gemm_width_half)
