@@ -345,8 +345,11 @@ def test_hta_agreement(tmp_path: Path) -> None:
         steps = []
         for _ in range(3):
             spans = [C(float(t), float(rng.uniform(5, 30))) for t in range(0, 900, 40)]
+            # "ncclKernel_": every HTA version calls it communication (older ones miss ncclDevKernel)
+            nccl = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
             spans += [
-                N(float(t), float(rng.uniform(10, 60)), stream=20) for t in range(20, 900, 150)
+                N(float(t), float(rng.uniform(10, 60)), stream=20, name=nccl)
+                for t in range(20, 900, 150)
             ]
             steps.append(spans)
         write_trace(
