@@ -33,14 +33,17 @@ Transient items (the forward/backward phase): ``activations`` (per layer from
 backward), ``logits`` (the float32 logits the loss reads, ``tokens x vocab x
 4``; under bf16 a cast copy of the bf16 output, which is freed), ``loss_buffers``
 (float32 log-probabilities kept by cross-entropy and their gradient:
-``2 x tokens x vocab x 4``), ``backward_transient`` (one block's
+``2 x tokens x vocab x 4``), ``held_logits`` (``logits_held=True``: the
+loop keeps the model's output, ``tokens x vocab x e``, until backward ends --
+torchtitan deletes it instead), ``backward_transient`` (one block's
 activation gradients: ``tokens x (2 f + 2 h) x e``), ``autocast_weight_copies``
 (bf16 copies of fp32 matmul weights autocast makes and autograd keeps until
-backward), ``gather_buffers`` (ZeRO-3/FSDP: two units' unsharded parameters in
-the compute dtype, plus FSDP's root unit -- embeddings and head -- held
-through the step), ``reduce_buffers`` (ZeRO-2/3/FSDP: two units' unsharded
-gradients before their reduce-scatter), ``ddp_buckets`` (resident: DDP's
-gradient buckets, a copy of every gradient unless ``bucket_view``).
+backward), ``gather_buffers`` (ZeRO-3: the unit in use and the prefetched
+block, unsharded, in the gather dtype; FSDP: its root unit -- embeddings and
+head, kept through the step -- and the prefetched block), ``reduce_buffers``
+(ZeRO-2/3/FSDP: one unit's unsharded gradients before their reduce-scatter,
+in backward), ``ddp_buckets`` (resident: DDP's gradient buckets, a copy of
+every gradient unless ``bucket_view``).
 Optimizer phase: ``optimizer_temporaries`` (foreach AdamW: one state-sized
 temporary, ``sqrt(v)``; fused AdamW: none). ``allocator_overhead``: an
 explicit, settable number (``overhead_bytes``), never a hidden factor.
@@ -52,8 +55,9 @@ ZeRO-1's flat gradient buffers) + max(forward/backward, optimizer step), where
 - forward/backward = activations + recompute_buffer + autocast_weight_copies +
   gather_buffers + reduce_buffers + gradients already accumulated (all of them
   when they accumulate over micro-batches: ``microbatches > 1`` or pp > 1) +
-  max(logits + loss_buffers, backward_transient + the output layer's
-  gradients): the loss region is freed before the blocks' backward starts;
+  max(logits + loss_buffers, backward_transient + the output unit's whole
+  gradients + reduce_buffers): the loss region is freed before the blocks'
+  backward starts;
 - optimizer step = grads + optimizer_temporaries.
 
 Checked on the CPU against tracked tensor bytes of a real step of the
@@ -312,6 +316,7 @@ class _StageNumbers:
     grads: int
     optim: int
     largest_unit: int
+    largest_block: int
     root: int
     held: int
     matmul: int
@@ -331,8 +336,8 @@ def _stage_numbers(
     ne = max(1, n // ep)
     if strategy == "ddp":
         return _StageNumbers(
-            params=held, grads=held, optim=held, largest_unit=max(h.unit_numels()), root=0,
-            held=held, matmul=matmul, head=head, chunks=None,
+            params=held, grads=held, optim=held, largest_unit=max(h.unit_numels()),
+            largest_block=0, root=0, held=held, matmul=matmul, head=head, chunks=None,
         )  # fmt: skip
     if strategy in ("zero1", "zero2", "zero3"):
         dense, exp = h.unit_numels(experts=False), h.unit_numels(experts=True)
@@ -343,10 +348,13 @@ def _stage_numbers(
             flat_shard_numel(u, ne) * ne for u in exp
         )
         largest = math.ceil(max(h.unit_numels()) / n) * n
+        blocks = [u.numel for u in h.sizes if u.name not in ("embeddings", "head")]
+        block = math.ceil(max(blocks, default=0) / n) * n
         return _StageNumbers(
             params=shard if strategy == "zero3" else padded,
             grads=padded if strategy == "zero1" else shard,
-            optim=shard, largest_unit=largest, root=0, held=held, matmul=matmul, head=head,
+            optim=shard, largest_unit=largest, largest_block=block, root=0, held=held,
+            matmul=matmul, head=head,
             chunks=None,
         )  # fmt: skip
     # fsdp / fsdp-hybrid: dim-0 shards of every parameter (identical shapes counted once)
@@ -368,7 +376,8 @@ def _stage_numbers(
             sum(c * dim0_chunk_numel(s, n, i) for s, c in all_counts.items()) for i in range(n)
         )
     return _StageNumbers(
-        params=shard, grads=shard, optim=shard, largest_unit=largest, root=root, held=held,
+        params=shard, grads=shard, optim=shard, largest_unit=max(largest, root),
+        largest_block=largest, root=root, held=held,
         matmul=matmul, head=head, chunks=chunks,
     )  # fmt: skip
 
@@ -394,6 +403,7 @@ def predict(
     bucket_view: bool = False,
     loss_parallel: bool = False,
     kv_replicate: bool = True,
+    logits_held: bool = False,
     overhead_bytes: int = 0,
 ) -> Ledger:
     """The per-rank memory ledger of one training step (see the module docstring).
@@ -477,6 +487,7 @@ def predict(
         vocab_local = spec.vocab_size // (tp if loss_parallel else 1)
         row["logits"] = tokens * vocab_local * 4 if last else 0
         row["loss_buffers"] = 2 * tokens * vocab_local * 4 if last else 0
+        row["held_logits"] = tokens * vocab_local * e if last and logits_held else 0
         ffn = _ffn_width(spec, layer_ids)
         row["backward_transient"] = tokens * (2 * ffn // tp + 2 * spec.hidden) * e
         matmul = sn.matmul
@@ -486,12 +497,14 @@ def predict(
             else 0
         )
         gather_b = e if pol.param_bytes > e else pol.param_bytes
-        if strategy in ("zero3", "fsdp", "fsdp-hybrid"):
-            row["gather_buffers"] = (2 * largest_unit + root_el) * gather_b
+        if strategy == "zero3":  # the unit in use (at the loss: the head) + the prefetched block
+            row["gather_buffers"] = (largest_unit + sn.largest_block) * gather_b
+        elif strategy in ("fsdp", "fsdp-hybrid"):  # the root unit, kept, + the prefetched block
+            row["gather_buffers"] = (root_el + sn.largest_block) * gather_b
         else:
             row["gather_buffers"] = 0
         if strategy in ("zero2", "zero3", "fsdp", "fsdp-hybrid"):
-            row["reduce_buffers"] = 2 * largest_unit * pol.grad_bytes
+            row["reduce_buffers"] = largest_unit * pol.grad_bytes
         else:
             row["reduce_buffers"] = 0
         row["optimizer_temporaries"] = (
@@ -512,19 +525,21 @@ def predict(
             dev[k]
             for k in (
                 "activations", "recompute_buffer", "autocast_weight_copies", "gather_buffers",
-                "reduce_buffers",
+                "held_logits",
             )
         )  # fmt: skip
-        head_grads = 0
-        if last and not accumulate:
-            head_grads = sn.head * pol.grad_bytes * g_el // max(1, sn.held)
+        # the output unit's gradients, whole until reduced (none new when grads are resident)
+        head_grads = sn.head * pol.grad_bytes if last and not grads_resident else 0
         grads_fb = dev["grads"] if accumulate and not grads_resident else 0
         # the loss region (logits, log-probs and their gradients) is gone before the first
         # block's backward needs its activation gradients and the output layer's grads
         fb = (
             base
             + grads_fb
-            + max(dev["logits"] + dev["loss_buffers"], dev["backward_transient"] + head_grads)
+            + max(
+                dev["logits"] + dev["loss_buffers"],
+                dev["backward_transient"] + head_grads + dev["reduce_buffers"],
+            )
         )
         opt = (0 if grads_resident else dev["grads"]) + dev["optimizer_temporaries"]
         peaks.append(resident + max(fb, opt))
@@ -564,7 +579,7 @@ def predict(
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, loss_parallel=loss_parallel,
-        overhead_bytes=overhead_bytes,
+        logits_held=logits_held, overhead_bytes=overhead_bytes,
     )  # fmt: skip
     return Ledger(
         model=spec.name,
@@ -616,6 +631,7 @@ _KIND = {
     "recompute_buffer": "transient",
     "logits": "transient",
     "loss_buffers": "transient",
+    "held_logits": "transient",
     "backward_transient": "transient",
     "autocast_weight_copies": "transient",
     "gather_buffers": "buffer",
@@ -634,10 +650,11 @@ _FORMULA = {
     "recompute_buffer": "full recompute: one layer's activations during its backward",
     "logits": "float32 logits for the loss (a cast copy under bf16), tokens x vocab x 4",
     "loss_buffers": "cross-entropy: float32 log-probs + their gradient, 2 x tokens x vocab x 4",
+    "held_logits": "the model's output logits, kept by the training loop through backward",
     "backward_transient": "one block's activation gradients: tokens x (2 f / tp + 2 h) x compute bytes",
     "autocast_weight_copies": "bf16 copies of fp32 matmul weights kept for backward (autocast)",
-    "gather_buffers": "two units' unsharded params (+ FSDP root unit) in the gather dtype",
-    "reduce_buffers": "two units' unsharded gradients before their reduce-scatter",
+    "gather_buffers": "unsharded params in the gather dtype: the unit in use (FSDP: the kept root) + one prefetched block",
+    "reduce_buffers": "one unit's unsharded gradients before their reduce-scatter (in backward)",
     "optimizer_temporaries": "foreach AdamW: one state-sized temporary (sqrt of exp_avg_sq)",
     "allocator_overhead": "explicit, settable allocator/framework overhead",
 }
