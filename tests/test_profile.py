@@ -435,3 +435,60 @@ def test_cpu_comm_past_the_step_mark_is_cut(tmp_path: Path) -> None:
     s = one_step(tmp_path, [C(0, 600), N(900, 300)], gpu=False)  # the step ends at 1000 us
     assert s.comm_s == pytest.approx(100 * US)
     assert s.exposed_s == pytest.approx(100 * US)
+
+
+def _hta_style_overlap(path: Path) -> float:
+    """Holistic Trace Analysis's algorithm, restated naively over the whole trace (json.load):
+    merge comm and compute kernels separately, sweep +1/-1 (comm) and +2/-2 (compute) edges,
+    sum the time the running status is 3, divide by the merged comm time."""
+    doc = json.loads(
+        gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text()
+    )
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+
+    def merged(kind: str) -> list[tuple[float, float]]:
+        spans = sorted(
+            (e["ts"], e["ts"] + e["dur"]) for e in kernels if kernel_kind(e["name"]) == kind
+        )
+        out: list[list[float]] = []
+        for s, e in spans:
+            if out and s <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], e)
+            else:
+                out.append([s, e])
+        return [(a, b) for a, b in out]
+
+    comm, comp = merged("comm"), merged("compute")
+    edges = sorted(
+        [(s, 1) for s, _ in comm]
+        + [(e, -1) for _, e in comm]
+        + [(s, 2) for s, _ in comp]
+        + [(e, -2) for _, e in comp]
+    )
+    running, total = 0, 0.0
+    for (t, d), nxt in zip(edges, [*edges[1:], (edges[-1][0], 0)], strict=True):
+        running += d
+        if running == 3:
+            total += nxt[0] - t
+    return 100.0 * total / sum(b - a for a, b in comm)
+
+
+def test_overlap_matches_a_naive_hta_restatement(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    for rank in range(3):
+        steps = []
+        for _ in range(4):
+            spans = [C(float(t), float(rng.uniform(2, 45))) for t in range(0, 950, 37)]
+            spans += [
+                N(float(t), float(rng.uniform(5, 80)), stream=int(rng.choice([20, 21])))
+                for t in range(10, 950, 90)
+            ]
+            steps.append(spans)
+        write_trace(
+            tmp_path / f"rank{rank}.trace.json.gz",
+            trace_doc(gpu_events(steps), rank=rank, world_size=3),
+        )
+    ours = summarize(analyze_folder(tmp_path))
+    for rank in range(3):
+        want = _hta_style_overlap(tmp_path / f"rank{rank}.trace.json.gz")
+        assert ours.overlap_pct[rank] == pytest.approx(want, abs=0.01)
