@@ -110,6 +110,8 @@ class Profiler:
         self.out_dir = Path(out_dir)
         self.path = trace_path(self.out_dir, self.rank)
         self.total_steps = wait + warmup + active
+        self._wait = wait
+        self._meta_pending = False
         self.steps = 0
         self.done = False
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -150,7 +152,10 @@ class Profiler:
         self.done = True
 
     def __enter__(self) -> Profiler:
-        self._prof.preset_metadata_json("parlab", json.dumps(self._meta))
+        self._meta_pending = True
+        if hasattr(self._prof, "preset_metadata_json"):  # torch >= 2.4
+            self._prof.preset_metadata_json("parlab", json.dumps(self._meta))
+            self._meta_pending = False
         self._prof.start()
         return self
 
@@ -158,6 +163,9 @@ class Profiler:
         """Mark the end of one training step (call it after ``optimizer.step()``)."""
         self.steps += 1
         self._prof.step()
+        if self._meta_pending and self.steps > self._wait:  # recording: metadata sticks now
+            self._prof.add_metadata_json("parlab", json.dumps(self._meta))
+            self._meta_pending = False
 
     def __exit__(
         self,
