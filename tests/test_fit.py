@@ -99,6 +99,7 @@ def test_ledger_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["ledger", "llama3.1-8b", "--strategy", "zero9"], "strategy"),
         (["ledger", "llama3.1-8b", "--dp", "0"], "dp"),
         (["ledger", "tiny", "--overhead", "lots"], "--overhead"),
+        (["ledger", "llama3.1-70b", "--tp", "16", "--no-kv-replicate"], "kv_heads"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(
@@ -118,3 +119,9 @@ def test_demo_step(tmp_path: Path) -> None:
     demo_step(tmp_path, Console(file=open("/dev/null", "w")))  # noqa: SIM115
     (doc,) = [contract.read_document(p) for p in tmp_path.rglob("*.json")]
     assert doc.task == "T0" and doc.metric("single_gpu_fits") == 0
+
+
+def test_models_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["models", "--json"], capsys)
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and rows["llama3.1-405b"]["params"] == 405_853_388_800

@@ -1,4 +1,4 @@
-"""Analytic commands: ``parlab fit`` (T0) and ``parlab ledger`` (T2's per-rank ledger).
+"""Analytic commands: ``parlab fit`` (T0), ``parlab ledger`` (T2's per-rank ledger), ``parlab models``.
 
 Both compute from formulas only (``parlab.ledger``, ``parlab.models.flops``):
 nothing is launched and nothing crosses a wire. Each writes one ``analytic``
@@ -195,7 +195,7 @@ def print_fit(res: FitResult, out: Console, *, top: int) -> None:
 @app.command("fit")
 def fit_cmd(
     model: str = typer.Argument(
-        ..., help="Catalog name (parlab fit --list) or a config.json path."
+        ..., help="Catalog name (see parlab models) or a config.json path."
     ),
     gpu: str = typer.Option(
         "H100", "--gpu", help="GPU from the hardware catalog (H100, H200, A100-80GB, ...)."
@@ -260,7 +260,9 @@ def _state_per_rank(led: Ledger) -> list[int]:
 
 @app.command("ledger")
 def ledger_cmd(
-    model: str = typer.Argument(..., help="Catalog name or a config.json path."),
+    model: str = typer.Argument(
+        ..., help="Catalog name (see parlab models) or a config.json path."
+    ),
     strategy: str = typer.Option(
         "ddp", "--strategy", help="ddp, zero1, zero2, zero3, fsdp, fsdp-hybrid."
     ),
@@ -297,6 +299,9 @@ def ledger_cmd(
     overhead: str = typer.Option(
         "0", "--overhead", help="Allocator/framework overhead item per GPU."
     ),
+    kv_replicate: bool = typer.Option(
+        True, "--kv-replicate/--no-kv-replicate", help="Replicate KV heads when fewer than tp."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
     results: Path | None = ResultsOption,
 ) -> None:
@@ -310,7 +315,7 @@ def ledger_cmd(
         spec, strategy=strategy, topology=topo, micro_batch=batch, seq_len=seq or min(spec.max_seq_len, 4096),
         dtype=dtype, optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         microbatches=microbatches, virtual_stages=virtual_stages, sp=sp, shard_size=shard_size,
-        offload=offload, overhead_bytes=overhead_b,
+        offload=offload, overhead_bytes=overhead_b, kv_replicate=kv_replicate,
     )  # fmt: skip
     k = led.knobs
     wire = traffic(
@@ -402,6 +407,34 @@ def ledger_cmd(
         console.print(f"sync points: {len(sync_points(wire))} kinds of blocking collective")
     else:
         console.print("nothing on the wire (one rank)")
+
+
+@app.command("models")
+def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The model catalog: published architectures and training presets, with their counts."""
+    from parlab.models import list_specs
+
+    specs = [get_spec(n) for n in list_specs()]
+    if as_json:
+        print_json([s.to_json() for s in specs])
+        return
+    t = Table(title="model catalog", title_justify="left")
+    for c in ("name", "params", "active", "layers", "hidden", "heads / kv", "ffn", "attention",
+              "vocab", "source"):  # fmt: skip
+        t.add_column(c, justify="left" if c in ("name", "attention", "source") else "right")
+    for s in specs:
+        m = s.moe
+        ffn = (
+            str(s.ffn_hidden)
+            if m is None
+            else f"{m.num_experts}x{m.expert_ffn_hidden} top{m.top_k}"
+        )
+        t.add_row(
+            s.name, f"{s.num_params() / 1e9:.3f}B", f"{s.num_active_params() / 1e9:.3f}B",
+            str(s.layers), str(s.hidden), f"{s.heads} / {s.n_kv_heads}", ffn,
+            f"{s.attention_kind} {s.activation}", str(s.vocab_size), s.source,
+        )  # fmt: skip
+    console.print(t)
 
 
 def demo_step(results: Path, console: Console) -> None:
