@@ -81,14 +81,19 @@ def targets(results: Path) -> int:
     rows.append(
         ("TP2+SP MFU (micro-batch 2)", ">= 35%", _pct(mfu), None if mfu is None else mfu >= 0.35)
     )
-    for run in ("pp2-gpipe", "pp2-1f1b"):
+    for run in ("pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp2-1f1b-torch"):
         tps = metric(run, "tokens_per_s_per_gpu")
         ok = None if tps is None else tps >= 47_000
         rows.append((f"{run} tokens/s/GPU", ">= 47,000", "-" if tps is None else f"{tps:,.0f}", ok))
         b = metric(run, "pp_bubble")
         d = docs.get(run)
         if d is not None and b is not None:
-            f = formula(d.layout["pp_schedule"], d.layout["mesh"]["pp"], d.workload["microbatches"])
+            f = formula(
+                d.layout["pp_schedule"],
+                d.layout["mesh"]["pp"],
+                d.workload["microbatches"],
+                d.layout.get("vpp", 1),
+            )
             rel = abs(b - f["of_step"]) / f["of_step"]
             rows.append(
                 (

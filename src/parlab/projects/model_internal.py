@@ -61,7 +61,10 @@ class RunConfig:
     """``parlab`` (parlab's mechanisms) or ``torch`` (plain DTensor ``parallelize_module`` for
     TP, ``torch.distributed.pipelining`` for PP): the references the issue compares with."""
     schedule: str = "1f1b"
-    """Pipeline schedule (``gpipe``, ``1f1b``); also used for gradient accumulation at pp 1."""
+    """Pipeline schedule (``gpipe``, ``1f1b``, ``interleaved-1f1b``); at pp 1 it is plain
+    gradient accumulation."""
+    vpp: int = 1
+    """Virtual stages per pipeline rank (``interleaved-1f1b``)."""
     micro_batch: int = 1
     """Sequences per micro-batch."""
     microbatches: int = 1
@@ -153,7 +156,13 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
     memory = meters.MemoryMeter(dev)
     with memory:
         model = build_model(spec, device=dev, dtype=dtype, seed=0)
-        if cfg.pp > 1:
+        stages: dict[int, Any] = {}
+        if cfg.pp > 1 and cfg.vpp > 1:
+            n_st = cfg.pp * cfg.vpp
+            stages = {s: build_stage(model, s, n_st) for s in range(c["pp"], n_st, cfg.pp)}
+            del model
+            model = torch.nn.ModuleList(stages.values())  # the parameters of every chunk
+        elif cfg.pp > 1:
             model = build_stage(model, c["pp"], cfg.pp, copy_model=False)
         plan = ParallelPlan(
             sequence_parallel=cfg.sp,
@@ -166,6 +175,9 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             _torch_tp(model, mesh["tp"])
         elif cfg.impl == "torch" and cfg.pp > 1:
             torch_pp = _torch_pipeline(model, cfg, c["pp"], mesh["pp"].get_group(), dev)
+        elif stages:
+            for k in stages:
+                stages[k] = parallelize(stages[k], mesh, plan)
         elif mesh is not None:
             model = parallelize(model, mesh, plan)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -176,7 +188,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             a: mesh[a].get_group() for a in ("tp", "pp", "cp") if getattr(cfg, a) > 1 and mesh
         }
         data = SyntheticTokens(vocab_size=spec.vocab_size, seq=cfg.seq, seed=0)
-        sched = build(cfg.schedule, cfg.pp, cfg.microbatches)
+        sched = build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp)
         local_seq = cfg.seq // cfg.cp
         positions = local_positions(cfg.seq, cfg.cp, c["cp"], device=dev) if cfg.cp > 1 else None
 
@@ -201,7 +213,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             elif cfg.pp > 1 or cfg.microbatches > 1:
                 st = run_schedule(
                     sched,
-                    {c["pp"]: model},
+                    stages or {c["pp"]: model},
                     microbatches=list(x.chunk(cfg.microbatches)),
                     targets=list(y.chunk(cfg.microbatches)),
                     loss_fn=loss_fn,
@@ -374,7 +386,14 @@ def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
         "loss_parallel": cfg.tp > 1,
     }
     try:
-        led = predict(spec, strategy="ddp", dtype=dt, pp_schedule=cfg.schedule, **kw)
+        led = predict(
+            spec,
+            strategy="ddp",
+            dtype=dt,
+            pp_schedule="interleaved" if cfg.vpp > 1 else cfg.schedule,
+            virtual_stages=cfg.vpp,
+            **kw,
+        )
         per = led.per_rank("params")
         out["param_bytes"] = Prediction(value=float(max(per)), unit="B", model="ledger")
         act = led.per_rank("activations")
@@ -383,7 +402,7 @@ def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
     except (ValueError, KeyError, TypeError) as exc:
         notes.append(f"ledger prediction unavailable: {exc}")
     try:
-        wire = traffic(spec, strategy="ddp", dtype=dt, **kw)
+        wire = traffic(spec, strategy="ddp", dtype=dt, virtual_stages=cfg.vpp, **kw)
         for axis in ("tp", "pp", "cp"):
             total = sum(w.total_bytes for w in wire if w.axis == axis)
             if total:
@@ -393,9 +412,11 @@ def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
     except (ValueError, KeyError, TypeError) as exc:
         notes.append(f"wire table unavailable: {exc}")
     if cfg.pp > 1:
-        f = formula(cfg.schedule, cfg.pp, cfg.microbatches)
+        f = formula(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp)
         out["pp_bubble"] = Prediction(
-            value=f["of_step"], unit="fraction", model="(p-1)/(m+p-1) (idle / step time)"
+            value=f["of_step"],
+            unit="fraction",
+            model="(p-1)/(v*m+p-1) (idle / step time; v = 1 unless interleaved)",
         )
     return out, notes
 
@@ -515,6 +536,7 @@ def document(
             "loss_parallel": cfg.tp > 1,
             "cp_variant": cfg.cp_variant if cfg.cp > 1 else None,
             "pp_schedule": cfg.schedule if cfg.pp > 1 else None,
+            "vpp": cfg.vpp,
             "implementation": cfg.impl,
             "backend": backend,
         },
@@ -563,6 +585,7 @@ def comparison_set(
         pair("tp2", tp_kw, nproc=2, tp=2),
         pair("pp2-gpipe", pp_kw, nproc=2, pp=2, schedule="gpipe"),
         pair("pp2-1f1b", pp_kw, nproc=2, pp=2, schedule="1f1b"),
+        pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
         pair("cp2-ring", cp_kw, nproc=2, cp=2),
         # twice the sequence: one rank may run out of memory (a failure document), CP2 not
         pair("cp2-ring-long", long_kw, nproc=2, cp=2),
@@ -577,6 +600,7 @@ NAMES = (
     "tp2",
     "pp2-gpipe",
     "pp2-1f1b",
+    "pp2-interleaved",
     "cp2-ring",
     "cp2-ring-long",
     "tp2-dtensor",
@@ -678,7 +702,9 @@ def run_project(
                 from parlab.parallel.pipeline_schedules import build, format_grid
 
                 grid = out_dir / f"schedule-{cfg.name}.txt"
-                grid.write_text(format_grid(build(cfg.schedule, cfg.pp, cfg.microbatches)) + "\n")
+                grid.write_text(
+                    format_grid(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp)) + "\n"
+                )
                 arts["schedule_grid"] = grid.name
             cmd = (
                 f"parlab project model-internal --preset {preset}"
@@ -832,7 +858,7 @@ def render_report(
         rows = []
         for d in pp_docs:
             p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
-            f = formula(d.layout["pp_schedule"], p, m)
+            f = formula(d.layout["pp_schedule"], p, m, d.layout.get("vpp", 1))
             rows.append(
                 [
                     d.layout["strategy"],
@@ -843,14 +869,14 @@ def render_report(
                 ]
             )
         lines += _table(
-            ["run", "p, m", "bubble (busiest stage)", "idle, mean of stages", "(p-1)/(m+p-1)"],
+            ["run", "p, m", "bubble (busiest stage)", "idle, mean of stages", "(p-1)/(v*m+p-1)"],
             rows,
         )
         for d in pp_docs:
             p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
             sched = d.layout["pp_schedule"]
             lines += [f"### {sched} schedule, p={p}, m={m} (step x rank)", "", "```"]
-            lines += [format_grid(build(sched, p, m)), "```", ""]
+            lines += [format_grid(build(sched, p, m, d.layout.get("vpp", 1))), "```", ""]
     cp_pairs = [(b, c) for b, c in pairs if c.cp > 1 and c.name in by]
     if cp_pairs:
         lines += ["## Context parallel: memory per rank", ""]
@@ -894,6 +920,7 @@ def render_report(
             shape=shape,
             seq=cand.seq,
             sequence_parallel=cand.sp,
+            vpp=cand.vpp,
         )
         lines += [f"### {cand.name}", ""]
         rows = []
