@@ -201,6 +201,19 @@ def test_cli_analyze_and_bad_input(
     code, _ = _exit_code(["profile", "analyze", str(folder), "--results", str(tmp_path)], capsys)
     assert code == 0
     assert list((tmp_path / "PAR-TRAINING-STATE").glob("*.json"))
+    code, err = _exit_code(
+        [
+            "profile",
+            "analyze",
+            str(folder),
+            "--timeline-step",
+            "99",
+            "--results",
+            str(tmp_path / "r"),
+        ],
+        capsys,
+    )
+    assert code == 2 and "--timeline-step 99" in err and not (tmp_path / "r").exists()
     code, err = _exit_code(["profile", "analyze", str(tmp_path / "nope")], capsys)
     assert code == 2 and "does not exist" in err
     code, err = _exit_code(["profile", "fsdp", "--configs", "bogus"], capsys)

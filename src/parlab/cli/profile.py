@@ -103,6 +103,9 @@ def analyze_cmd(
         help="Project of the profiled run (default: from the traces, else PAR-TRAINING-STATE).",
     ),
     label: str | None = typer.Option(None, help="Name of the profiled configuration."),
+    timeline_step: int | None = typer.Option(
+        None, help="Step the timeline PNG draws (default: the step of median length)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
 ) -> None:
     """Analyse a folder of per-rank Chrome traces (one per rank, any torch.profiler output)."""
@@ -114,6 +117,7 @@ def analyze_cmd(
         command=reproduce_command(),
         project=project,
         label=label,
+        timeline_step=timeline_step,
     )
     if as_json:
         print_json(o.doc.to_json())

@@ -93,12 +93,21 @@ def profile_folder(
     layout: dict[str, Any] | None = None,
     notes: list[str] | None = None,
     run_id: str | None = None,
+    timeline_step: int | None = None,
 ) -> ProfileOutcome:
-    """Analyse ``trace_dir`` and write the document and its artifacts under ``results``."""
+    """Analyse ``trace_dir`` and write the document and its artifacts under ``results``.
+
+    ``timeline_step``: the step the PNG draws (default: the step of median length).
+    """
     if project is not None and project not in PROJECTS:
         raise UsageError(f"--project {project!r} is not one of {', '.join(PROJECTS)}")
     with tempfile.TemporaryDirectory(prefix="parlab-profile-") as tmp:
         run = analyze_folder(trace_dir, fragments_dir=tmp)
+        steps = {st.step for r in run.ranks for st in r.steps}
+        if timeline_step is not None and timeline_step not in steps:
+            raise UsageError(
+                f"--timeline-step {timeline_step} was not profiled: pick one of {sorted(steps)}"
+            )
         project = project or next((r.project for r in run.ranks if r.project), None)
         project = project if project in PROJECTS else DEFAULT_PROJECT
         label = label or next((r.label for r in run.ranks if r.label), None)
@@ -109,7 +118,7 @@ def profile_folder(
         artifacts["merged_trace"] = write_merged_trace(
             run, Path(tmp), out_dir / "merged.trace.json.gz"
         )
-    step = pick_step(run)
+    step = pick_step(run) if timeline_step is None else timeline_step
     png = write_timeline_png(
         run, out_dir / "timeline.png", step=step, title=f"{label or 'profile'}: step {step}"
     )
