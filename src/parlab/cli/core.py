@@ -222,6 +222,9 @@ def demo_cmd(
     failed = run_demo(root, console, only=only)
     entries, skipped = contract.read_results(root)
     print_asset_table(root, entries, skipped)
+    report = root / "report" / "report.html"
+    if report.exists():
+        console.print(f"report: {report} (Markdown beside it: {report.with_suffix('.md').name})")
     if failed:
         err_console.print(f"{failed} demo step(s) failed")
         raise typer.Exit(1)
