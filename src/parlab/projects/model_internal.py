@@ -877,6 +877,37 @@ def render_report(
             sched = d.layout["pp_schedule"]
             lines += [f"### {sched} schedule, p={p}, m={m} (step x rank)", "", "```"]
             lines += [format_grid(build(sched, p, m, d.layout.get("vpp", 1))), "```", ""]
+    lines += [
+        "## Same model, same numbers: losses against the one-rank run",
+        "",
+        "Every step's loss of each run beside the one-rank run of the same global batch "
+        "(same seed, same data, AdamW): parlab's layouts and torch's own implementations "
+        "must all train the same model.",
+        "",
+    ]
+    rows = []
+    singles_by_workload = {
+        (d.workload["global_batch"], d.workload["seq"]): d
+        for d in docs
+        if d.role != "candidate" and d.failure is None
+    }
+    for d in docs:
+        if d.role != "candidate" or d.failure is not None:
+            continue
+        one = singles_by_workload.get((d.workload["global_batch"], d.workload["seq"]))
+        mine, ref = d.workload.get("losses") or [], (one.workload.get("losses") if one else [])
+        pairs_l = [(a, b) for a, b in zip(mine, ref or [], strict=False) if a is not None and b]
+        diff = max((abs(a - b) for a, b in pairs_l), default=None)
+        rows.append(
+            [
+                d.layout["strategy"]
+                + (" (torch)" if d.layout.get("implementation") == "torch" else ""),
+                " ".join(f"{x:.4f}" for x in mine if x is not None),
+                " ".join(f"{x:.4f}" for x in (ref or []) if x is not None),
+                "-" if diff is None else f"{diff:.2e}",
+            ]
+        )
+    lines += _table(["run", "losses", "one-rank losses", "max abs difference"], rows)
     cp_pairs = [(b, c) for b, c in pairs if c.cp > 1 and c.name in by]
     if cp_pairs:
         lines += ["## Context parallel: memory per rank", ""]
