@@ -27,6 +27,11 @@ item               bytes per rank (P: parameters this rank's stage holds after T
 N is the shard count: ``dp`` (``fsdp-hybrid``: ``shard_size``); routed experts
 (ep > 1) shard over ``N / ep``.
 
+Activations follow the dtype policy: under ``bf16-mixed`` DDP/ZeRO-1/2 run
+autocast over fp32 parameters (fp32 residual stream, a bf16 copy per linear
+input); ZeRO-3 and FSDP gather their parameters in bf16 and run the whole
+forward in it (bf16 residual, no casts), as FSDP2's ``param_dtype`` does.
+
 Transient items (the forward/backward phase): ``activations`` (per layer from
 ``parlab.ledger.activations``, times the micro-batches in flight),
 ``recompute_buffer`` (full recompute: one layer's activations during its
@@ -435,6 +440,11 @@ def predict(
     n_states, foreach_temp = OPTIMIZERS[optimizer]
     tp, pp, ep = topo.tp, topo.pp, topo.ep
     e, r = pol.compute_bytes, pol.residual_bytes
+    autocast = pol.autocast
+    if strategy in ("zero3", "fsdp", "fsdp-hybrid") and pol.param_bytes > e:
+        # the gathered parameters are already in the compute dtype (FSDP2's param_dtype,
+        # ZeRO-3's gather dtype): the whole forward runs in it, like pure low precision
+        r, autocast = e, False
     tokens = micro_batch * seq_len // topo.cp  # local tokens per micro-batch
     accumulate = microbatches > 1 or pp > 1
 
@@ -445,7 +455,7 @@ def predict(
         k = spec.is_moe_layer(i)
         if k not in kinds:
             terms = act.layer_terms(
-                spec, i, seq_len=seq_len, r=r, e=e, autocast=pol.autocast, flash=flash,
+                spec, i, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
                 kv_repeat=kv_repeat,
             )  # fmt: skip
             kept = act.layer_bytes_per_token(
@@ -477,7 +487,7 @@ def predict(
         kept = sum(layer_bytes(i)[0] for i in layer_ids)
         last = stage == pp - 1
         head = (
-            act.head_bytes_per_token(spec, r=r, e=e, autocast=pol.autocast, tp=tp, sp=sp)
+            act.head_bytes_per_token(spec, r=r, e=e, autocast=autocast, tp=tp, sp=sp)
             if last
             else 0.0
         )
