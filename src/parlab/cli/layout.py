@@ -148,7 +148,7 @@ def register_project_command() -> None:
         ),
         nproc: int = typer.Option(2, help="Ranks (2 for the TP2/PP2/CP2 comparison set)."),
         only: list[str] | None = typer.Option(
-            None, help="Run only these runs (single, tp, tp-sp, pp-gpipe, pp-1f1b, cp, ...)."
+            None, help="Run only these runs (tp2-sp, tp2, pp2-gpipe, pp2-1f1b, cp2-ring, ...)."
         ),
         seq: int | None = typer.Option(None, help="Override the sequence length."),
         steps: int | None = typer.Option(None, help="Override the measured steps per run."),
@@ -157,7 +157,8 @@ def register_project_command() -> None:
             None, help="Wall-time cap for all launches, seconds (runs left out: failures)."
         ),
     ) -> None:
-        """TP, SP, PP (GPipe, 1F1B) and CP against one rank: documents and a report."""
+        """TP2 (+SP), PP2 (GPipe, 1F1B, interleaved), CP2 (32k/64k on GPU) and torch's own TP/PP,
+        each against one rank at the same global batch: documents and a report."""
         from parlab.projects.model_internal import run_project
 
         run_project(

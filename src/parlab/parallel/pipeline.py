@@ -5,15 +5,18 @@ stage's layers (the first keeps the embedding, the last the final norm and
 output projection), as torchtitan does; ``Transformer.forward`` skips what
 was pruned.
 
-``run_schedule`` executes one rank's action list from ``pipeline_schedules``.
-What crosses the wire, per micro-batch per stage boundary: the activation
-``(b, S, H)`` forward (send to the next stage's rank) and its gradient
-backward (send to the previous stage's rank), point-to-point. An action's
-outgoing send is posted together with the receive the rank's *next* action
-needs, as one ``batch_isend_irecv`` (NCCL groups them), which is what keeps
-1F1B's steady state (send an activation while the neighbour sends a
-gradient) from deadlocking. Stages on the same rank (``pp`` = 1) hand
-tensors over in memory.
+``run_schedule`` executes the schedule's per-rank action lists from
+``pipeline_schedules``. What crosses the wire, per micro-batch per stage
+boundary: the activation ``(b, S, H)`` forward (send to the next stage's
+rank) and its gradient backward (send to the previous stage's rank),
+point-to-point. Ranks walk a common clock of slots (``lockstep``, from the
+schedule simulated with a backward twice a forward): at each slot a rank posts
+one ``batch_isend_irecv`` holding the messages of every action that ends
+there -- its own sends and the receives of its neighbours' -- so both sides
+of each message are in the same slot's batch (NCCL groups them; 1F1B's
+steady state, where neighbours send to each other at once, cannot deadlock),
+then runs the action that starts there. Only receives are waited for. Stages
+on the same rank (``pp`` = 1, or interleaving) hand tensors over in memory.
 
 Timing: each forward and backward is timed (CUDA events on GPUs, the wall
 clock after the work on CPU) so the measured bubble is
