@@ -130,7 +130,8 @@ def _cfg(url: str, **kw) -> bench.BenchConfig:
     return bench.BenchConfig(base_url=url, progress=False, request_timeout_s=10, **kw)
 
 
-def test_bench_completions_chat_and_nonstream_against_stub() -> None:
+@pytest.mark.parametrize("client", ["fast", "aiohttp"])
+def test_bench_completions_chat_and_nonstream_against_stub(client: str) -> None:
     async def main() -> list[bench.BenchResult]:
         s = StubServer(StubConfig(token_s=0.001))
         await s.start()
@@ -140,7 +141,9 @@ def test_bench_completions_chat_and_nonstream_against_stub() -> None:
         try:
             out = []
             for kw in ({}, {"api": "chat"}, {"stream": False}, {"max_concurrency": 2}):
-                out.append(await bench.arun(_cfg(s.url, request_rate=500.0, **kw), ds))
+                out.append(
+                    await bench.arun(_cfg(s.url, request_rate=500.0, client=client, **kw), ds)
+                )
             return out
         finally:
             await s.stop()
@@ -152,6 +155,7 @@ def test_bench_completions_chat_and_nonstream_against_stub() -> None:
         assert r.model == "stub"
     stream = asyncio.run(main())[0]
     o = stream.outcomes[0]
+    assert o.generated_text == "xxxxx"
     assert len(o.itl) == 4 and o.latency >= o.ttft + sum(o.itl) - 1e-9
     assert 0 < stream.summary["cache_hit_rate"] < 1  # 64-char prefixes cached after first use
 
@@ -177,6 +181,7 @@ async def _broken_server(kind: str) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.parametrize("client", ["fast", "aiohttp"])
 @pytest.mark.parametrize(
     ("kind", "reason"),
     [
@@ -187,12 +192,12 @@ async def _broken_server(kind: str) -> tuple[web.AppRunner, str]:
         ("error", "model crashed"),
     ],
 )
-def test_bad_responses_are_counted_failures(kind: str, reason: str) -> None:
+def test_bad_responses_are_counted_failures(kind: str, reason: str, client: str) -> None:
     async def main() -> bench.BenchResult:
         runner, url = await _broken_server(kind)
         try:
             ds = datasets.synthetic(num_prompts=3, input_len=4, output_len=2)
-            return await bench.arun(_cfg(url, model="m"), ds)
+            return await bench.arun(_cfg(url, model="m", client=client), ds)
         finally:
             await runner.cleanup()
 
@@ -201,14 +206,15 @@ def test_bad_responses_are_counted_failures(kind: str, reason: str) -> None:
     assert all(reason in e for e in r.errors), r.errors
 
 
-def test_unreachable_endpoint_fails_cleanly_and_document_says_so() -> None:
+@pytest.mark.parametrize("client", ["fast", "aiohttp"])
+def test_unreachable_endpoint_fails_cleanly_and_document_says_so(client: str) -> None:
     import socket
 
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]  # closed once we leave: nothing listens
     ds = datasets.synthetic(num_prompts=2, input_len=4, output_len=2)
-    cfg = _cfg(f"http://127.0.0.1:{port}", model="m")
+    cfg = _cfg(f"http://127.0.0.1:{port}", model="m", client=client)
     r = bench.run(cfg, ds)
     assert r.summary["completed"] == 0 and "cannot connect" in next(iter(r.errors))
     doc = bench.to_document(r, cfg, ds, command="parlab bench serve")
@@ -340,9 +346,7 @@ def test_replica_killed_mid_run_in_flight_fail_once_new_go_elsewhere() -> None:
             await slow.stop(abort=True)
 
         try:
-            res, _ = await asyncio.gather(
-                bench.arun(_cfg(r.url, request_rate=40.0), ds), killer()
-            )
+            res, _ = await asyncio.gather(bench.arun(_cfg(r.url, request_rate=40.0), ds), killer())
             return res, r.stats()
         finally:
             await r.stop()
@@ -358,6 +362,4 @@ def test_replica_killed_mid_run_in_flight_fail_once_new_go_elsewhere() -> None:
     assert fast_stats["completed"] == s["completed"]
     late = [o for o in res.outcomes if o.start - res.outcomes[0].start > 0.6]
     assert late and all(o.success for o in late)  # new requests went elsewhere
-    assert all(
-        "stream" in e or "502" in e or "error" in e for e in res.errors
-    ), res.errors
+    assert all("stream" in e or "502" in e or "error" in e for e in res.errors), res.errors

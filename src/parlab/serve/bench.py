@@ -92,6 +92,9 @@ class BenchConfig:
     """Allow a non-loopback target."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    client: str = "auto"
+    """HTTP client: ``fast`` (parlab's lean keep-alive client, ``httpc.py``), ``aiohttp``,
+    or ``auto`` (fast for http, aiohttp for https)."""
 
     def __post_init__(self) -> None:
         if self.api not in ENDPOINTS:
@@ -102,6 +105,8 @@ class BenchConfig:
             raise UsageError(f"--burstiness {self.burstiness} must be positive")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise UsageError(f"--max-concurrency {self.max_concurrency} is below 1")
+        if self.client not in ("auto", "fast", "aiohttp"):
+            raise UsageError(f"--client {self.client!r} is not one of auto, fast, aiohttp")
         if self.request_timeout_s <= 0 or self.max_duration_s <= 0:
             raise UsageError("--request-timeout and --max-duration must be positive seconds")
         check_target(self.base_url, allow_remote=self.allow_remote)
@@ -197,6 +202,93 @@ def _apply_usage(out: RequestOutcome, usage: Any) -> None:
         out.cached_tokens = details["cached_tokens"]
 
 
+class _Stream:
+    """The SSE reading both clients share, so both time and judge chunks the same way.
+
+    ``feed(line)`` takes one line of the event stream as it arrives and returns True
+    when reading should stop (``[DONE]`` or a failure); ``finish()`` settles the outcome.
+    """
+
+    __slots__ = ("chat", "chunks", "done", "last", "out", "st", "text", "usage_seen")
+
+    def __init__(self, out: RequestOutcome, chat: bool, st: float) -> None:
+        self.out, self.chat, self.st, self.last = out, chat, st, st
+        self.chunks = 0
+        self.text: list[str] = []
+        self.usage_seen = False
+        self.done = False
+
+    def feed(self, raw: bytes) -> bool:
+        line = raw.strip()
+        if not line or line.startswith(b":") or not line.startswith(b"data:"):
+            return False
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        out = self.out
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            out.error = f"malformed chunk: {payload[:80].decode(errors='replace')!r}"
+            return True
+        if not isinstance(data, dict):
+            out.error = "malformed chunk: not a JSON object"
+            return True
+        if "error" in data:
+            err = data["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            out.error = f"server error in stream: {msg}"
+            return True
+        t = _chunk_text(data, self.chat)
+        if t:
+            now = time.perf_counter()
+            if self.chunks == 0:
+                out.ttft = now - self.st
+            else:
+                out.itl.append(now - self.last)
+            self.last = now
+            self.chunks += 1
+            self.text.append(t)
+        if data.get("usage"):
+            self.usage_seen = True
+            _apply_usage(out, data["usage"])
+        return False
+
+    def finish(self) -> None:
+        out = self.out
+        if out.error:
+            return
+        if not self.done:
+            out.error = "stream ended before [DONE]"
+            return
+        if self.chunks == 0:
+            out.error = "stream had no text chunk"
+            return
+        out.latency = self.last - self.st
+        out.generated_text = "".join(self.text)
+        if not self.usage_seen:
+            out.output_tokens = self.chunks
+        out.success = True
+
+
+def _full(out: RequestOutcome, data: Any, chat: bool, st: float) -> None:
+    """A non-streaming answer."""
+    out.latency = out.ttft = time.perf_counter() - st
+    if not isinstance(data, dict):
+        out.error = "malformed response: not a JSON object"
+        return
+    c = (data.get("choices") or [{}])[0]
+    t = (c.get("message") or {}).get("content") if chat else c.get("text")
+    if t is None:
+        out.error = "malformed response: no choices"
+        return
+    out.generated_text = t
+    out.output_tokens = len(t.encode())
+    _apply_usage(out, data.get("usage"))
+    out.success = True
+
+
 async def send_one(
     session: aiohttp.ClientSession,
     url: str,
@@ -206,15 +298,11 @@ async def send_one(
     out: RequestOutcome,
     timeout: aiohttp.ClientTimeout | None = None,
 ) -> None:
-    """Send one request and fill ``out``; never raises (except cancellation)."""
+    """Send one request through aiohttp and fill ``out``; never raises (except cancellation)."""
     chat = cfg.api == "chat"
     out.prompt_len = req.prompt_len
-    chunks = 0
-    text: list[str] = []
-    usage_seen = False
     st = time.perf_counter()
     out.start = st
-    last = st
     try:
         async with session.post(
             url,
@@ -228,18 +316,7 @@ async def send_one(
                 out.error = f"HTTP {resp.status}: {' '.join(body.split())}"
                 return
             if not cfg.stream:
-                data = await resp.json(content_type=None)
-                out.latency = out.ttft = time.perf_counter() - st
-                t = _chunk_text(data, False) if not chat else None
-                if chat:
-                    t = ((data.get("choices") or [{}])[0].get("message") or {}).get("content")
-                if t is None:
-                    out.error = "malformed response: no choices"
-                    return
-                out.generated_text = t
-                out.output_tokens = len(t.encode())
-                _apply_usage(out, data.get("usage"))
-                out.success = True
+                _full(out, await resp.json(content_type=None), chat, st)
                 return
             ctype = resp.headers.get("Content-Type", "")
             if "text/event-stream" not in ctype:
@@ -247,59 +324,76 @@ async def send_one(
                     f"non-streaming response ({ctype or 'no content type'}) to a streaming request"
                 )
                 return
-            done = False
+            sse = _Stream(out, chat, st)
             async for raw in resp.content:
-                line = raw.strip()
-                if not line or line.startswith(b":"):
-                    continue
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
+                if sse.feed(raw):
                     break
-                try:
-                    data = json.loads(payload)
-                except ValueError:
-                    out.error = f"malformed chunk: {payload[:80].decode(errors='replace')!r}"
-                    return
-                if not isinstance(data, dict):
-                    out.error = "malformed chunk: not a JSON object"
-                    return
-                if "error" in data:
-                    err = data["error"]
-                    msg = err.get("message") if isinstance(err, dict) else err
-                    out.error = f"server error in stream: {msg}"
-                    return
-                t = _chunk_text(data, chat)
-                if t:
-                    now = time.perf_counter()
-                    if chunks == 0:
-                        out.ttft = now - st
-                    else:
-                        out.itl.append(now - last)
-                    last = now
-                    chunks += 1
-                    text.append(t)
-                if data.get("usage"):
-                    usage_seen = True
-                    _apply_usage(out, data["usage"])
-            if not done:
-                out.error = "stream ended before [DONE]"
-                return
-            if chunks == 0:
-                out.error = "stream had no text chunk"
-                return
-            out.latency = last - st
-            out.generated_text = "".join(text)
-            if not usage_seen:
-                out.output_tokens = chunks
-            out.success = True
+            sse.finish()
     except asyncio.TimeoutError:
         out.error = f"timeout after {cfg.request_timeout_s:g} s"
     except aiohttp.ClientConnectorError as exc:
         out.error = f"cannot connect: {exc.os_error.strerror if exc.os_error else exc}"
     except (aiohttp.ClientError, ValueError, OSError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def send_one_fast(
+    client: Any,
+    path: str,
+    cfg: BenchConfig,
+    model: str,
+    req: SampleRequest,
+    out: RequestOutcome,
+) -> None:
+    """Send one request through ``httpc.Client`` and fill ``out``; never raises (except
+    cancellation). Same outcomes as ``send_one``."""
+    from parlab.serve.httpc import HttpError
+
+    chat = cfg.api == "chat"
+    out.prompt_len = req.prompt_len
+    body = json.dumps(_payload(cfg, model, req)).encode()
+    st = time.perf_counter()
+    out.start = st
+
+    async def use(resp: Any) -> None:
+        out.replica = resp.headers.get("x-parlab-replica")
+        if resp.status != 200:
+            text = (await resp.body())[:200].decode(errors="replace")
+            out.error = f"HTTP {resp.status}: {' '.join(text.split())}"
+            return
+        if not cfg.stream:
+            _full(out, json.loads(await resp.body()), chat, st)
+            return
+        ctype = resp.headers.get("content-type", "")
+        if "text/event-stream" not in ctype:
+            await resp.body()
+            out.error = (
+                f"non-streaming response ({ctype or 'no content type'}) to a streaming request"
+            )
+            return
+        sse = _Stream(out, chat, st)
+        buf = b""
+        stop = False
+        async for piece in resp.pieces():
+            if stop:
+                continue  # drain to the end so the connection can be reused
+            buf += piece
+            while not stop and b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                stop = sse.feed(line)
+        if not stop and buf:
+            sse.feed(buf)
+        sse.finish()
+
+    try:
+        await client.post(path, body, use, cfg.request_timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        out.error = f"timeout after {cfg.request_timeout_s:g} s"
+    except ConnectionRefusedError as exc:
+        out.error = f"cannot connect: {exc.strerror}"
+    except asyncio.IncompleteReadError:
+        out.error = "stream cut: the connection closed mid-response"
+    except (HttpError, ValueError, OSError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"[:200]
 
 
@@ -332,14 +426,31 @@ async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:
         model = cfg.model or await resolve_model(session, base)
 
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+        u = urlparse(base)
+        fast = None
+        if cfg.client == "fast" or (cfg.client == "auto" and u.scheme == "http"):
+            from parlab.serve.httpc import Client
+
+            fast = Client(
+                u.hostname or "127.0.0.1",
+                u.port or 80,
+                max_connections=cfg.max_concurrency or cfg.max_connections,
+            )
+        path = (u.path.rstrip("/") or "") + ENDPOINTS[cfg.api]
+
+        async def send(i: int) -> None:
+            if fast is not None:
+                await send_one_fast(fast, path, cfg, model, reqs[i], outcomes[i])
+            else:
+                await send_one(session, url, cfg, model, reqs[i], outcomes[i], timeout)
 
         async def one(i: int) -> None:
             try:
                 if sem is not None:
                     async with sem:
-                        await send_one(session, url, cfg, model, reqs[i], outcomes[i], timeout)
+                        await send(i)
                 else:
-                    await send_one(session, url, cfg, model, reqs[i], outcomes[i], timeout)
+                    await send(i)
             finally:
                 progress.advance()
 
@@ -364,6 +475,9 @@ async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                if fast is not None:
+                    await fast.close()
         t_end = time.perf_counter()
     for o in outcomes:
         if not o.success and not o.error:
