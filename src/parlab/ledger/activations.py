@@ -185,13 +185,21 @@ def head_bytes_per_token(
     return norm / (tp if sp else 1)
 
 
+def schedule_name(name: str) -> str:
+    """The canonical schedule name (``interleaved-1f1b`` and ``Interleaved1F1B`` mean ``interleaved``)."""
+    key = name.strip().lower().replace("_", "-")
+    key = {"interleaved-1f1b": "interleaved", "interleaved1f1b": "interleaved"}.get(key, key)
+    if key not in PP_SCHEDULES:
+        raise UsageError(f"pp_schedule = {name!r}: use one of {', '.join(PP_SCHEDULES)}")
+    return key
+
+
 def in_flight(schedule: str, pp: int, stage: int, microbatches: int, virtual: int = 1) -> float:
     """Micro-batches of the whole stage whose activations are alive at once on pipeline rank ``stage``.
 
     Interleaved schedules return a fraction of whole-stage micro-batches (chunks / v).
     """
-    if schedule not in PP_SCHEDULES:
-        raise UsageError(f"pp_schedule = {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+    schedule = schedule_name(schedule)
     if pp == 1:
         return 1.0
     if schedule == "gpipe":

@@ -430,6 +430,7 @@ def predict(
         raise UsageError(f"offload = {offload!r}: use one of {', '.join(OFFLOADS)}")
     if seq_len % topo.cp:
         raise UsageError(f"seq_len = {seq_len} is not divisible by cp = {topo.cp}")
+    pp_schedule = act.schedule_name(pp_schedule)
     if virtual_stages > 1 and pp_schedule != "interleaved":
         raise UsageError("virtual_stages > 1 needs pp_schedule = 'interleaved'")
     pol = dtype_policy(dtype)
