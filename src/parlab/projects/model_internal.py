@@ -498,7 +498,10 @@ def document(
         metrics["loss_last"] = Metric(value=losses[-1], unit="nats")
         notes.append(
             f"peak memory: {r0['memory_source']}; activation_bytes: the metered step's peak "
-            "above what was live before it; comm_time.<axis>: that step's transfers replayed "
+            "above what was live before it; comm_bytes_per_step.<axis>: parlab's own "
+            "transfers on that axis, nccl-tests sizes for collectives and the bytes this rank "
+            "sent for send/recv (received bytes not added); comm_time.<axis>: that step's "
+            "transfers replayed "
             "alone on the axis's group (time on the wire, not the exposed time); "
             "c10d_bytes_per_step.<op>: every c10d collective of that step on any axis "
             "(the shared comm meter), DDP's gradient all-reduce over CP ranks included"
