@@ -50,9 +50,14 @@ print(json.dumps({"ok": r.ok, "ranks": r.results,
 ' > "$OUT/cp-vs-torch-context-parallel.json" 2>>"$OUT/model-internal.log" || true
 cat "$OUT/cp-vs-torch-context-parallel.json" | tee -a "$OUT/model-internal.log"
 
+status=0
 timeout 560 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
-  --timeout 300 --budget 480 2>&1 | tee -a "$OUT/model-internal.log"
-cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"
-echo "report: $OUT/model-internal.md" | tee -a "$OUT/model-internal.log"
+  --timeout 300 --budget 480 2>&1 | tee -a "$OUT/model-internal.log" || status=$?
+echo "parlab project model-internal exited with status $status" | tee -a "$OUT/model-internal.log"
+if [ -f "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" ]; then
+  cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"
+  echo "report: $OUT/model-internal.md" | tee -a "$OUT/model-internal.log"
+fi
 # issue 6's targets, read from the documents above (met / NOT met / unknown)
 "$PY" benchmarks/model_internal_targets.py --results "$OUT/results" | tee "$OUT/targets.txt"
+exit "$status"
