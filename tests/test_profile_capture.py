@@ -20,6 +20,7 @@ from parlab.profile.capture import ENV_DIR, ENV_SCHEDULE, Profiler, maybe_profil
 from parlab.profile.presets import ddp_rank, fsdp_rank, tp_rank
 from parlab.profile.report import profile_folder
 from parlab.profile.summary import summarize
+from parlab.profile.sweep import predict_wire
 from parlab.profile.trace_reader import read_header
 from parlab.runtime.testing import run_ranks
 
@@ -80,6 +81,12 @@ def test_ddp_all_reduce_payload_is_the_gradient(ddp_traces: list[dict[str, Any]]
             counts.append(r.steps[0].comm_count)
     # smaller buckets: more, smaller all-reduces
     assert counts[0] > counts[2] and counts[2] == 1
+    # the ledger's wire table says the same bytes (it owns the formula)
+    preds, why = predict_wire(
+        "ddp-buckets", {"bucket_cap_mb": 25.0}, model="tiny", batch=2, seq=32, nproc=2, gpu=False
+    )
+    assert why is None and preds["comm_bytes_per_step"].value == want
+    assert preds["comm_count_per_step"].value == 1
 
 
 def test_document_and_artifacts(ddp_traces: list[dict[str, Any]], tmp_path: Path) -> None:

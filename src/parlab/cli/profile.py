@@ -65,8 +65,17 @@ def _outcome_row(o: Any) -> list[str]:
         format_seconds(s.mean("exposed_s") or 0.0),
         format_seconds(s.mean("idle_s") or 0.0),
         f"{s.mean('comm_count'):.0f} / {format_bytes(s.mean('comm_bytes') or 0.0)}",
+        _predicted(o.doc),
         f"{top.name} ({format_seconds(top.exposed_per_step_s)} exposed)" if top else "-",
     ]
+
+
+def _predicted(doc: Any) -> str:
+    p = doc.predictions
+    if "comm_count_per_step" not in p or "comm_bytes_per_step" not in p:
+        return "-"
+    n, b = p["comm_count_per_step"].value, p["comm_bytes_per_step"].value
+    return f"{n:.0f} / {format_bytes(b)}" if n is not None and b is not None else "-"
 
 
 def print_outcomes(outcomes: list[Any]) -> None:
@@ -81,6 +90,7 @@ def print_outcomes(outcomes: list[Any]) -> None:
         "exposed",
         "idle",
         "colls/bytes",
+        "ledger says",
         "top hotspot",
     ):
         t.add_column(c)

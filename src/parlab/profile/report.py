@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from parlab.contract import PROJECTS, Document, Metric, new_run_id, now_iso, write_result
+from parlab.contract import (
+    PROJECTS,
+    Document,
+    Metric,
+    Prediction,
+    new_run_id,
+    now_iso,
+    write_result,
+)
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
 from parlab.profile.analyze import RunProfile, analyze_folder
@@ -94,10 +102,12 @@ def profile_folder(
     notes: list[str] | None = None,
     run_id: str | None = None,
     timeline_step: int | None = None,
+    predictions: dict[str, Prediction] | None = None,
 ) -> ProfileOutcome:
     """Analyse ``trace_dir`` and write the document and its artifacts under ``results``.
 
     ``timeline_step``: the step the PNG draws (default: the step of median length).
+    ``predictions``: what the analytic side said the run would put on the wire.
     """
     if project is not None and project not in PROJECTS:
         raise UsageError(f"--project {project!r} is not one of {', '.join(PROJECTS)}")
@@ -164,6 +174,7 @@ def profile_folder(
             **(layout or {}),
         },
         metrics=build_metrics(summary, run),
+        predictions=dict(predictions or {}),
         artifacts=rel,
         notes=[
             "overlap_fraction = |comm ∩ compute| / |comm| per step (Holistic Trace Analysis's "

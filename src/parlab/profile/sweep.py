@@ -4,7 +4,8 @@
 through torchrun (``parlab.runtime.launch``: NCCL on GPUs, gloo on CPU),
 which trains once per setting under ``Profiler``; then it analyses each
 setting's trace folder into one T5 document (the first setting is the
-baseline, the others candidates), draws one bar chart of exposed
+baseline, the others candidates; each with the ledger's predicted
+collectives and bytes per step, ``parlab.ledger.traffic``), draws one bar chart of exposed
 communication, communication and step time per setting (``sweep.png``,
 beside the first document, named in every document's artifacts). A failed
 launch writes one failure document and returns it; nothing is analysed.
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parlab.contract import Document, Failure, new_run_id, now_iso, write_result
+from parlab.contract import Document, Failure, Prediction, new_run_id, now_iso, write_result
 from parlab.profile.capture import parse_schedule
 from parlab.profile.report import ProfileOutcome, profile_folder
 
@@ -34,6 +35,46 @@ class SweepResult:
     """Why the launch failed (then ``outcomes`` is empty)."""
     failure_path: Path | None = None
     """The failure document."""
+
+
+def predict_wire(
+    preset: str, knobs: dict[str, Any], *, model: str, batch: int, seq: int, nproc: int, gpu: bool
+) -> tuple[dict[str, Prediction], str | None]:
+    """Collectives and bytes per step for one setting, from the ledger's wire table.
+
+    ``parlab.ledger.traffic`` is the one definition of what a layout puts on the
+    wire; the profile's measured ``comm_count_per_step`` and ``comm_bytes_per_step``
+    sit beside it. Returns the predictions and, when there are none, why.
+    """
+    from parlab.ledger.traffic import traffic
+    from parlab.models import get_spec
+    from parlab.topology import Topology
+
+    if preset == "fsdp" and not knobs.get("reshard_after_forward", True):
+        return {}, "no prediction: the wire table models FSDP with reshard_after_forward only"
+    dtype = "bf16-mixed" if gpu else "fp32"
+    kw: dict[str, Any] = {"micro_batch": batch, "seq_len": seq, "dtype": dtype}
+    if preset in ("ddp", "ddp-buckets"):
+        topo, strategy = Topology(world_size=nproc, dp=nproc), "ddp"
+        kw["bucket_bytes"] = int(knobs["bucket_cap_mb"] * 1024 * 1024)
+    elif preset == "fsdp":
+        topo, strategy = Topology(world_size=nproc, dp=nproc), "fsdp"
+    else:
+        topo, strategy = Topology(world_size=nproc, tp=nproc), "ddp"
+        kw["sp"] = bool(knobs.get("sequence_parallel"))
+    try:
+        items = traffic(get_spec(model), topo, strategy, **kw)
+    except ValueError as exc:
+        return {}, f"no prediction: the wire table has none for this layout ({exc})"
+    where = f"ledger.traffic:{strategy}/{dtype}"
+    return {
+        "comm_count_per_step": Prediction(
+            value=sum(i.count_per_step for i in items), unit="count", model=where
+        ),
+        "comm_bytes_per_step": Prediction(
+            value=sum(i.total_bytes for i in items), unit="B", model=where
+        ),
+    }, None
 
 
 def default_nproc() -> int:
@@ -97,6 +138,15 @@ def run_sweep(
         return SweepResult(failure=failure, failure_path=write_result(doc, results))
     outcomes = []
     for i, c in enumerate(res.results[0]):
+        preds, why = predict_wire(
+            preset,
+            c["knobs"],
+            model=kwargs["model"],
+            batch=kwargs["batch"],
+            seq=kwargs["seq"],
+            nproc=nproc,
+            gpu=resolved == "nccl",
+        )
         outcomes.append(
             profile_folder(
                 c["dir"],
@@ -116,6 +166,8 @@ def run_sweep(
                     "mesh": {"tp" if preset == "tp" else "dp": nproc},
                     **c["knobs"],
                 },
+                predictions=preds,
+                notes=[why] if why else None,
             )
         )
     if plot is None or len(outcomes) < 2:
