@@ -96,3 +96,14 @@ def test_pipeline_context_and_expert_items() -> None:
 
 def test_single_rank_has_no_traffic() -> None:
     assert traffic(SPEC, Topology(world_size=1), "ddp") == []
+
+
+def test_fsdp_without_reshard_gathers_once_and_keeps_everything() -> None:
+    from parlab.ledger import predict
+
+    topo = Topology(world_size=8, dp=8)
+    items = traffic(SPEC, topo, "fsdp", dtype="bf16", reshard_after_forward=False)
+    assert _total(items, "all-gather", phase="backward") == 0
+    kept = predict(SPEC, strategy="fsdp", topology=topo, dtype="bf16-mixed", seq_len=1024,
+                   reshard_after_forward=False)  # fmt: skip
+    assert kept.value("gather_buffers") == pytest.approx(2 * PSI, rel=1e-3)  # all of it, bf16

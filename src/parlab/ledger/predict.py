@@ -45,7 +45,8 @@ activation gradients: ``tokens x (2 f + 2 h) x e``), ``autocast_weight_copies``
 (bf16 copies of fp32 matmul weights autocast makes and autograd keeps until
 backward), ``gather_buffers`` (ZeRO-3: the unit in use and the prefetched
 block, unsharded, in the gather dtype; FSDP: its root unit -- embeddings and
-head, kept through the step -- and the prefetched block), ``reduce_buffers``
+head, kept through the step -- and the prefetched block; every unit with
+``reshard_after_forward=False``), ``reduce_buffers``
 (ZeRO-2/3/FSDP: one unit's unsharded gradients before their reduce-scatter,
 in backward), ``ddp_buckets`` (resident: DDP's gradient buckets, a copy of
 every gradient unless ``bucket_view``).
@@ -323,6 +324,7 @@ class _StageNumbers:
     largest_unit: int
     largest_block: int
     root: int
+    unsharded: int = 0
     held: int
     matmul: int
     head: int
@@ -366,10 +368,12 @@ def _stage_numbers(
     shard = 0
     root = 0
     largest = 0
+    unsharded = 0
     for us in h.sizes:
         group = ne if us.expert else n
         u = unit_dim0_numel(us.shapes, group)
         shard += u
+        unsharded += u * group
         if us.name in ("embeddings", "head"):
             root += u * group
         else:
@@ -382,7 +386,7 @@ def _stage_numbers(
         )
     return _StageNumbers(
         params=shard, grads=shard, optim=shard, largest_unit=max(largest, root),
-        largest_block=largest, root=root, held=held,
+        largest_block=largest, root=root, unsharded=unsharded, held=held,
         matmul=matmul, head=head, chunks=chunks,
     )  # fmt: skip
 
@@ -409,6 +413,7 @@ def predict(
     loss_parallel: bool = False,
     kv_replicate: bool = True,
     logits_held: bool = False,
+    reshard_after_forward: bool = True,
     overhead_bytes: int = 0,
 ) -> Ledger:
     """The per-rank memory ledger of one training step (see the module docstring).
@@ -510,6 +515,8 @@ def predict(
         gather_b = e if pol.param_bytes > e else pol.param_bytes
         if strategy == "zero3":  # the unit in use (at the loss: the head) + the prefetched block
             row["gather_buffers"] = (largest_unit + sn.largest_block) * gather_b
+        elif strategy in ("fsdp", "fsdp-hybrid") and not reshard_after_forward:
+            row["gather_buffers"] = sn.unsharded * gather_b  # every unit stays gathered
         elif strategy in ("fsdp", "fsdp-hybrid"):  # the root unit, kept, + the prefetched block
             row["gather_buffers"] = (root_el + sn.largest_block) * gather_b
         else:
@@ -590,7 +597,8 @@ def predict(
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, loss_parallel=loss_parallel,
-        logits_held=logits_held, overhead_bytes=overhead_bytes,
+        logits_held=logits_held, reshard_after_forward=reshard_after_forward,
+        overhead_bytes=overhead_bytes,
     )  # fmt: skip
     return Ledger(
         model=spec.name,

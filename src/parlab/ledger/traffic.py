@@ -23,7 +23,8 @@ zero1           reduce-scatter of each unit's padded flat gradients after backwa
 zero2           as zero1, but the reduce-scatter runs per unit per micro-batch during backward
 zero3 / fsdp    per unit per micro-batch: all-gather before forward, all-gather again before
                 backward, reduce-scatter of its gradients: 3 Psi per micro-batch (params in the
-                gather dtype). FSDP's root unit (embeddings, head) is gathered once (kept).
+                gather dtype). FSDP's root unit (embeddings, head) is gathered once (kept);
+                ``reshard_after_forward=False`` keeps every unit, so no backward all-gather.
 fsdp-hybrid     fsdp over the shard group (axis ``dp_shard``) + all-reduce of each unit's
                 gradient shard over the replicas (axis ``dp_replicate``) per micro-batch
 tp              per layer per micro-batch, b s h x compute bytes each: 2 all-reduces forward
@@ -120,6 +121,7 @@ def traffic(
     virtual_stages: int = 1,
     loss_parallel: bool = False,
     bucket_bytes: int = 25 * 1024**2,
+    reshard_after_forward: bool = True,
     stage: int = 0,
 ) -> list[WireItem]:
     """The wire table of one rank of pipeline ``stage`` (see the module docstring)."""
@@ -197,8 +199,10 @@ def traffic(
             add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], m,
                 "forward", True, "fsdp",
                 "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
-            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m, "backward",
-                True, "fsdp", "each block's params again before its backward (root kept)")  # fmt: skip
+            if reshard_after_forward:
+                add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m,
+                    "backward", True, "fsdp",
+                    "each block's params again before its backward (root kept)")  # fmt: skip
             add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], m,
                 "backward", False, "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
             if strategy == "fsdp-hybrid" and replicas > 1:
