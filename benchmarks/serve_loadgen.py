@@ -1,7 +1,9 @@
 """Load generator capacity: requests/s it sustains against a trivial local endpoint.
 
-Method: a stub replica (no model, every delay 0; streams ``--output-len``
-one-character chunks) runs in its own process; the load generator sends
+Method: a trivial endpoint (``parlab serve replica --engine trivial``: a raw
+asyncio protocol answering every POST with the same canned stream of
+``--output-len`` one-character chunks, usage and ``[DONE]``; or ``--endpoint
+stub``, the aiohttp stub) runs in its own process; the load generator sends
 ``--requests`` at ``--rate`` (Poisson) and reports the achieved request
 throughput, the failures, and how far actual send times lag the schedule
 (``time.perf_counter``; p99 and max). It also reads the CPU time the
@@ -37,10 +39,26 @@ def main() -> None:
     ap.add_argument("--rate", type=float, nargs="+", default=[1000.0, 2000.0, 2500.0])
     ap.add_argument("--requests", type=int, default=6000)
     ap.add_argument("--output-len", type=int, default=2)
+    ap.add_argument("--endpoint", default="trivial", help="trivial (canned answers) or stub")
+    ap.add_argument("--client", default="auto", help="auto/fast or aiohttp")
     a = ap.parse_args()
-    serve_common.header("load generator against a trivial local endpoint (stub, separate process)")
+    serve_common.header(
+        f"load generator ({a.client} client) against a local {a.endpoint} endpoint "
+        "(separate process)"
+    )
     proc, url = serve_common.spawn(
-        ["serve", "replica", "--engine", "stub", "--port", "0", "--duration", "600"]
+        [
+            "serve",
+            "replica",
+            "--engine",
+            a.endpoint,
+            "--port",
+            "0",
+            "--duration",
+            "600",
+            "--stub-output-len",
+            str(a.output_len),
+        ]
     )
     try:
         print(
@@ -55,7 +73,8 @@ def main() -> None:
                 request_rate=rate,
                 max_concurrency=64 if math.isinf(rate) else None,
                 progress=False,
-                model="stub",
+                model="trivial",
+                client=a.client,
             )
             c0, s0 = time.process_time(), _cpu(proc.pid)
             r = bench.run(cfg, ds)

@@ -205,7 +205,11 @@ def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None 
 @serve_app.command("replica")
 def replica_cmd(
     model: str = typer.Option("tiny", help="Reference model (parlab.models catalog name)."),
-    engine: str = typer.Option("model", help="model (the reference model) or stub (no model)."),
+    engine: str = typer.Option(
+        "model",
+        help="model (the reference model), stub (no model, timing model) or trivial "
+        "(canned answers of --stub-output-len chunks).",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8000, help="Port (0: a free one, printed)."),
     device: str = typer.Option("cpu", help="cpu or cuda:N."),
@@ -220,6 +224,7 @@ def replica_cmd(
     stub_token_s: float = typer.Option(0.0, help="Stub: seconds between tokens."),
     stub_prefill_per_token_s: float = typer.Option(0.0, help="Stub: prefill s per token."),
     tp: int = typer.Option(1, help="Tensor-parallel ranks (one GPU each; gloo ranks on CPU)."),
+    stub_output_len: int = typer.Option(2, help="Trivial: chunks per answer."),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     if tp > 1:
@@ -254,6 +259,15 @@ def replica_cmd(
             raise typer.Exit(1)
         print_json(res.results[0])
         return
+    if engine == "trivial":
+        from parlab.serve import stub
+
+        asyncio.run(
+            stub.serve_trivial(
+                host=host, port=port, output_len=stub_output_len, duration_s=duration
+            )
+        )
+        return
     if engine == "stub":
         from parlab.serve import stub
 
@@ -266,7 +280,7 @@ def replica_cmd(
         asyncio.run(stub.serve_forever(cfg, host=host, port=port, duration_s=duration))
         return
     if engine != "model":
-        raise UsageError(f"--engine {engine!r}: use model or stub")
+        raise UsageError(f"--engine {engine!r}: use model, stub or trivial")
     import torch
 
     from parlab.serve.engine import EngineConfig

@@ -3,7 +3,9 @@
 Used where the model is irrelevant: the load generator's and the router's own
 overhead (with every delay 0 it answers at once, a "trivial endpoint"), the
 router's failure handling, and the cache-locality experiments where only the
-*shape* of the cost matters. It streams ``max_tokens`` one-character chunks.
+*shape* of the cost matters. It streams ``max_tokens`` one-character chunks. ``serve_trivial`` is the
+barest endpoint of all: a raw asyncio protocol answering every POST with
+the same canned stream, for measuring the load generator itself.
 
 Timing model (all optional, default 0): a prefill of
 ``prefill_base_s + prefill_per_token_s * uncached`` where ``uncached`` is the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -166,3 +169,85 @@ async def serve_forever(
             await asyncio.sleep(duration_s)
     finally:
         await server.stop()
+
+
+class _TrivialProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, one request at a time per connection, canned answers."""
+
+    def __init__(self, stream_body: bytes, models_body: bytes) -> None:
+        self.buf = b""
+        self.stream_body = stream_body
+        self.models_body = models_body
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length :]
+            assert self.transport is not None
+            method_path = head.split(" ", 2)
+            if method_path[0] == "POST":
+                self.transport.write(self.stream_body)
+            elif method_path[1] in ("/v1/models", "/health"):
+                self.transport.write(self.models_body)
+            else:
+                self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+
+
+def trivial_responses(output_len: int, name: str = "trivial") -> tuple[bytes, bytes]:
+    """The canned streaming answer (``output_len`` one-character chunks, usage, [DONE]) and
+    the ``/v1/models`` answer, as complete HTTP/1.1 responses."""
+    req = protocol.GenRequest(
+        prompt="", max_tokens=output_len, stream=True, chat=False, model=name, include_usage=True
+    )
+    events = [
+        protocol.chunk(
+            req, "cmpl-trivial", "x", finish_reason="length" if i == output_len - 1 else None
+        )
+        for i in range(output_len)
+    ]
+    events.append(
+        protocol.chunk(req, "cmpl-trivial", "", usage_obj={"completion_tokens": output_len})
+    )
+    events.append(protocol.DONE)
+    body = b"".join(f"{len(e):x}\r\n".encode() + e + b"\r\n" for e in events) + b"0\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    models = json.dumps(protocol.models_body(name)).encode()
+    mhead = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+    return head + body, mhead + str(len(models)).encode() + b"\r\n\r\n" + models
+
+
+async def serve_trivial(*, host: str, port: int, output_len: int, duration_s: float | None) -> None:
+    """A trivial endpoint: every POST gets the same canned stream (no parsing of the body,
+    no model, no timing model) -- what the load generator's own capacity is measured against."""
+    stream_body, models_body = trivial_responses(output_len)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _TrivialProtocol(stream_body, models_body), host, port, backlog=1024
+    )
+    bound = server.sockets[0].getsockname()[1]
+    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
+    try:
+        async with server:
+            if duration_s is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(duration_s)
+    finally:
+        server.close()
