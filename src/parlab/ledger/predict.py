@@ -324,11 +324,11 @@ class _StageNumbers:
     largest_unit: int
     largest_block: int
     root: int
-    unsharded: int = 0
     held: int
     matmul: int
     head: int
     chunks: tuple[int, ...] | None
+    unsharded: int = 0
 
 
 @lru_cache(maxsize=65536)
