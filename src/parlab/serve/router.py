@@ -2,8 +2,10 @@
 
 Per request: read the JSON body, cut the prompt into 16-character blocks
 (``prefix.block_hashes``), let the policy (``policy.py``) pick a live
-replica, forward the body unchanged and stream the replica's bytes back as
-they come, adding an ``x-parlab-replica`` header. What crosses the wire is
+replica, forward the body unchanged over a keep-alive connection
+(``httpc.py``) and stream the replica's bytes back as they come, adding an
+``x-parlab-replica`` header. A client that disconnects is counted as
+``client_gone`` (the replica is not blamed). What crosses the wire is
 the client's request and the replica's SSE stream, nothing else.
 
 Failures, each request ending exactly once:
@@ -36,13 +38,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 import aiohttp
 import numpy as np
 from aiohttp import web
 
 from parlab.errors import UsageError
-from parlab.serve import protocol
+from parlab.serve import httpc, protocol
 from parlab.serve.bench import check_target
 from parlab.serve.policy import PolicyConfig
 from parlab.serve.policy import Router as PolicyState
@@ -55,6 +58,10 @@ _HOP_HEADERS = {
     "keep-alive",
     "content-encoding",
 }
+
+
+class _ClientGone(Exception):
+    """The downstream client disconnected (not the replica's fault)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +103,7 @@ class ReplicaStats:
     est_cached_tokens: int = 0
     health_misses: int = 0
     taken_out: int = 0
+    client_gone: int = 0
 
 
 class Router:
@@ -109,6 +117,7 @@ class Router:
         self.forward_s: list[float] = []
         self.no_replica = 0
         self._session: aiohttp.ClientSession | None = None
+        self._clients: list[httpc.Client] = []
         self._runner: web.AppRunner | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.port = 0
@@ -128,6 +137,12 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
         )
+        self._clients = []
+        for r in self.replicas:
+            u = urlparse(r.url)
+            self._clients.append(
+                httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
+            )
         self._runner, self.port = await protocol.start_site(self.app(), host, port)
         self._health_task = asyncio.create_task(self._health_loop())
         return self.port
@@ -140,6 +155,8 @@ class Router:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        for c in self._clients:
+            await c.close()
 
     @property
     def url(self) -> str:
@@ -251,39 +268,64 @@ class Router:
     async def _forward(
         self, request: web.Request, raw: bytes, i: int, t_in: float
     ) -> web.StreamResponse | str:
-        assert self._session is not None
         r = self.replicas[i]
-        url = r.url + request.path
-        resp: web.StreamResponse | None = None
+        client = self._clients[i]
+        box: list[web.StreamResponse] = []
+        status = [0]
+
+        async def relay(up: httpc.Response) -> None:
+            headers = {k: v for k, v in up.headers.items() if k not in _HOP_HEADERS}
+            headers["x-parlab-replica"] = r.url
+            resp = web.StreamResponse(status=up.status, headers=headers)
+            status[0] = up.status
+            try:
+                await resp.prepare(request)
+            except (ConnectionError, RuntimeError) as exc:
+                raise _ClientGone from exc
+            box.append(resp)
+            async for data in up.pieces():
+                try:
+                    await resp.write(data)
+                except (ConnectionError, RuntimeError) as exc:
+                    raise _ClientGone from exc
+            try:
+                await resp.write_eof()
+            except (ConnectionError, RuntimeError) as exc:
+                raise _ClientGone from exc
+
         try:
             self.forward_s.append(time.perf_counter() - t_in)
-            async with self._session.post(
-                url, data=raw, headers={"Content-Type": "application/json"}
-            ) as up:
-                headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
-                headers["x-parlab-replica"] = r.url
-                resp = web.StreamResponse(status=up.status, headers=headers)
-                await resp.prepare(request)
-                async for data in up.content.iter_any():
-                    await resp.write(data)
-                await resp.write_eof()
-            if up.status == 200:
+            await client.post(request.path, raw, relay, self.config.request_timeout_s)
+            if status[0] == 200:
                 r.completed += 1
                 r.health_misses = 0  # it just served a request: it is alive
             else:
                 r.failed += 1
-            return resp
-        except aiohttp.ClientConnectorError:
+            return box[0]
+        except _ClientGone:
+            r.client_gone += 1  # the client left; the replica is fine
+            return box[0] if box else web.Response(status=499)
+        except ConnectionRefusedError:
             # nothing reached the replica: take it out, try another
             self.mark(i, False)
             return "retry"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (
+            asyncio.TimeoutError,
+            TimeoutError,
+            EOFError,
+            httpc.HttpError,
+            OSError,
+            ValueError,
+        ) as exc:
             r.failed += 1
-            if not isinstance(exc, asyncio.TimeoutError):
+            timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))
+            if not timed_out:
                 self.mark(i, False)
-            msg = f"replica {r.url} failed: {type(exc).__name__}: {exc}"[:300]
-            if resp is None:
+            what = "timed out" if timed_out else f"{type(exc).__name__}: {exc}"
+            msg = f"replica {r.url} failed: {what}"[:300]
+            if not box:
                 return protocol.error_response(msg, status=502, kind="bad_gateway")
+            resp = box[0]
             try:
                 err = json.dumps(protocol.error_body(msg, kind="bad_gateway", code=502))
                 await resp.write(b"data: " + err.encode() + b"\n\n")
@@ -319,6 +361,7 @@ class Router:
                     "prompt_tokens": r.prompt_tokens,
                     "est_cached_tokens": r.est_cached_tokens,
                     "taken_out": r.taken_out,
+                    "client_gone": r.client_gone,
                 }
             )
         pt = sum(r.prompt_tokens for r in self.replicas)
