@@ -1,6 +1,7 @@
 """Router overhead: what parlab's router adds to TTFT and E2E latency at a given rate.
 
-Method: two stub replicas (no model, every delay 0) and the router
+Method: two trivial replicas (``--engine trivial``: canned 4-chunk streams;
+or ``--endpoint stub``, the aiohttp stub) and the router
 (``parlab serve router``, cache_aware policy) each run in their own process;
 the load generator sends the same seeded Poisson workload at ``--rate`` once
 straight to a replica and once through the router, and the table compares
@@ -25,11 +26,17 @@ import serve_common
 from parlab.serve import bench, datasets
 
 
+def _cpu(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().split()
+    return (int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--results", type=Path, default=None)
+    ap.add_argument("--endpoint", default="trivial", help="trivial (canned answers) or stub")
     a = ap.parse_args()
     serve_common.header(f"router overhead at {a.rate:g} req/s (stub replicas, separate processes)")
     procs = []
@@ -37,7 +44,10 @@ def main() -> None:
         urls = []
         for _ in range(2):
             p, u = serve_common.spawn(
-                ["serve", "replica", "--engine", "stub", "--port", "0", "--duration", "600"]
+                [
+                    *("serve", "replica", "--engine", a.endpoint, "--port", "0"),
+                    *("--duration", "600", "--stub-output-len", "4"),
+                ]
             )
             procs.append(p)
             urls.append(u)
@@ -48,12 +58,15 @@ def main() -> None:
         procs.append(rp)
         ds = datasets.synthetic(num_prompts=a.requests, input_len=256, output_len=4)
         rows = {}
+        router_cpu: dict[str, float] = {}
         for label, url in (("direct", urls[0]), ("router", rurl)):
             cfg = bench.BenchConfig(
                 base_url=url, request_rate=a.rate, progress=False, model="stub", seed=1
             )
+            c0 = _cpu(rp.pid)
             r = bench.run(cfg, ds)
             rows[label] = r
+            router_cpu[label] = (_cpu(rp.pid) - c0) / a.requests * 1e6
             if a.results is not None:
                 from parlab.contract import write_result
 
@@ -84,6 +97,7 @@ def main() -> None:
             f"p99 {r['p99_ttft_ms'] - d['p99_ttft_ms']:+.3f} ms; "
             f"E2E p99 {r['p99_e2el_ms'] - d['p99_e2el_ms']:+.3f} ms; load avg {os.getloadavg()[0]:.1f}"
         )
+        print(f"router CPU per request: {router_cpu['router']:.0f} us")
     except KeyboardInterrupt:
         print("interrupted")
     finally:
