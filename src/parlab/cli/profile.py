@@ -209,11 +209,14 @@ def run_cmd(
     if rc != 0:
         err_console.print(f"the profiled command exited with status {rc}; analysing what it wrote")
     if not any(tdir.glob("*.json*")):
-        raise UsageError(
-            f"the command wrote no trace in {tdir}: a parlab command must profile its loop with "
-            "parlab.profile.capture.maybe_profile, and a script must run at least wait+warmup+active "
-            f"optimizer steps ({schedule})"
+        # it ran, so this is not bad input (exit 2 means nothing was launched): exit 1
+        err_console.print(
+            f"parlab: error: the command wrote no trace in {tdir}: a parlab command must profile "
+            "its loop with parlab.profile.capture.maybe_profile, and a script must run at least "
+            f"wait+warmup+active optimizer steps ({schedule})",
+            markup=False,
         )
+        raise typer.Exit(1)
     o = profile_folder(
         tdir, results=root, command=reproduce_command(), project=project, run_id=None
     )
