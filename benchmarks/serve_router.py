@@ -38,7 +38,9 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--endpoint", default="trivial", help="trivial (canned answers) or stub")
     a = ap.parse_args()
-    serve_common.header(f"router overhead at {a.rate:g} req/s (stub replicas, separate processes)")
+    serve_common.header(
+        f"router overhead at {a.rate:g} req/s (trivial replicas, separate processes)"
+    )
     procs = []
     try:
         urls = []
