@@ -47,7 +47,9 @@ if [ "${SERVING_TP:-1}" = 1 ]; then
   if [ -n "$URL" ]; then
     timeout --kill-after=5 25 $PY -m parlab bench serve --base-url "$URL" --dataset synthetic \
       --num-prompts $N --input-len $IN --output-len $OUTL --request-rate $RATE --no-progress \
-      --max-duration 20 --results "$OUT/results" 2>&1 | tee "$OUT/tp_bench.log" || rc=1
+      --max-duration 20 --results "$OUT/results" --layout world_size=2 --layout tp=2 \
+      --layout strategy=tensor-parallel-replica --note "one replica, tensor-parallel over 2 ranks" \
+      2>&1 | tee "$OUT/tp_bench.log" || rc=1
   else
     echo "tensor-parallel replica did not start (see tp_replica.log)"; rc=1
   fi

@@ -94,6 +94,11 @@ def bench_serve_cmd(
         None, help="Also write vLLM's result JSON here (always written beside the document)."
     ),
     progress: bool = typer.Option(True, help="Progress bar on stderr."),
+    client: str = typer.Option("auto", help="HTTP client: auto, fast or aiohttp."),
+    layout: list[str] | None = typer.Option(
+        None, help="KEY=VALUE describing the server side for the document (world_size=2, tp=2)."
+    ),
+    note: list[str] | None = typer.Option(None, help="A note for the document."),
     results: Path | None = ResultsOption,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -124,7 +129,14 @@ def bench_serve_cmd(
         slo=Slo.parse(goodput or []),
         allow_remote=allow_remote,
         progress=progress,
+        client=client,
     )
+    lay: dict[str, object] = {}
+    for item in layout or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise UsageError(f"--layout {item!r}: write KEY=VALUE")
+        lay[k] = int(v) if v.isdigit() else v
     ds = _dataset(
         dataset,
         dataset_path,
@@ -162,6 +174,8 @@ def bench_serve_cmd(
         ds,
         command=reproduce_command(),
         role=role,
+        layout=lay,
+        notes=list(note or []),
         artifacts={"vllm_result": rel},
         run_id=run_id,
     )
