@@ -33,3 +33,12 @@ def hang_on(ctx: RankContext, bad_rank: int) -> None:
     if ctx.rank == bad_rank:
         time.sleep(3600)
     dist.barrier()
+
+
+def segfault_on(ctx: RankContext, bad_rank: int) -> None:
+    import ctypes
+
+    dist.barrier()
+    if ctx.rank == bad_rank:
+        ctypes.string_at(0)  # a read of address 0: SIGSEGV, as a broken kernel library would
+    dist.barrier()

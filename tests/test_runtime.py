@@ -44,6 +44,15 @@ def test_raising_rank_gives_crash_failure_naming_it() -> None:
     assert res.wall_s < 30
 
 
+def test_rank_killed_by_a_signal_is_named_with_its_stack() -> None:
+    res = launch(
+        "rankfns:segfault_on", {"bad_rank": 1}, LaunchConfig(nproc=2, backend="gloo", timeout_s=30)
+    )
+    assert not res.ok and res.failure is not None
+    assert res.failure.kind == "crash" and res.failure.rank == 1
+    assert "Segmentation fault" in res.failure.message and "rankfns.py" in res.failure.message
+
+
 def test_oom_is_classified() -> None:
     res = launch(
         "rankfns:oom_on", {"bad_rank": 0}, LaunchConfig(nproc=2, backend="gloo", timeout_s=30)

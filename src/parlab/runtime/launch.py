@@ -109,6 +109,37 @@ class LaunchResult:
     """Every error file the ranks wrote (rank, kind, message, traceback)."""
 
 
+def _fatal_signals(out_dir: Path) -> list[dict[str, Any]]:
+    """Ranks that died from a fatal signal, from the stacks ``faulthandler`` left behind."""
+    out = []
+    for p in sorted(out_dir.glob("fault-rank*.log")):
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        if "Fatal Python error" not in text:
+            continue
+        rank = int(p.stem.removeprefix("fault-rank"))
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        signal_line = next((ln for ln in lines if ln.startswith("Fatal Python error")), lines[0])
+        frames = [ln for ln in lines if ln.startswith("File ")]
+        where = frames[0] if frames else "no Python frame"
+        # the innermost frame of the program itself, past the libraries it called into
+        own = next((f for f in frames if "site-packages" not in f and "/lib/python" not in f), None)
+        if own and own != where:
+            where += f", called from {own}"
+        out.append(
+            {
+                "rank": rank,
+                "kind": "crash",
+                "message": f"{signal_line.removeprefix('Fatal Python error: ')} in {where}",
+                "traceback": text,
+                "time": p.stat().st_mtime,
+            }
+        )
+    return out
+
+
 def _failure_from(errors: list[dict[str, Any]], world: int, returncode: int | None) -> Failure:
     if not errors:
         reason = "was killed" if returncode is not None and returncode < 0 else "exited"
@@ -200,6 +231,7 @@ def launch(
                 errors.append(json.loads(p.read_text()))
             except (OSError, json.JSONDecodeError):
                 continue
+        errors += _fatal_signals(Path(tmp))
         result_path = Path(tmp) / "result.json"
         if proc.returncode == 0 and result_path.exists() and not timed_out:
             results = json.loads(result_path.read_text())["results"]

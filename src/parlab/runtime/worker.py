@@ -13,6 +13,7 @@ Usage (what ``parlab.runtime.launch`` runs): ``python -m parlab.runtime.worker S
 from __future__ import annotations
 
 import datetime as _dt
+import faulthandler
 import importlib
 import json
 import os
@@ -46,6 +47,10 @@ def main(spec_path: str) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     backend = spec["backend"]
     timeout_s = float(spec["timeout_s"])
+    # A rank killed by a signal (SIGSEGV in a kernel library, say) leaves its Python
+    # stack here, so the launcher can name the rank and where it died.
+    fault_log = open(os.path.join(out_dir, f"fault-rank{rank}.log"), "w")  # noqa: SIM115
+    faulthandler.enable(file=fault_log, all_threads=True)
     try:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
