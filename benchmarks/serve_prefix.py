@@ -8,8 +8,9 @@ prompts, 32-token questions, 16 output tokens, Poisson arrivals) once per
 policy. The cache-hit rate is the servers' own count
 (``usage.prompt_tokens_details.cached_tokens``); TTFT and TPOT are the
 client's (vLLM definitions). The table also shows the simulator's
-predictions from the replica's idle profile and from the iteration costs
-seen in the run. Documents go to ``--results``.
+predictions from the replica's idle profile ("sim") and from the iteration
+costs the replicas showed while serving the first policy's run ("fit": in
+sample for that first run, out of sample for the others). Documents go to ``--results``.
 
     python benchmarks/serve_prefix.py [--results DIR] [--num-prompts 64] [--rate 6]
 """
@@ -63,14 +64,14 @@ def main() -> None:
 
     print(
         f"{'policy':>18} {'ok':>4} {'hit':>6} {'TTFT mean':>9} {'TTFT p99':>9} {'TPOT mean':>9} "
-        f"{'sim TTFT':>8} {'sim TPOT':>8} {'in-run TTFT':>11} {'in-run TPOT':>11}  (ms)"
+        f"{'sim TTFT':>8} {'sim TPOT':>8} {'fit TTFT':>9} {'fit TPOT':>9}  (ms)"
     )
     for name, d in docs.items():
         print(
             f"{name:>18} {g(d, 'completed'):4.0f} {g(d, 'cache_hit_rate'):6.1%} "
             f"{g(d, 'mean_ttft_ms'):9.1f} {g(d, 'p99_ttft_ms'):9.1f} {g(d, 'mean_tpot_ms'):9.2f} "
             f"{p(d, 'mean_ttft_ms'):8.1f} {p(d, 'mean_tpot_ms'):8.2f} "
-            f"{p(d, 'mean_ttft_ms@in_run'):11.1f} {p(d, 'mean_tpot_ms@in_run'):11.2f}"
+            f"{p(d, 'mean_ttft_ms@in_run'):9.1f} {p(d, 'mean_tpot_ms@in_run'):9.2f}"
         )
     if "round_robin" in docs and "cache_aware" in docs:
         rr, ca = docs["round_robin"], docs["cache_aware"]
