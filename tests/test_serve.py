@@ -363,3 +363,70 @@ def test_replica_killed_mid_run_in_flight_fail_once_new_go_elsewhere() -> None:
     late = [o for o in res.outcomes if o.start - res.outcomes[0].start > 0.6]
     assert late and all(o.success for o in late)  # new requests went elsewhere
     assert all("stream" in e or "502" in e or "error" in e for e in res.errors), res.errors
+
+
+def test_client_that_leaves_does_not_take_the_replica_out() -> None:
+    import aiohttp
+
+    async def main():
+        s = StubServer(StubConfig(token_s=0.02))
+        await s.start()
+        r = Router(RouterConfig(replicas=(s.url,), policy=PolicyConfig(name="round_robin")))
+        await r.start()
+        try:
+            async with aiohttp.ClientSession() as sess:
+                body = {"prompt": "hello", "max_tokens": 50, "stream": True}
+                async with sess.post(r.url + "/v1/completions", json=body) as resp:
+                    await resp.content.readline()  # first chunk, then hang up
+            await asyncio.sleep(0.3)
+            return r.stats()
+        finally:
+            await r.stop()
+            await s.stop()
+
+    st = asyncio.run(main())["replicas"][0]
+    assert st["alive"] and st["failed"] == 0 and st["client_gone"] == 1
+
+
+def test_fast_client_reuses_connections_and_survives_a_server_closing_them() -> None:
+    from parlab.serve.httpc import Client
+
+    async def main() -> tuple[int, int]:
+        opened = 0
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response({"choices": [{"text": "a"}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app, keepalive_timeout=0.2)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        c = Client("127.0.0.1", port)
+        real = c._connect
+
+        async def counting():
+            nonlocal opened
+            opened += 1
+            return await real()
+
+        c._connect = counting
+
+        async def use(resp):
+            return await resp.body()
+
+        try:
+            for _ in range(3):
+                await c.post("/v1/completions", b"{}", use, 5.0)
+            first = opened
+            await asyncio.sleep(0.5)  # the server closes the idle connection
+            assert await c.post("/v1/completions", b"{}", use, 5.0)
+            return first, opened
+        finally:
+            await c.close()
+            await runner.cleanup()
+
+    first, total = asyncio.run(main())
+    assert first == 1 and total == 2
