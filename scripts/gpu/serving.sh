@@ -9,7 +9,7 @@
 #   - a tensor-parallel replica (TP=2 over both GPUs) under a short load (serving-benchmark);
 #     SERVING_TP=0 skips it.
 # Without two GPUs it runs the same at CPU size (tiny model, gloo). Expect about 2 minutes on
-# 2xH200 (project ~70 s, router overhead ~15 s, TP replica ~35 s).
+# 2xH200 (project ~60 s, router overhead ~15 s, TP replica ~30 s); each part has its own timeout.
 #   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}
@@ -32,11 +32,11 @@ timeout --kill-after=10 40 $PY benchmarks/serve_router.py --rate 500 --requests 
   --results "$OUT/results" 2>&1 | tee "$OUT/router_overhead.log" || rc=1
 if [ "${SERVING_TP:-1}" = 1 ]; then
   if [ "$PRESET" = gpu ]; then
-    TPARGS="--model 1.3b --dtype bfloat16 --max-batch 32 --max-len 4096"; N=48; RATE=8; IN=1024; OUTL=64
+    TPARGS="--model 1.3b --dtype bfloat16 --max-batch 32 --max-len 4096"; N=32; RATE=8; IN=1024; OUTL=64
   else
     TPARGS="--model tiny"; N=8; RATE=4; IN=64; OUTL=8
   fi
-  $PY -m parlab serve replica --tp 2 --port 0 --duration 35 $TPARGS > "$OUT/tp_replica.log" 2>&1 &
+  $PY -m parlab serve replica --tp 2 --port 0 --duration 30 $TPARGS > "$OUT/tp_replica.log" 2>&1 &
   TPPID=$!
   URL=""
   for _ in $(seq 1 60); do

@@ -99,7 +99,7 @@ def get_preset(name: str) -> Preset:
             dtype="bfloat16",
             max_batch=32,
             max_len=4096,
-            num_prompts=64,
+            num_prompts=48,
             groups=16,
             prefix_len=2048,
             question_len=64,
