@@ -1,7 +1,9 @@
 """The load generator behind ``parlab bench serve``.
 
 It sends a dataset's requests to an OpenAI-compatible endpoint over HTTP
-(aiohttp, one keep-alive connection pool) and times every streamed chunk with
+(keep-alive connections: parlab's lean HTTP/1.1 client ``httpc.py`` for
+``http``, aiohttp for ``https`` or on request -- both read the stream through
+the same ``_Stream``) and times every streamed chunk with
 ``time.perf_counter`` on arrival, the way vLLM's ``benchmark_serving.py`` and
 SGLang's ``bench_serving.py`` do; the metrics are theirs (``metrics.py``).
 
@@ -14,6 +16,9 @@ with ``max_concurrency`` at most that many requests are in flight (a closed
 loop). A trace's own ``timestamp`` field can be replayed instead. The lag
 between the scheduled and the actual send time is measured per request and
 reported (``dispatch_lag_p99_ms``): it is how accurate the timestamps are.
+To keep it small the last 1.5 ms before each send yield to the other tasks
+instead of sleeping (asyncio's timers wake up to 1 ms late), and the cyclic
+garbage collector is paused for the run (its pauses stall the loop).
 
 What counts as a success (stricter than vLLM, which accepts a stream cut
 after its first chunk): HTTP 200 and, when streaming, at least one chunk with
