@@ -240,9 +240,10 @@ def test_cli_bench_serve_exit_codes(tmp_path) -> None:
             ]
         )  # fmt: skip
     assert e.value.code == 1
-    docs = list((tmp_path / "r" / "PAR-DISTRIBUTED-INFERENCE").glob("*.json"))
-    vllm = [p for p in docs if p.name.endswith(".vllm.json")]
-    assert len(docs) == 2 and len(vllm) == 1
+    folder = tmp_path / "r" / "PAR-DISTRIBUTED-INFERENCE"
+    docs = list(folder.glob("*.json"))
+    vllm = list(folder.glob("*.vllm.jsonl"))
+    assert len(docs) == 1 and len(vllm) == 1
     assert json.loads(vllm[0].read_text())["completed"] == 0
 
 

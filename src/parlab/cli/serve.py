@@ -91,7 +91,9 @@ def bench_serve_cmd(
     allow_remote: bool = typer.Option(False, help="Allow a non-loopback target."),
     role: str = typer.Option("baseline", help="Document role: baseline or candidate."),
     save_result: Path | None = typer.Option(
-        None, help="Also write vLLM's result JSON here (always written beside the document)."
+        None,
+        help="Also write vLLM's result JSON here (always written beside the document as "
+        "RUN_ID.vllm.jsonl, one line).",
     ),
     progress: bool = typer.Option(True, help="Progress bar on stderr."),
     client: str = typer.Option("auto", help="HTTP client: auto, fast or aiohttp."),
@@ -155,7 +157,9 @@ def bench_serve_cmd(
     res = bench.run(cfg, ds)
     root = results_dir(results)
     run_id = new_run_id("serve-bench")
-    rel = f"{run_id}.vllm.json"
+    # one line of JSON: what vLLM's --save-result writes; the .jsonl name keeps it out of
+    # the results listing, which reads every *.json as a document
+    rel = f"{run_id}.vllm.jsonl"
     extra = {
         "backend": "openai-chat" if api == "chat" else "openai",
         "model_id": res.model,
