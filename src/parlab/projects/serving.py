@@ -379,6 +379,106 @@ async def _run_policies(
     return docs
 
 
+async def _run_failover(
+    procs: list[Any], p: Preset, root: Path, console: Console, command: str
+) -> Document:
+    """Round-robin over the replicas; the last one is killed (SIGKILL) a third of the way
+    through the arrivals. Its in-flight requests must come back failed, each once; new
+    ones must go to the others."""
+    from parlab.contract import Metric
+    from parlab.serve import bench, datasets
+    from parlab.serve.policy import PolicyConfig
+    from parlab.serve.procs import post_json
+    from parlab.serve.router import Router, RouterConfig
+
+    urls = [r.url for r in procs]
+    for u in urls:
+        await post_json(u + "/engine/reset")
+    ds = datasets.synthetic(
+        num_prompts=max(12, p.num_prompts // 2),
+        input_len=p.question_len * 4,
+        output_len=p.output_len * 2,
+        seed=1,
+    )
+    router = Router(
+        RouterConfig(
+            replicas=tuple(urls),
+            policy=PolicyConfig(name="round_robin"),
+            health_interval_s=0.2,
+            health_failures=2,
+        )
+    )
+    await router.start()
+    cfg = bench.BenchConfig(
+        base_url=router.url, request_rate=p.rate, progress=False, request_timeout_s=120.0
+    )
+    kill_at = len(ds.requests) / p.rate / 3
+
+    async def killer() -> float:
+        await asyncio.sleep(kill_at)
+        procs[-1].kill()
+        return time.perf_counter()
+
+    try:
+        res, t_kill = await asyncio.gather(bench.arun(cfg, ds), killer())
+    finally:
+        stats = router.stats()
+        await router.stop()
+    s = res.summary
+    unaccounted = len(ds.requests) - s["completed"] - s["failed"]
+    late = [o for o in res.outcomes if o.start > t_kill + 1.0]
+    late_ok = sum(o.success for o in late)
+    reps = stats["replicas"]
+    doc = bench.to_document(
+        res,
+        cfg,
+        ds,
+        command=command,
+        role="candidate",
+        layout={
+            "world_size": len(urls),
+            "strategy": "router:round_robin-failover",
+            "policy": "round_robin",
+            "replicas": len(urls),
+            "killed_replica": len(urls) - 1,
+            "model": p.model,
+        },
+        notes=[
+            f"replica {len(urls) - 1} was killed (SIGKILL) {kill_at:.1f} s into the arrivals",
+        ],
+    )
+    extra = {
+        "requests_unaccounted": Metric(value=float(unaccounted), unit="count"),
+        "requests_after_kill": Metric(value=float(len(late)), unit="count"),
+        "requests_after_kill_ok": Metric(value=float(late_ok), unit="count"),
+        "replica_load_routed": Metric(
+            value=float(max(r["routed"] for r in reps)),
+            unit="count",
+            per_rank=[float(r["routed"]) for r in reps],
+        ),
+        "replica_failed": Metric(
+            value=float(sum(r["failed"] for r in reps)),
+            unit="count",
+            per_rank=[float(r["failed"]) for r in reps],
+        ),
+        "replica_taken_out": Metric(
+            value=float(sum(r["taken_out"] for r in reps)),
+            unit="count",
+            per_rank=[float(r["taken_out"]) for r in reps],
+        ),
+    }
+    doc = Document(**{**doc.__dict__, "metrics": {**doc.metrics, **extra}})
+    from parlab.cli.common import write
+
+    write(doc, root, quiet=True)
+    console.print(
+        f"{'failover':>18}: {s['completed']} ok, {s['failed']} failed, {unaccounted} "
+        f"unaccounted of {len(ds.requests)}; after the kill {late_ok}/{len(late)} ok; "
+        f"routed {[r['routed'] for r in reps]}, failed {[r['failed'] for r in reps]}"
+    )
+    return doc
+
+
 def disagg_document(
     profile: dict[str, Any], kv: Document, p: Preset, replicas: int, command: str
 ) -> Document:
@@ -524,6 +624,7 @@ def run_project(
     num_prompts: int | None = None,
     request_rate: float | None = None,
     kv_transfer: bool = True,
+    failover: bool = True,
     console: Console | None = None,
     command: str | None = None,
 ) -> int:
@@ -547,6 +648,7 @@ def run_project(
     failed = 0
     procs = []
     pending: list = []
+    fo_docs: list[Document] = []
     try:
         con.print(f"starting {len(p.devices)} {p.model} replicas on {', '.join(p.devices)}")
         for dev in p.devices:
@@ -583,6 +685,10 @@ def run_project(
         )
         docs = asyncio.run(_run_policies(urls, p, pols, profile, root, con, cmd))
         failed += sum(d.status != "ok" for d in docs)
+        if failover and len(procs) >= 2:
+            fo = asyncio.run(_run_failover(procs, p, root, con, cmd))
+            failed += fo.metric("requests_unaccounted") != 0
+            fo_docs.append(fo)
     finally:
         for r in procs:
             r.stop()
@@ -590,7 +696,7 @@ def run_project(
             if x[0].poll() is None:
                 x[0].kill()
                 x[0].wait(5)
-    extra: list[Document] = []
+    extra: list[Document] = list(fo_docs)
     if kv_transfer:
         from parlab.cli.common import write
 
