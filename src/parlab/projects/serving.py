@@ -397,7 +397,7 @@ async def _run_failover(
     ds = datasets.synthetic(
         num_prompts=max(12, p.num_prompts // 2),
         input_len=p.question_len * 4,
-        output_len=p.output_len * 2,
+        output_len=p.output_len * 4,  # long enough that some are in flight at the kill
         seed=1,
     )
     router = Router(
