@@ -126,3 +126,43 @@ def test_fork_helper_reports_failures() -> None:
     with pytest.raises(RankFailure) as info:
         run_ranks(_hang_on_one, 2, timeout=8, pg_timeout=3)
     assert 1 in info.value.failures
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "from parlab.runtime.launch import LaunchConfig, launch\n"
+        "launch('rankfns:hang_on', {'bad_rank': 0}, LaunchConfig(nproc=2, backend='gloo', timeout_s=600))\n"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([TESTS, str(Path(__file__).parents[1] / "src")])
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    time.sleep(8)  # torchrun up, ranks started
+
+    def stat(pid: str) -> list[str]:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return []
+        return text.rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+
+    procs = [p for p in os.listdir("/proc") if p.isdigit()]
+    torchrun = [p for p in procs if stat(p)[1:2] == [str(proc.pid)]]
+    assert torchrun, "the launcher should have started torchrun"
+    session = stat(torchrun[0])[3]
+    workers = [p for p in procs if stat(p)[3:4] == [session] and p != torchrun[0]]
+    assert workers, "the ranks should be running"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        alive = [p for p in workers if Path(f"/proc/{p}").exists()]
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive, f"ranks {alive} outlived the launcher"

@@ -182,6 +182,20 @@ def _kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             continue
 
 
+def _forward_sigterm() -> Any:
+    """Turn SIGTERM into KeyboardInterrupt while the ranks run; return the undo."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def launch(
     entry: str, kwargs: dict[str, Any] | None = None, config: LaunchConfig | None = None
 ) -> LaunchResult:
@@ -214,6 +228,10 @@ def launch(
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         timed_out = False
         killed_at = float("inf")
+        # The ranks run in their own session (so Ctrl-C reaches them only through us):
+        # a SIGTERM to this process must take them down too, or they outlive it
+        # holding GPU memory.
+        restore = _forward_sigterm()
         try:
             try:
                 proc.wait(timeout=deadline)
@@ -224,6 +242,8 @@ def launch(
         except KeyboardInterrupt:
             _kill_tree(proc)
             raise
+        finally:
+            restore()
         wall = time.perf_counter() - start
         errors = []
         for p in sorted(Path(tmp).glob("error-rank*.json")):

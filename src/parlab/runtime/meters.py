@@ -413,10 +413,21 @@ class CommMeter(TorchDispatchMode):
 
 def _wait_all(out: Any) -> None:
     for x in tree_flatten(out)[0]:
-        if type(x).__name__ == "ScriptObject" and hasattr(x, "wait"):
-            x.wait()
+        if type(x).__name__ == "ScriptObject":
+            # A boxed c10d Work: unbox it before waiting (calling ``wait`` on the
+            # box itself crashed NCCL runs with SIGSEGV).
+            work = _unbox_work(x)
+            if work is not None:
+                work.wait()
         elif isinstance(x, torch.Tensor):  # a functional collective's result
             torch.ops._c10d_functional.wait_tensor(x)
+
+
+def _unbox_work(x: Any) -> Any:
+    try:
+        return torch._C._distributed_c10d.Work.unbox(x)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 def _sync(device: torch.device) -> None:
