@@ -38,9 +38,11 @@ fi
 
 t0=$(date +%s)
 # 1. DDP: exposed all-reduce against bucket_cap_mb (25 MB is the plain DDP run)
-"${PARLAB[@]}" profile ddp-buckets --buckets "$BUCKETS" "${BIG[@]}" --trace-dir "$TR/ddp" \
-  --results "$RES" 2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-ddp.log"
-echo "ddp sweep done after $(( $(date +%s) - t0 )) s"
+if [ "${SKIP_DDP:-0}" != 1 ]; then
+  "${PARLAB[@]}" profile ddp-buckets --buckets "$BUCKETS" "${BIG[@]}" --trace-dir "$TR/ddp" \
+    --results "$RES" 2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-ddp.log"
+  echo "ddp sweep done after $(( $(date +%s) - t0 )) s"
+fi
 
 # 2. FSDP2: prefetch and reshard_after_forward
 "${PARLAB[@]}" profile fsdp "${BIG[@]}" --trace-dir "$TR/fsdp" --results "$RES" \

@@ -43,14 +43,14 @@ for s in ddp zero1 zero2 zero3 fsdp; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
 parlab train --strategy fsdp "${SECOND[@]}"
-if [ "$SECONDS" -lt 200 ]; then
+if [ "$SECONDS" -lt "${COMPILE_UNTIL:-200}" ]; then
   parlab train --strategy fsdp --compile "${BIG[@]}" --timeout 120
 else
   echo "skipped fsdp --compile: $SECONDS s already spent" | tee -a "$LOG"
 fi
 # FSDP's knobs, each only while time is left (about 30 s a run on GPUs).
 for knobs in "--no-reshard" "--recompute selective" "--recompute full"; do
-  if [ "$SECONDS" -lt 240 ]; then
+  if [ "$SECONDS" -lt "${EXTRAS_UNTIL:-240}" ]; then
     # shellcheck disable=SC2086
     parlab train --strategy fsdp "${BIG[@]}" $knobs
   else
