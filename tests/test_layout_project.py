@@ -53,3 +53,38 @@ def test_parallel_runs_reproduce_single_rank_losses_and_write_valid_documents(
     assert cp.metric("comm_bytes_per_step.cp") > 0
     # the dispatcher-level meter also sees DDP's gradient all-reduce over the CP ranks
     assert cp.metric("c10d_bytes_per_step.all_reduce") >= cp.metric("param_bytes")
+
+
+def test_a_failing_run_is_its_own_failure_and_the_set_goes_on() -> None:
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    single, tp = pairs["tp2-sp"]
+    runs = [
+        dataclasses.replace(single, model="no-such-model"),  # fails on rank 0 alone
+        dataclasses.replace(tp, model="no-such-model"),  # fails on both ranks
+        tp,
+    ]
+    out = run_ranks(mi_many, 2, [r.to_json() for r in runs], timeout=100)
+    assert out[0][0]["failure"]["kind"] == "crash" and out[1][0] is None
+    assert all("failure" in out[r][1] for r in range(2))
+    assert all("failure" not in out[r][2] and out[r][2]["losses"] for r in range(2))
+
+
+def test_budget_skips_runs_that_do_not_fit() -> None:
+    import time
+
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    _, tp = pairs["tp2-sp"]
+    runs = [tp.to_json(), tp.to_json()]
+    # the deadline leaves time for the first run only (nothing is known before it)
+    out = run_ranks(mi_many, 2, runs, deadline=time.time() + 1.0, timeout=100)
+    assert "losses" in out[0][0]
+    assert all(out[r][1]["failure"]["kind"] == "timeout" for r in range(2))
+
+
+def test_torch_dtensor_tp_trains_like_one_rank() -> None:
+    # parallelize_module leaves embeddings and norms plain: AdamW must take the mix
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    single, tp = pairs["tp2-dtensor"]
+    out = run_ranks(mi_many, 2, [single.to_json(), tp.to_json()], timeout=100)
+    one, par = out[0][0]["losses"], out[0][1]["losses"]
+    assert par == pytest.approx(one, abs=1e-4)

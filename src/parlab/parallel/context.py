@@ -338,9 +338,13 @@ def _torch_cp_agreement(ctx: Any, *, seq: int, heads: int, head_dim: int) -> dic
     mine = [shard_sequence(t, cp, me, dim=2).requires_grad_() for t in (q, k, v)]
     out_mine = ring_attention(*mine, mesh.get_group(), causal=True)
     out_mine.backward(shard_sequence(do, cp, me, dim=2))
+    # context_parallel shards its buffers in place (and restores them on exit, a resize a
+    # tensor that requires grad refuses): it gets plain copies; the leaves that take
+    # gradients are clones of the shards, made inside the context
     theirs = [t.clone() for t in (q, k, v, do)]
     with context_parallel(mesh, buffers=theirs, buffer_seq_dims=[2, 2, 2, 2]):
-        tq, tk, tv, tdo = (t.requires_grad_() if i < 3 else t for i, t in enumerate(theirs))
+        tq, tk, tv = (t.detach().clone().requires_grad_() for t in theirs[:3])
+        tdo = theirs[3].detach().clone()
         out_t = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
         out_t.backward(tdo)
     return {

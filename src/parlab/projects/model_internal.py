@@ -181,7 +181,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         elif mesh is not None:
             model = parallelize(model, mesh, plan)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-4, fused=dev.type == "cuda")
+        opt = make_optimizer(params, dev)
         param_bytes = meters.count_bytes(params)
         tp_group = mesh["tp"].get_group() if cfg.tp > 1 and cfg.impl == "parlab" else None
         groups = {
@@ -295,6 +295,37 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
     }
 
 
+class _Optimizers:
+    """AdamW over plain parameters and AdamW over DTensor parameters, stepped together."""
+
+    def __init__(self, opts: list[torch.optim.Optimizer]) -> None:
+        self.opts = opts
+
+    def step(self) -> None:
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def make_optimizer(params: list[torch.nn.Parameter], dev: torch.device) -> _Optimizers:
+    """AdamW (lr 1e-4): fused on CUDA over plain tensors (the fast path); ``foreach`` over
+    DTensor parameters (torch's ``parallelize_module`` leaves embeddings and norms plain, and
+    fused AdamW refuses a mix of DTensor and plain tensors), each kind its own optimizer."""
+    from torch.distributed.tensor import DTensor
+
+    dt = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    opts: list[torch.optim.Optimizer] = []
+    if plain:
+        opts.append(torch.optim.AdamW(plain, lr=1e-4, fused=dev.type == "cuda"))
+    if dt:
+        opts.append(torch.optim.AdamW(dt, lr=1e-4, foreach=True))
+    return _Optimizers(opts)
+
+
 def _cp_fallbacks() -> list[str]:
     from parlab.parallel import context
 
@@ -332,27 +363,103 @@ def _torch_pipeline(model: Any, cfg: RunConfig, stage: int, group: Any, dev: Any
     return cls(st, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
 
 
-def mi_many(ctx: RankContext, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rank function: several runs in one launch (CPU sets: saves start-ups)."""
+def _work(r: dict[str, Any]) -> float:
+    """Rough cost of a run (tokens per step, attention's quadratic term, per rank)."""
+    seq = r["seq"]
+    return r["micro_batch"] * r["microbatches"] * seq * (1 + seq / 16384) / r["nproc"]
+
+
+def _free(ctx: RankContext) -> None:
+    """Give back what the last run held before the next one is built."""
     import gc
 
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+
+
+def _agree(ctx: RankContext, value: float, op: Any) -> float:
+    """One scalar reduced over every rank (MAX or MIN), on the rank's device."""
+    t = torch.tensor([value], dtype=torch.float64 if not ctx.is_cuda else torch.float32)
+    t = t.to(ctx.device)
+    dist.all_reduce(t, op=op)
+    return float(t)
+
+
+def mi_many(
+    ctx: RankContext,
+    runs: list[dict[str, Any]],
+    partial_dir: str | None = None,
+    deadline: float | None = None,
+) -> list[dict[str, Any] | None]:
+    """Rank function: several runs in one launch (one start-up), each isolated.
+
+    Before a run the ranks agree (all-reduce MIN) whether it fits before ``deadline``
+    (epoch seconds; rank 0 scales the slowest run so far); a run that raises (out of
+    memory included) becomes ``{"failure": ...}`` for that run only; after it the ranks
+    all-reduce a failure flag (MAX), so a rank whose peer failed marks the run failed too
+    and nobody waits in a collective the other skipped; memory is freed before the next.
+    A one-rank baseline runs on rank 0 while the others wait in that all-reduce. With
+    ``partial_dir`` every rank writes each run's outcome there at once
+    (``run<i>.rank<r>.json``), so a launch that dies keeps the runs it finished."""
+    import json
+
     out: list[dict[str, Any] | None] = []
-    for r in runs:
-        if r["nproc"] == 1 and ctx.world_size > 1:  # a one-rank baseline: rank 0 alone
-            one = dataclasses.replace(ctx, world_size=1, local_world_size=1)
-            res: dict[str, Any] | None = None
-            if ctx.rank == 0:
-                try:
-                    res = mi_rank(one, **r)
-                except torch.OutOfMemoryError as exc:  # the others wait at the barrier
-                    res = {"failure": {"kind": "oom", "message": str(exc).splitlines()[0]}}
-            out.append(res)
+    rate = 0.0  # seconds per unit of ``_work``, the slowest run so far
+    for i, r in enumerate(runs):
+        res: dict[str, Any] | None = None
+        go = 1.0
+        if deadline is not None and ctx.rank == 0 and rate > 0:
+            left = deadline - time.time()
+            go = float(1.5 * rate * _work(r) + 5 < left)
+        if ctx.world_size > 1:
+            go = _agree(ctx, go, dist.ReduceOp.MIN)
+        if not go:
+            res = {
+                "failure": {
+                    "kind": "timeout",
+                    "message": "not run: it would not finish within the set's time budget "
+                    "(--budget)",
+                }
+            }
         else:
-            out.append(mi_rank(ctx, **r))
-        gc.collect()
-        if ctx.is_cuda:
-            torch.cuda.empty_cache()
-        dist.barrier()
+            t0 = time.monotonic()
+            mine = r["nproc"] > ctx.rank
+            try:
+                if r["nproc"] == 1 and ctx.world_size > 1:  # a baseline: rank 0 alone
+                    if ctx.rank == 0:
+                        one = dataclasses.replace(ctx, world_size=1, local_world_size=1)
+                        res = mi_rank(one, **r)
+                elif mine:
+                    res = mi_rank(ctx, **r)
+            except Exception as exc:
+                from parlab.runtime.failures import classify, one_line
+
+                res = {
+                    "failure": {"kind": classify(exc), "message": one_line(exc), "rank": ctx.rank}
+                }
+                del exc
+            _free(ctx)
+            failed = res is not None and "failure" in res
+            # every rank takes part in this all-reduce, whatever happened to it
+            peer_failed = ctx.world_size > 1 and _agree(ctx, float(failed), dist.ReduceOp.MAX)
+            if peer_failed and not failed and mine:
+                res = {
+                    "failure": {
+                        "kind": "crash",
+                        "message": "another rank of this run failed",
+                        "peer": True,
+                    }
+                }
+            if not failed:
+                rate = max(rate, (time.monotonic() - t0) / max(_work(r), 1.0))
+        out.append(res)
+        if partial_dir is not None:
+            path = Path(partial_dir) / f"run{i}.rank{ctx.rank}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"result": res}))
+            tmp.replace(path)
     return out
 
 
@@ -561,7 +668,7 @@ def comparison_set(
     """(baseline on one rank, candidate) pairs: TP2+SP, TP2, PP2 GPipe and 1F1B, CP2 ring at
     the base sequence and at twice it (GPU: 32k and 64k)."""
     if preset == "gpu":
-        base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 4, "warmup": 2}
+        base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 3, "warmup": 2}
         tp_kw = {"micro_batch": 2, "seq": seq or 4096}
         pp_kw = {"micro_batch": 1, "microbatches": 8, "seq": seq or 4096}
         cp_kw = {"micro_batch": 1, "seq": 32768 if seq is None else seq * 8}
@@ -583,78 +690,111 @@ def comparison_set(
             name=name, role="candidate", schedule=sched, **both, **cand
         )
 
+    # in priority order: a set cut short by its time budget keeps the first ones
     return [
         pair("tp2-sp", tp_kw, nproc=2, tp=2, sp=True),
-        pair("tp2", tp_kw, nproc=2, tp=2),
         pair("pp2-gpipe", pp_kw, nproc=2, pp=2, schedule="gpipe"),
         pair("pp2-1f1b", pp_kw, nproc=2, pp=2, schedule="1f1b"),
-        pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
         pair("cp2-ring", cp_kw, nproc=2, cp=2),
-        # twice the sequence: one rank may run out of memory (a failure document), CP2 not
-        pair("cp2-ring-long", long_kw, nproc=2, cp=2),
+        pair("tp2", tp_kw, nproc=2, tp=2),
         # torch's own implementations, the references issue 6 quotes
         pair("tp2-dtensor", tp_kw, nproc=2, tp=2, impl="torch"),
         pair("pp2-1f1b-torch", pp_kw, nproc=2, pp=2, schedule="1f1b", impl="torch"),
+        pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
+        # twice the sequence: one rank may run out of memory (a failure document), CP2 not;
+        # its one-rank run goes last of all
+        pair("cp2-ring-long", long_kw, nproc=2, cp=2),
     ]
 
 
 NAMES = (
     "tp2-sp",
-    "tp2",
     "pp2-gpipe",
     "pp2-1f1b",
-    "pp2-interleaved",
     "cp2-ring",
-    "cp2-ring-long",
+    "tp2",
     "tp2-dtensor",
     "pp2-1f1b-torch",
+    "pp2-interleaved",
+    "cp2-ring-long",
 )
+BASELINE_LAST = ("cp2-ring-long",)
+"""Runs whose one-rank baseline runs after them (it may run out of memory)."""
+
+
+def _outcome(
+    c: RunConfig, per_rank: list[dict[str, Any] | None]
+) -> tuple[list[dict[str, Any]] | None, Failure | None]:
+    """One run's results (every rank's ``mi_rank`` return) or its failure."""
+    per = per_rank[: c.nproc]
+    fails = [(r, p["failure"]) for r, p in enumerate(per) if p and "failure" in p]
+    if fails:
+        own = [(r, f) for r, f in fails if not f.get("peer")] or fails
+        r, f = own[0]
+        return None, Failure(kind=f["kind"], message=f["message"], rank=f.get("rank", r))
+    if any(p is None for p in per):
+        return None, Failure(kind="crash", message="a rank returned no result for this run")
+    return per, None  # type: ignore[return-value]
 
 
 def _launch(
     configs: list[RunConfig], *, gpu: bool, timeout_s: float, budget_s: float | None = None
 ) -> tuple[list[list[dict[str, Any]] | None], list[Failure | None], str]:
-    """Run configs, all in one launch (one start-up; one-rank baselines run on rank 0 alone,
-    an out-of-memory there becomes that run's failure); if the launch fails, one launch per
-    config. Per-config results (or ``None``) and failure."""
+    """Run configs in as few launches as possible (one start-up each; one-rank baselines
+    run on rank 0 alone). Each run is isolated inside the launch (``mi_many``); if the
+    launch itself dies (a rank killed, a collective timed out), the runs it finished are
+    kept, the run it died in gets the launch's failure and the rest go to a new launch
+    while the budget lasts. Per-config results (or ``None``) and failure."""
+    import json
+    import tempfile
+
     from parlab.runtime.launch import LaunchConfig, launch
 
     backend = "nccl" if gpu else "gloo"
     width = max(c.nproc for c in configs)
     start = time.monotonic()
-    lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s, deadline_s=budget_s)
-    res = launch(
-        "parlab.projects.model_internal:mi_many", {"runs": [c.to_json() for c in configs]}, lc
-    )
-    if res.ok:
-        outs: list[list[dict[str, Any]] | None] = []
-        fails: list[Failure | None] = []
-        for i, c in enumerate(configs):
-            per = [r[i] for r in res.results][: c.nproc]
-            f = per[0].get("failure") if per[0] else None
-            outs.append(None if f else per)
-            fails.append(Failure(kind=f["kind"], message=f["message"], rank=0) if f else None)
-        return outs, fails, backend
-    grouped = res.failure.message if res.failure else "?"
-    outs2: list[list[dict[str, Any]] | None] = []
-    fails2: list[Failure | None] = []
-    for c in configs:
+    outs: list[list[dict[str, Any]] | None] = [None] * len(configs)
+    fails: list[Failure | None] = [None] * len(configs)
+    pending = list(range(len(configs)))
+    while pending:
         left = None if budget_s is None else budget_s - (time.monotonic() - start)
-        if left is not None and left < 30:
-            outs2.append(None)
-            fails2.append(
-                Failure(
-                    kind="timeout",
-                    message="not run: the set's time budget was spent (the grouped launch "
-                    f"failed: {grouped})",
+        if left is not None and left < 20:
+            for k in pending:
+                fails[k] = Failure(
+                    kind="timeout", message="not run: the set's time budget (--budget) was spent"
                 )
-            )
-            continue
-        lc = LaunchConfig(nproc=c.nproc, backend=backend, timeout_s=timeout_s, deadline_s=left)
-        res = launch("parlab.projects.model_internal:mi_rank", c.to_json(), lc)
-        outs2.append(res.results if res.ok else None)
-        fails2.append(None if res.ok else res.failure)
-    return outs2, fails2, backend
+            break
+        with tempfile.TemporaryDirectory(prefix="parlab-mi-") as tmp:
+            kwargs = {
+                "runs": [configs[k].to_json() for k in pending],
+                "partial_dir": tmp,
+                "deadline": None if left is None else time.time() + left - 10,
+            }
+            lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s, deadline_s=left)
+            res = launch("parlab.projects.model_internal:mi_many", kwargs, lc)
+            got: dict[int, list[dict[str, Any] | None]] = {}
+            if res.ok:
+                got = {n: [r[n] for r in res.results] for n in range(len(pending))}
+            else:
+                for n in range(len(pending)):
+                    per = []
+                    for r in range(width):
+                        f = Path(tmp) / f"run{n}.rank{r}.json"
+                        per.append(json.loads(f.read_text())["result"] if f.exists() else None)
+                    files = [Path(tmp) / f"run{n}.rank{r}.json" for r in range(width)]
+                    if all(f.exists() for f in files):
+                        got[n] = per
+        done = []
+        for n, k in enumerate(pending):
+            if n in got:
+                outs[k], fails[k] = _outcome(configs[k], got[n])
+                done.append(k)
+        rest = [k for k in pending if k not in done]
+        if not res.ok and rest:  # the launch died in the first run it did not finish
+            fails[rest[0]] = res.failure or Failure(kind="crash", message="the launch failed")
+            rest = rest[1:]
+        pending = rest
+    return outs, fails, backend
 
 
 def run_project(
@@ -689,14 +829,20 @@ def run_project(
         p for p in comparison_set(preset, seq=seq, steps=steps) if not only or p[1].name in only
     ]
     singles: dict[str, RunConfig] = {}
-    for b, _ in pairs:  # baselines shared by runs of the same workload
+    group: list[RunConfig] = []  # each baseline before its first candidate, in set order
+    for b, c in pairs:  # baselines shared by runs of the same workload
         key = str({k: v for k, v in b.to_json().items() if k not in ("name", "schedule")})
+        first = key not in singles
         singles.setdefault(key, b)
+        if first and c.name not in BASELINE_LAST:
+            group.append(b)
+        group.append(c)
+        if first and c.name in BASELINE_LAST:
+            group.append(b)
     env = snapshot(probe_links=gpu)
     docs: dict[str, Document] = {}
     out_dir = results / PROJECT
     out_dir.mkdir(parents=True, exist_ok=True)
-    group = [*singles.values(), *(c for _, c in pairs)]
     outs, fails, backend = _launch(group, gpu=gpu, timeout_s=timeout_s, budget_s=budget_s)
     if True:
         for cfg, res, fail in zip(group, outs, fails, strict=True):
