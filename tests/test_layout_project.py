@@ -88,3 +88,33 @@ def test_torch_dtensor_tp_trains_like_one_rank() -> None:
     out = run_ranks(mi_many, 2, [single.to_json(), tp.to_json()], timeout=100)
     one, par = out[0][0]["losses"], out[0][1]["losses"]
     assert par == pytest.approx(one, abs=1e-4)
+
+
+def test_a_dead_launch_keeps_finished_runs_and_relaunches_the_rest(monkeypatch) -> None:
+    import json
+
+    import parlab.runtime.launch as launch_mod
+    from parlab.contract import Failure
+    from parlab.projects.model_internal import _launch
+    from parlab.runtime.launch import LaunchResult
+
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    configs = [pairs["tp2-sp"][1], pairs["pp2-1f1b"][1], pairs["cp2-ring"][1]]
+    calls: list[list[str]] = []
+
+    def fake(entry, kwargs, config):  # type: ignore[no-untyped-def]
+        names = [r["name"] for r in kwargs["runs"]]
+        calls.append(names)
+        if len(calls) == 1:  # finishes the first run, dies in the second
+            for r in range(2):
+                p = Path(kwargs["partial_dir"]) / f"run0.rank{r}.json"
+                p.write_text(json.dumps({"result": {"step_times": [1.0], "rank": r}}))
+            return LaunchResult(ok=False, results=[], failure=Failure(kind="timeout", message="x"))
+        return LaunchResult(ok=True, results=[[{"rank": r}] for r in range(2)], failure=None)
+
+    monkeypatch.setattr(launch_mod, "launch", fake)
+    outs, fails, _ = _launch(configs, gpu=False, timeout_s=10, budget_s=100)
+    assert calls == [["tp2-sp", "pp2-1f1b", "cp2-ring"], ["cp2-ring"]]
+    assert outs[0] is not None and outs[0][1]["rank"] == 1 and fails[0] is None
+    assert outs[1] is None and fails[1] is not None and fails[1].kind == "timeout"
+    assert outs[2] is not None and fails[2] is None

@@ -396,7 +396,8 @@ def mi_many(
     """Rank function: several runs in one launch (one start-up), each isolated.
 
     Before a run the ranks agree (all-reduce MIN) whether it fits before ``deadline``
-    (epoch seconds; rank 0 scales the slowest run so far); a run that raises (out of
+    (epoch seconds; rank 0 estimates it from the slowest step time per token so far and
+    the last run's time outside its steps); a run that raises (out of
     memory included) becomes ``{"failure": ...}`` for that run only; after it the ranks
     all-reduce a failure flag (MAX), so a rank whose peer failed marks the run failed too
     and nobody waits in a collective the other skipped; memory is freed before the next.
@@ -406,13 +407,15 @@ def mi_many(
     import json
 
     out: list[dict[str, Any] | None] = []
-    rate = 0.0  # seconds per unit of ``_work``, the slowest run so far
+    rate = 0.0  # seconds of one step per unit of ``_work``, the slowest run so far
+    overhead = 0.0  # seconds of the last run outside its steps (build, replays)
     for i, r in enumerate(runs):
         res: dict[str, Any] | None = None
         go = 1.0
         if deadline is not None and ctx.rank == 0 and rate > 0:
-            left = deadline - time.time()
-            go = float(1.5 * rate * _work(r) + 5 < left)
+            n_steps = r["warmup"] + 1 + r["steps"]
+            need = 1.3 * (overhead + n_steps * rate * _work(r)) + 3
+            go = float(need < deadline - time.time())
         if ctx.world_size > 1:
             go = _agree(ctx, go, dist.ReduceOp.MIN)
         if not go:
@@ -452,8 +455,13 @@ def mi_many(
                         "peer": True,
                     }
                 }
-            if not failed:
-                rate = max(rate, (time.monotonic() - t0) / max(_work(r), 1.0))
+            if res is not None and not failed and res.get("step_times"):
+                from parlab.runtime.meters import median
+
+                step = median(res["step_times"])
+                n_steps = r["warmup"] + 1 + r["steps"]
+                rate = max(rate, step / max(_work(r), 1.0))
+                overhead = max(0.0, time.monotonic() - t0 - n_steps * step)
         out.append(res)
         if partial_dir is not None:
             path = Path(partial_dir) / f"run{i}.rank{ctx.rank}.json"
