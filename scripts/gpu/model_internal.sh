@@ -51,11 +51,11 @@ echo "model_internal.sh: $GPUS GPU(s), preset $PRESET, output $OUT" | tee "$OUT/
 LAYOUTS=$!
 
 # parlab's ring attention vs torch's context_parallel (GPU only; CPU reports "unsupported")
-timeout 60 "$PY" -c '
+timeout 40 "$PY" -c '
 import json, sys
 from parlab.runtime.launch import LaunchConfig, launch
 r = launch("parlab.parallel.context:torch_cp_agreement", {"seq": 8192},
-           LaunchConfig(nproc=2, timeout_s=30, deadline_s=50))
+           LaunchConfig(nproc=2, timeout_s=25, deadline_s=35))
 print(json.dumps({"ok": r.ok, "ranks": r.results,
                   "failure": r.failure.message if r.failure else None}, indent=1))
 ' > "$OUT/cp-vs-torch-context-parallel.json" 2>>"$OUT/model-internal.log" || true
@@ -64,7 +64,7 @@ cat "$OUT/cp-vs-torch-context-parallel.json" | tee -a "$OUT/model-internal.log"
 # every run isolated in one launch: a run that fails (out of memory included) is that run's
 # failure document; runs that would not fit in --budget seconds are skipped (documents say so)
 status=0
-timeout 170 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
+timeout 150 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
   --timeout 75 --budget 120 2>&1 | tee -a "$OUT/model-internal.log" || status=$?
 echo "parlab project model-internal exited with status $status" | tee -a "$OUT/model-internal.log"
 if [ -f "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" ]; then
