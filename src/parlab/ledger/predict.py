@@ -49,7 +49,9 @@ head, kept through the step -- and the prefetched block; every unit with
 ``reshard_after_forward=False``), ``reduce_buffers``
 (ZeRO-2/3/FSDP: one unit's unsharded gradients before their reduce-scatter,
 in backward), ``ddp_buckets`` (resident: DDP's gradient buckets, a copy of
-every gradient unless ``bucket_view``).
+every gradient unless ``bucket_view``), ``ddp_old_buckets`` (``ddp_old_buckets=True``:
+DDP's first-iteration buckets, still alive through the second iteration's
+forward/backward -- see below).
 Optimizer phase: ``optimizer_temporaries`` (foreach AdamW: one state-sized
 temporary, ``sqrt(v)``; fused AdamW: none). ``allocator_overhead``: an
 explicit, settable number (``overhead_bytes``), never a hidden factor.
@@ -59,12 +61,34 @@ the gradients where they live in persistent buffers: DDP with ``bucket_view``,
 ZeRO-1's flat gradient buffers) + max(forward/backward, optimizer step), where
 
 - forward/backward = activations + recompute_buffer + autocast_weight_copies +
-  gather_buffers + held_logits + gradients already accumulated (all of them
+  gather_buffers + held_logits + ddp_old_buckets + gradients already accumulated (all of them
   when they accumulate over micro-batches: ``microbatches > 1`` or pp > 1) +
   max(logits + loss_buffers, backward_transient + the output unit's whole
   gradients + reduce_buffers): the loss region is freed before the blocks'
   backward starts;
 - optimizer step = grads + optimizer_temporaries.
+
+``ddp_old_buckets`` (torch DDP over NCCL, dp > 1): DDP allocates its gradient
+buckets at construction in reverse parameter order, and before the second
+iteration's forward (``_rebuild_buckets``, once per run unless
+``static_graph``/``find_unused_parameters``) allocates new buckets in the order
+the gradients arrived, copies the gradients in and points them at the new
+buffers. The old buffers are not freed then: ProcessGroupNCCL keeps a reference
+to the tensors of every async collective until ``Work.wait()`` (its
+allocator-safety stash, unconditional since ``record_stream`` was removed:
+pytorch PRs 148590 and 150079), and DDP's reducer waits on the collective's
+future, never on the ``Work``; the watchdog (which polls) drops the reference
+only after it has seen the all-reduce complete, and the tensors go at a later
+collective call -- after the rebuild has already allocated the new buckets. So
+the second iteration's forward and the start of its backward (the peak) hold one
+extra set of buckets: ``P x grad bytes``. On the 2xH200 DDP run (1.3B, bf16
+autocast, fp32 grads) the measured peak exceeds the steady-state ledger by
+5.64 GiB; 5.08 GiB of it is this item (``4 B x 1.364e9``, equal to the excess
+beyond ZeRO-1's within 3 MB; ZeRO-1 runs the same loop and dtypes without DDP
+and is 0.56 GiB over: the held logits, ``logits_held``). The mechanism is read
+from torch's source, not traced on the GPU; the size is measured. gloo keeps no
+such reference (the CPU runs show no excess), so the knob is off by default: set
+it for NCCL runs.
 
 Checked on the CPU against the tracked tensor bytes of real steps of the
 reference model (``tests/test_ledger.py``): one rank in fp32, bf16 and autocast
@@ -411,6 +435,7 @@ def predict(
     flash: bool = True,
     kv_repeat: bool = True,
     bucket_view: bool = False,
+    ddp_old_buckets: bool = False,
     loss_parallel: bool = False,
     kv_replicate: bool = True,
     logits_held: bool = False,
@@ -488,6 +513,11 @@ def predict(
         row["ddp_buckets"] = (
             sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and not bucket_view else 0
         )
+        # torch DDP over NCCL: the first iteration's buckets outlive the bucket rebuild until
+        # the second iteration's first all-reduce (module docstring); forward/backward only
+        row["ddp_old_buckets"] = (
+            sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and ddp_old_buckets else 0
+        )
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
         flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
@@ -544,7 +574,7 @@ def predict(
             dev[k]
             for k in (
                 "activations", "recompute_buffer", "autocast_weight_copies", "gather_buffers",
-                "held_logits",
+                "held_logits", "ddp_old_buckets",
             )
         )  # fmt: skip
         # the output unit's gradients, whole until reduced (none new when grads are resident)
@@ -597,7 +627,8 @@ def predict(
         micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches, dtype=pol.name,
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
-        flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, loss_parallel=loss_parallel,
+        flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, ddp_old_buckets=ddp_old_buckets,
+        loss_parallel=loss_parallel,
         logits_held=logits_held, reshard_after_forward=reshard_after_forward,
         overhead_bytes=overhead_bytes,
     )  # fmt: skip
@@ -647,6 +678,7 @@ _KIND = {
     "optimizer": "state",
     "master_params": "state",
     "ddp_buckets": "buffer",
+    "ddp_old_buckets": "buffer",
     "activations": "transient",
     "recompute_buffer": "transient",
     "logits": "transient",
@@ -666,6 +698,8 @@ _FORMULA = {
     "optimizer": "optimizer states per element x state bytes, on what the optimizer steps",
     "master_params": "fp32 master copy of what the optimizer steps (bf16-master)",
     "ddp_buckets": "DDP gradient buckets (dp > 1): a copy of every gradient (bucket_view=False)",
+    "ddp_old_buckets": "torch DDP over NCCL: first-iteration buckets held by the process group "
+    "through the second iteration's forward/backward (P x grad bytes)",
     "activations": "micro-batches in flight x sum over stage layers of bytes/token x tokens",
     "recompute_buffer": "full recompute: one layer's activations during its backward",
     "logits": "float32 logits for the loss (a cast copy under bf16), tokens x vocab x 4",
