@@ -26,7 +26,10 @@ Dtypes: ``r`` is the residual stream's element size (fp32 under autocast),
 ``e`` the compute dtype's. Recompute modes: ``none``; ``selective``
 (Korthikanti's: the attention core is recomputed, so the ``s^2`` term goes;
 identical to ``none`` with flash attention); ``full`` (only each layer's input
-is kept; one layer's activations live again during its backward).
+is kept; one layer's activations live again during its backward);
+``op-selective`` (torchtitan's op-level selective checkpointing, what
+``parlab train --recompute selective`` runs: the outputs of every matmul and of
+attention are kept, everything else is recomputed -- see ``op_saved_terms``).
 
 Micro-batches in flight on pipeline rank k of p with m micro-batches:
 GPipe m; 1F1B ``min(p - k, m)``; interleaved 1F1B with v chunks
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op-selective")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
@@ -55,7 +58,8 @@ class ActTerm:
     bytes_per_token: float
     """Bytes per token of the local sequence, before any TP division."""
     split: str
-    """``tp``: divided by the TP degree; ``sp``: divided only with sequence parallelism."""
+    """``tp``: divided by the TP degree; ``sp``: divided only with sequence parallelism;
+    ``none``: never divided (a row-parallel matmul's partial sums, whole per rank)."""
 
 
 def _norm(spec: ModelSpec, width: int, r: int) -> int:
@@ -172,9 +176,35 @@ def layer_bytes_per_token(
     for t in terms:
         if recompute == "selective" and t.name == "attn_scores":
             continue
-        div = tp if (t.split == "tp" or sp) else 1
+        div = tp if (t.split == "tp" or (sp and t.split == "sp")) else 1
         total += t.bytes_per_token / div
     return total
+
+
+def op_saved_terms(spec: ModelSpec, layer_id: int, *, r: int, e: int) -> list[ActTerm]:
+    """What op-level selective checkpointing keeps of one block (bytes per token).
+
+    The policy (``parlab.parallel.fsdp._selective_policy``, torchtitan's) saves the output
+    of every ``mm``/``addmm``/``bmm`` and of scaled-dot-product attention; the checkpoint
+    keeps the block's input; everything else (norms, RoPE, SwiGLU's product, residual
+    adds) is recomputed in backward. Outputs are in the compute dtype ``e`` (under
+    autocast too: the matmuls run in bf16); the block input is in the residual dtype ``r``.
+    The q/k/v projections' outputs are ``q_dim + 2 kv_dim`` wide (before any KV repeat);
+    the attention-output and down projections' outputs are whole (``h``) on every TP rank.
+    Dense attention-FFN blocks only: MLA and MoE blocks raise ``UsageError``.
+    """
+    if spec.mla is not None or spec.is_moe_layer(layer_id):
+        raise UsageError("recompute = 'op-selective' is modelled for dense MHA/GQA blocks only")
+    h = spec.hidden
+    mats_in = 2 if spec.activation == "swiglu" else 1
+    return [
+        ActTerm(name="block_input", bytes_per_token=r * h, split="sp"),
+        ActTerm(name="qkv_out", bytes_per_token=e * (spec.q_dim + 2 * spec.kv_dim), split="tp"),
+        ActTerm(name="sdpa_out", bytes_per_token=e * spec.q_dim + 4 * spec.heads, split="tp"),
+        ActTerm(name="attn_proj_out", bytes_per_token=e * h, split="none"),
+        ActTerm(name="mlp_up_out", bytes_per_token=e * mats_in * spec.ffn_hidden, split="tp"),
+        ActTerm(name="mlp_down_out", bytes_per_token=e * h, split="none"),
+    ]
 
 
 def head_bytes_per_token(

@@ -35,8 +35,10 @@ forward in it (bf16 residual, no casts), as FSDP2's ``param_dtype`` does.
 Transient items (the forward/backward phase): ``activations`` (per layer from
 ``parlab.ledger.activations``, times the micro-batches in flight),
 ``recompute_buffer`` (full recompute: one layer's activations during its
-backward), ``logits`` (the float32 logits the loss reads, ``tokens x vocab x
-4``; under bf16 a cast copy of the bf16 output, which is freed), ``loss_buffers``
+backward; ``op-selective``: the part of one layer's activations it recomputes,
+alive in that layer's backward, after the loss region), ``logits`` (the float32
+logits the loss reads, ``tokens x vocab x 4``; under bf16 a cast copy of the bf16
+output, which is freed), ``loss_buffers``
 (float32 log-probabilities kept by cross-entropy and their gradient:
 ``2 x tokens x vocab x 4``), ``held_logits`` (``logits_held=True``: the
 loop keeps the model's output, ``tokens x vocab x e``, until backward ends --
@@ -490,10 +492,14 @@ def predict(
                 spec, i, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
                 kv_repeat=kv_repeat,
             )  # fmt: skip
-            kept = act.layer_bytes_per_token(
-                terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden
-            )
             full = act.layer_bytes_per_token(terms, tp=tp, sp=sp, recompute="none", r=r)
+            if recompute == "op-selective":
+                saved = act.op_saved_terms(spec, i, r=r, e=e)
+                kept = act.layer_bytes_per_token(saved, tp=tp, sp=sp, recompute="none", r=r)
+            else:
+                kept = act.layer_bytes_per_token(
+                    terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden
+                )
             kinds[k] = (kept, full)
         return kinds[k]
 
@@ -530,7 +536,13 @@ def predict(
         )
         row["activations"] = round(flight * (kept + head) * tokens)
         full_max = max((layer_bytes(i)[1] for i in layer_ids), default=0.0)
-        row["recompute_buffer"] = round(full_max * tokens) if recompute == "full" else 0
+        if recompute == "full":
+            row["recompute_buffer"] = round(full_max * tokens)
+        elif recompute == "op-selective":  # one block's recomputed tensors, in its backward
+            kept_max = max((layer_bytes(i)[0] for i in layer_ids), default=0.0)
+            row["recompute_buffer"] = round(max(0.0, full_max - kept_max) * tokens)
+        else:
+            row["recompute_buffer"] = 0
         vocab_local = spec.vocab_size // (tp if loss_parallel else 1)
         row["logits"] = tokens * vocab_local * 4 if last else 0
         row["loss_buffers"] = 2 * tokens * vocab_local * 4 if last else 0
@@ -577,6 +589,10 @@ def predict(
                 "held_logits", "ddp_old_buckets",
             )
         )  # fmt: skip
+        # op-selective: the recomputed tensors of one block live in that block's backward,
+        # after the loss region is gone (full recompute keeps its buffer in base, as before)
+        late = dev["recompute_buffer"] if recompute == "op-selective" else 0
+        base -= late
         # the output unit's gradients, whole until reduced (none new when grads are resident)
         head_grads = sn.head * pol.grad_bytes if last and not grads_resident else 0
         grads_fb = dev["grads"] if accumulate and not grads_resident else 0
@@ -587,7 +603,7 @@ def predict(
             + grads_fb
             + max(
                 dev["logits"] + dev["loss_buffers"],
-                dev["backward_transient"] + head_grads + dev["reduce_buffers"],
+                dev["backward_transient"] + head_grads + dev["reduce_buffers"] + late,
             )
         )
         opt = (0 if grads_resident else dev["grads"]) + dev["optimizer_temporaries"]
@@ -701,7 +717,8 @@ _FORMULA = {
     "ddp_old_buckets": "torch DDP over NCCL: first-iteration buckets held by the process group "
     "through the second iteration's forward/backward (P x grad bytes)",
     "activations": "micro-batches in flight x sum over stage layers of bytes/token x tokens",
-    "recompute_buffer": "full recompute: one layer's activations during its backward",
+    "recompute_buffer": "full recompute: one layer's activations during its backward "
+    "(op-selective: its recomputed, unsaved part)",
     "logits": "float32 logits for the loss (a cast copy under bf16), tokens x vocab x 4",
     "loss_buffers": "cross-entropy: float32 log-probs + their gradient, 2 x tokens x vocab x 4",
     "held_logits": "the model's output logits, kept by the training loop through backward",
