@@ -56,6 +56,7 @@ STEPS: list[DemoStep] = [
     DemoStep(name="serving", task="T4", entry="parlab.projects.serving:demo_step"),
     DemoStep(name="profile ddp buckets", task="T5", entry="parlab.cli.profile:demo_step"),
     DemoStep(name="plan and decide", task="T6", entry="parlab.plan.demo:plan_decide_step"),
+    DemoStep(name="doctor", task="T6", entry="parlab.doctor.diagnose:demo_step"),
     DemoStep(name="report", task="T6", entry="parlab.plan.demo:report_step"),
 ]
 

@@ -25,6 +25,7 @@ app = typer.Typer(
 
 # Each module below adds its commands to ``app`` when imported.
 from parlab.cli import core
+from parlab.cli import doctor
 from parlab.cli import analytic
 from parlab.cli import train  # noqa: E402, F401
 from parlab.cli import collectives

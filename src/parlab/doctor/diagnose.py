@@ -85,3 +85,10 @@ def diagnose(results: Path, *, cases: list[str] | None = None) -> Diagnosis:
         findings=findings,
         cases_checked=len(chosen),
     )
+
+
+def demo_step(results: Path, console: Any) -> None:
+    """``parlab demo``: the doctor over the demo's results folder (reads only; writes nothing)."""
+    from parlab.cli.doctor import print_diagnosis
+
+    print_diagnosis(diagnose(results), show_help=False)
