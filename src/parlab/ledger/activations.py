@@ -32,7 +32,9 @@ is kept; one layer's activations live again during its backward);
 attention are kept, everything else is recomputed -- see ``op_saved_terms``).
 
 Micro-batches in flight on pipeline rank k of p with m micro-batches:
-GPipe m; 1F1B ``min(p - k, m)``; interleaved 1F1B with v chunks
+GPipe m (also with p = 1: a GPipe-ordered single stage runs every forward
+before any backward; other schedules at p = 1 are gradient accumulation, 1);
+1F1B ``min(p - k, m)``; interleaved 1F1B with v chunks
 ``min(2 (p - k - 1) + (v - 1) p + 1, m v)`` chunks of ``L / (p v)`` layers
 (Megatron's warm-up count plus one; rank 0 holds ``L (1 + (p-1)/(p v))``
 layer-micro-batches).
@@ -230,10 +232,10 @@ def in_flight(schedule: str, pp: int, stage: int, microbatches: int, virtual: in
     Interleaved schedules return a fraction of whole-stage micro-batches (chunks / v).
     """
     schedule = schedule_name(schedule)
+    if schedule == "gpipe":  # every forward before any backward: on one stage (pp = 1) too
+        return float(microbatches)
     if pp == 1:
         return 1.0
-    if schedule == "gpipe":
-        return float(microbatches)
     if schedule == "1f1b" or virtual == 1:
         return float(min(pp - stage, microbatches))
     chunks = min(2 * (pp - stage - 1) + (virtual - 1) * pp + 1, microbatches * virtual)
