@@ -354,7 +354,7 @@ def detect_ddp_small_buckets(docs: list[Doc]) -> list[Finding]:
                         d, "ddp-small-buckets", "strong",
                         f"bucket_cap_mb {cap:g}: {calls:.0f} all-reduces/step of "
                         f"{_fmt(nbytes / calls, 'B')} on average, step {_fmt(step, 's')} vs "
-                        f"{_fmt(bstep, 's')} with {bcalls:.0f} calls at {_bucket_mb(big.doc):g} MB",
+                        f"{_fmt(bstep, 's')} with {bcalls:.0f} call(s) at {_bucket_mb(big.doc):g} MB",
                         [f"layout.bucket_cap_mb = {cap:g}", _f(d, "comm_count_per_step"),
                          _f(d, "step_time"), f"{big.path}: step_time = {_fmt(bstep, 's')}",
                          f"latency-bound below {_fmt(limit, 'B')} "
