@@ -1,20 +1,39 @@
 """How exactly the ledger predicts what the training-state runs hold and move.
 
-For every PAR-TRAINING-STATE document in a results folder (default
+For every PAR-TRAINING-STATE training document in a results folder (default
 ``results/``), or -- with ``--cpu`` -- for fresh runs of each strategy on 2
 gloo CPU ranks (the tiny model, AdamW, through ``parlab.runtime.testing``),
-one row per strategy: per-rank state bytes of each item (params, grads,
+one row per run: per-rank state bytes of each item (params, grads,
 optimizer; the largest rank) measured from the real tensors against the
 ledger, the comm meter's bytes per step against the ledger's wire table, and
-peak memory against the ledger's peak.
+peak memory against the ledger's peak, twice:
+
+- **recorded**: the prediction written into the document before the run (what
+  the ledger said then; documents are never rewritten);
+- **revised**: the current ledger recomputed for the same workload, revised
+  after the measurement, with the knobs that describe what the run's loop does
+  (``revised_peak``): ``logits_held`` (``parlab train`` keeps the model's output
+  in ``logits`` through backward), ``ddp_old_buckets`` for torch DDP over NCCL
+  (its first-iteration buckets outlive the bucket rebuild), ``recompute =
+  'op-selective'`` for ``--recompute selective`` (op-level checkpointing), and
+  ``reshard_after_forward`` as the run set it. ``torch.compile`` runs get no
+  revised peak: the ledger does not model what compile changes.
 
 Targets (issue 5): state bytes and comm bytes equal the ledger exactly
 (error 0); peak memory within 5 % on GPUs (CUDA allocator, ``real-training``
 documents). On CPU the peak is tracked tensor bytes -- shown, but the 5 %
-target is for GPUs only.
+target is for GPUs only. Errors are ``(measured - predicted) / predicted``.
 
-Run: ``.venv/bin/python benchmarks/ledger_state_accuracy.py [RESULTS_DIR | --cpu]``.
-Output starts with the versions and devices; Ctrl-C prints the rows so far.
+``--markdown PATH`` also writes the accuracy report (``docs/accuracy.md``):
+peak memory, step time and comm bytes, predicted against measured, for every
+GPU run under the folder (training state and model internals), the planner's
+Table 5 reproduction of Korthikanti et al. 2022 (through
+``benchmarks/plan_accuracy.py``), and what misses and why -- every number in it
+computed here from the documents and the current code.
+
+Run: ``.venv/bin/python benchmarks/ledger_state_accuracy.py [RESULTS_DIR | --cpu]
+[--markdown docs/accuracy.md]``. Output starts with the versions and devices;
+Ctrl-C prints the rows so far.
 """
 
 from __future__ import annotations
@@ -24,31 +43,174 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PEAK_TARGET = 0.05
 ITEMS = ("params", "grads", "optimizer")
+GIB = 2**30
+
+
+def rel(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return (measured - predicted) / predicted
 
 
 def err(measured: float | None, predicted: float | None) -> str:
-    if measured is None or not predicted:
-        return "-"
-    return f"{(measured - predicted) / predicted:+.2%}"
+    e = rel(measured, predicted)
+    return "-" if e is None else f"{e:+.2%}"
+
+
+def backend_of(doc: Any) -> str:
+    """``nccl`` for GPU documents (``real-training``), ``gloo`` for the CPU ones."""
+    return "nccl" if doc.evidence_level == "real-training" else "gloo"
+
+
+def revised_peak(doc: Any) -> tuple[int | None, str]:
+    """The current ledger's peak for the run of ``doc`` (a ``parlab train`` document), and the
+    knobs it used; None (with the reason) where the ledger has no model for the run."""
+    from parlab.ledger import predict
+    from parlab.models import get_spec
+    from parlab.projects.training_state import ledger_strategy
+    from parlab.topology import Topology
+
+    w, lay = doc.workload, doc.layout
+    knobs = lay.get("knobs", {})
+    if knobs.get("compile"):
+        return None, "torch.compile: not modelled"
+    backend = backend_of(doc)
+    name = str(lay["strategy"])
+    strategy = ledger_strategy(name)
+    world = int(lay["world_size"])
+    dp = int((lay.get("mesh") or {}).get("dp", world))
+    recompute = str(knobs.get("recompute") or "none")
+    recompute = "op-selective" if recompute == "selective" else recompute
+    optimizer = str(w.get("optimizer") or "adamw")
+    optimizer = "adamw-fused" if optimizer == "adamw" and backend == "nccl" else optimizer
+    torch_ddp = name == "ddp" and backend == "nccl"
+    shard = None
+    if strategy == "fsdp-hybrid":
+        shard = int(knobs.get("hybrid_shard") or max(1, world // 2))
+    led = predict(
+        get_spec(str(w.get("preset") or w["model"]["name"])),
+        strategy=strategy,
+        topology=Topology(world_size=world, dp=dp),
+        micro_batch=int(w["global_batch"]) // dp,
+        seq_len=int(w["seq"]),
+        dtype="fp32" if knobs.get("dtype") == "fp32" else "bf16-mixed",
+        optimizer=optimizer,
+        recompute=recompute,
+        shard_size=shard,
+        bucket_view=True,
+        logits_held=True,
+        ddp_old_buckets=torch_ddp,
+        reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
+    )
+    used = ["logits_held"]
+    if torch_ddp:
+        used.append("ddp_old_buckets")
+    if recompute == "op-selective":
+        used.append("recompute=op-selective")
+    if not knobs.get("reshard_after_forward", True):
+        used.append("reshard_after_forward=False")
+    return led.peak_bytes, ", ".join(used)
+
+
+def revised_comm(doc: Any) -> int | None:
+    """The current wire table's bytes per step for ``doc``'s run (None under compile)."""
+    from parlab.ledger.traffic import traffic
+    from parlab.models import get_spec
+    from parlab.projects.training_state import ledger_strategy
+    from parlab.topology import Topology
+
+    w, lay = doc.workload, doc.layout
+    knobs = lay.get("knobs", {})
+    name = str(lay["strategy"])
+    if knobs.get("compile") or name.endswith("-naive"):
+        return None
+    strategy = ledger_strategy(name)
+    world = int(lay["world_size"])
+    dp = int((lay.get("mesh") or {}).get("dp", world))
+    shard = None
+    if strategy == "fsdp-hybrid":
+        shard = int(knobs.get("hybrid_shard") or max(1, world // 2))
+    wire = traffic(
+        get_spec(str(w.get("preset") or w["model"]["name"])),
+        Topology(world_size=world, dp=dp),
+        strategy,
+        micro_batch=int(w["global_batch"]) // dp,
+        seq_len=int(w["seq"]),
+        dtype="fp32" if knobs.get("dtype") == "fp32" else "bf16-mixed",
+        shard_size=shard,
+        bucket_bytes=int(float(knobs.get("bucket_mb", 25.0)) * 2**20),
+        reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
+    )
+    return sum(x.total_bytes for x in wire)
+
+
+def revised_model_internal_peak(doc: Any) -> int | None:
+    """The current ledger's peak for a ``parlab project model-internal`` document, through the
+    project's own ``predictions`` on the run's configuration rebuilt from the document (a
+    single-GPU baseline's schedule, which its layout does not record, from its label)."""
+    from parlab.ledger.activations import schedule_name
+    from parlab.projects.model_internal import RunConfig, predictions
+
+    w, lay = doc.workload, doc.layout
+    mesh = lay.get("mesh") or {}
+    label = str(lay.get("strategy") or "")
+    sched = lay.get("pp_schedule") or ("gpipe" if "gpipe" in label else "1f1b")
+    try:
+        cfg = RunConfig(
+            name=label,
+            model=str(w["model"]),
+            nproc=int(lay["world_size"]),
+            tp=int(mesh.get("tp", 1)),
+            pp=int(mesh.get("pp", 1)),
+            cp=int(mesh.get("cp", 1)),
+            sp=bool(lay.get("sequence_parallel")),
+            cp_variant=str(lay.get("cp_variant") or "ring"),
+            impl=str(lay.get("implementation") or "parlab"),
+            schedule=schedule_name(str(sched).removesuffix("-torch")),
+            vpp=int(lay.get("vpp") or 1),
+            micro_batch=int(w["micro_batch"]),
+            microbatches=int(w.get("microbatches") or 1),
+            seq=int(w["seq"]),
+            dtype=str(w.get("dtype") or "fp32"),
+        )
+        preds, _ = predictions(cfg)
+    except (ValueError, KeyError, TypeError):
+        return None
+    p = preds.get("peak_memory")
+    return None if p is None else int(p.value)
+
+
+def training_documents(folder: Path) -> list[Any]:
+    from parlab.contract import read_results
+    from parlab.projects.training_state import PROJECT
+
+    if not folder.is_dir():
+        return []
+    entries, _ = read_results(folder)
+    return [
+        e.doc
+        for e in entries
+        if e.doc.project == PROJECT
+        and e.doc.status == "ok"
+        and e.doc.run_id.startswith("train-")  # the profile documents hold no state bytes
+    ]
 
 
 def rows_from_documents(folder: Path) -> list[dict[str, Any]]:
-    from parlab.contract import read_results
-    from parlab.projects.training_state import PROJECT, run_label
+    from parlab.projects.training_state import run_label
 
-    entries, _ = read_results(folder)
     out = []
-    for e in entries:
-        d = e.doc
-        if d.project != PROJECT or d.status != "ok":
-            continue
-        row: dict[str, Any] = {"run": run_label(d), "level": d.evidence_level}
+    for d in training_documents(folder):
+        row: dict[str, Any] = {"run": run_label(d), "level": d.evidence_level, "doc": d}
         for name in (*(f"state_bytes.{i}" for i in ITEMS), "comm_bytes_per_step", "peak_memory"):
             p = d.predictions.get(name)
             row[name] = (d.metric(name), None if p is None else p.value)
+        row["revised_peak"], row["revised_knobs"] = revised_peak(d)
+        row["revised_comm"] = revised_comm(d)
         out.append(row)
     return out
 
@@ -75,6 +237,8 @@ def rows_from_cpu_runs() -> list[dict[str, Any]]:
                 preds["comm_bytes_per_step"].value,
             )
             row["peak_memory"] = (max(r["peak_memory"] for r in res), preds["peak_memory"].value)
+            row["revised_peak"], row["revised_knobs"] = None, "-"
+            row["revised_comm"] = None
             out.append(row)
             print(f"  measured {row['run']}", flush=True)
     except KeyboardInterrupt:
@@ -82,39 +246,421 @@ def rows_from_cpu_runs() -> list[dict[str, Any]]:
     return out
 
 
+def print_table(rows: list[dict[str, Any]]) -> None:
+    from parlab.units import format_bytes
+
+    def b(x: float | None) -> str:
+        return format_bytes(x) if x is not None else "-"
+
+    head = f"{'run':<30} {'level':<14}"
+    for col in (*ITEMS, "comm/step"):
+        head += f" {col + ' meas':>14} {'ledger':>12} {'err':>7}"
+    head += f" {'peak meas':>11} {'recorded':>11} {'err':>8} {'revised':>11} {'err':>8}"
+    print(head)
+    worst: dict[str, float] = {}
+    for r in rows:
+        line = f"{r['run']:<30} {r['level']:<14}"
+        for key in (*(f"state_bytes.{i}" for i in ITEMS), "comm_bytes_per_step"):
+            m, p = r[key]
+            line += f" {b(m):>14} {b(p):>12} {err(m, p):>7}"
+        m, p = r["peak_memory"]
+        rev = r["revised_peak"]
+        line += f" {b(m):>11} {b(p):>11} {err(m, p):>8} {b(rev):>11} {err(m, rev):>8}"
+        print(line)
+        if r["level"] == "real-training":
+            for k, pred in (("recorded", p), ("revised", rev)):
+                e = rel(m, pred)
+                if e is not None:
+                    worst[k] = max(worst.get(k, 0.0), abs(e))
+    print()
+    for r in rows:
+        if r["level"] == "real-training":
+            print(f"  revised {r['run']}: {r['revised_knobs']}")
+    if not worst:
+        print("no real-training documents: the 5 % peak-memory target applies to GPU runs only")
+    else:
+        for k, v in worst.items():
+            print(
+                f"worst GPU peak-memory error, {k} prediction: {v:.2%} (target {PEAK_TARGET:.0%})"
+            )
+        print(
+            "recorded: the ledger's prediction written into the document before the run; "
+            "revised: the current ledger for the same workload, revised after the measurement"
+        )
+
+
+# ---------------------------------------------------------------------------
+# The accuracy report (docs/accuracy.md)
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GIB:.2f} GiB"
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{e:+.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.0f} ms"
+
+
+def _comm_pairs(doc: Any) -> tuple[float | None, float | None]:
+    """(measured, recorded prediction) of the bytes per step the ledger's wire table covers."""
+    if "comm_bytes_per_step" in doc.predictions:
+        return doc.metric("comm_bytes_per_step"), doc.predictions["comm_bytes_per_step"].value
+    keys = [k for k in doc.predictions if k.startswith("comm_bytes_per_step.")]
+    if not keys:
+        return None, None
+    meas = [doc.metric(k) for k in keys]
+    if any(m is None for m in meas):
+        return None, sum(doc.predictions[k].value for k in keys)
+    return sum(meas), sum(doc.predictions[k].value for k in keys)  # type: ignore[arg-type]
+
+
+def markdown(folder: Path) -> str:
+    import plan_accuracy as pa
+
+    from parlab.plan.planner import DEFAULT_MFU
+
+    train = rows_from_documents(folder)
+    gpu_train = [r for r in train if r["level"] == "real-training"]
+    runs = pa.gpu_runs(folder)
+    steps = {r["doc"].run_id: r for r in pa.step_rows(runs)}
+    lines: list[str] = []
+    add = lines.append
+    add("# Accuracy: what parlab predicted against what the GPUs measured")
+    add("")
+    add(
+        "Generated by `.venv/bin/python benchmarks/ledger_state_accuracy.py results/ "
+        "--markdown docs/accuracy.md` from the documents under `results/` and the current "
+        "code; edit the script, not this file. Errors are (measured - predicted) / predicted: "
+        "positive means the run needed more than predicted. Evidence: every measured number "
+        "is `real-training` (2 x H200, NCCL, CUDA allocator high-water mark for peak memory); "
+        "every prediction is `analytic`."
+    )
+    add("")
+    add("## 1. Training state (DDP, ZeRO-1/2/3, FSDP): peak memory")
+    add("")
+    add(
+        "*Recorded*: the ledger's prediction written into the document before the run "
+        "(documents are never rewritten). *Revised*: the current ledger recomputed for the "
+        "same workload, revised after the measurement; the knobs column says what it "
+        "models of the run's loop."
+    )
+    add("")
+    add("| run | peak measured | recorded | error | revised | error | revised with |")
+    add("|---|---|---|---|---|---|---|")
+    for r in gpu_train:
+        m, p = r["peak_memory"]
+        rev = r["revised_peak"]
+        add(
+            f"| {r['run']} | {_gib(m)} | {_gib(p)} | {_pct(rel(m, p))} | {_gib(rev)} | "
+            f"{_pct(rel(m, rev))} | {r['revised_knobs']} |"
+        )
+    add("")
+    add("## 2. Training state: state bytes and comm bytes per step")
+    add("")
+    add(
+        "State bytes: counted from the real tensors after the last step (largest rank). Comm "
+        "bytes: every collective of the metered step, as nccl-tests counts the payload, "
+        "against the ledger's wire table (revised: recomputed with the run's "
+        "`reshard_after_forward`)."
+    )
+    add("")
+    add(
+        "| run | params err | grads err | optimizer err | comm measured | recorded | error | "
+        "revised | error |"
+    )
+    add("|---|---|---|---|---|---|---|---|---|")
+    for r in gpu_train:
+        errs = [_pct(rel(*r[f"state_bytes.{i}"])) for i in ITEMS]
+        m, p = r["comm_bytes_per_step"]
+        rc = r["revised_comm"]
+        add(
+            f"| {r['run']} | {' | '.join(errs)} | {_gib(m)} | {_gib(p)} | {_pct(rel(m, p))} | "
+            f"{_gib(rc)} | {_pct(rel(m, rc))} |"
+        )
+    add("")
+    add("## 3. Every GPU training run: step time, peak memory, comm bytes")
+    add("")
+    add(
+        "Step time: the planner (`parlab.plan.planner.evaluate`) on the run's own layout and "
+        f"cluster, at its assumed MFU ({DEFAULT_MFU:.2f}) and at the median MFU "
+        "measured by the *other* runs of the same workload (model, sequence, global batch; "
+        "leave-one-out, so no run predicts itself). Peak memory and comm bytes: the "
+        "predictions each document recorded before its run (model-internal runs: the "
+        "ledger and its wire table for the run's mesh), and the peak revised by the current "
+        "ledger (training state: section 1; model internals: the project's own `predictions` "
+        "on the run's configuration). Profiled runs are left out (the profiler's overhead is "
+        "in their step time)."
+    )
+    add("")
+    add(
+        "| run | layout | step measured | planner @ assumed MFU | error | planner @ others' MFU "
+        "| error | peak measured | recorded | error | revised | error | comm measured | "
+        "recorded | error |"
+    )
+    add("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    revised = {r["doc"].run_id: r["revised_peak"] for r in gpu_train}
+    for d in runs:
+        s = steps.get(d.run_id, {})
+        meas, pred, loo = s.get("step"), s.get("pred"), s.get("loo")
+        pm = d.predictions.get("peak_memory")
+        peak, peak_p = d.metric("peak_memory"), (pm.value if pm is not None else None)
+        cm, cp = _comm_pairs(d)
+        rv = revised.get(d.run_id)
+        if d.project == "PAR-MODEL-INTERNAL":
+            rv = revised_model_internal_peak(d)
+        add(
+            f"| {d.run_id} | {s.get('layout') or '-'} | {_ms(meas)} | {_ms(pred)} | "
+            f"{_pct(rel(meas, pred))} | {_ms(loo)} | {_pct(rel(meas, loo))} | {_gib(peak)} | "
+            f"{_gib(peak_p)} | {_pct(rel(peak, peak_p))} | {_gib(rv)} | {_pct(rel(peak, rv))} | "
+            f"{_gib(cm)} | {_gib(cp)} | {_pct(rel(cm, cp))} |"
+        )
+    add("")
+    add("## 4. Korthikanti et al. 2022, Table 5 (published A100 times; external references)")
+    add("")
+    mg = pa.megatron_results()
+    add(
+        "Published time per iteration of four GPT models (full recompute; selective "
+        "recompute + sequence parallelism) against the planner on the paper's Table 3 "
+        "layouts (A100-80GB, 8 per node, NVLink3 300 GB/s, an assumed 25 GB/s per GPU "
+        "between nodes). The published times are the paper's, not measured by parlab. "
+        f"*1 point*: one MFU ({mg['cal_mfu']:.3f}) calibrated on 22B selective + SP. "
+        f"*width*: efficiency {mg['top']:.3f} n / (n + {mg['n0']:.0f}) with n = hidden / tp, "
+        "fitted on 22B and 175B selective + SP (rows marked cal), predicting the other six."
+    )
+    add("")
+    add("| model | mode | published | assumed MFU | error | 1 point | error | width | error |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    for i, (name, label, pub, pred, _v) in enumerate(mg["base"]):
+        p1, p2 = mg["one"][i][3], mg["two"][i][3]
+        cal1 = (name, label) == ("22B", "selective + SP")
+        cal2 = cal1 or (name, label) == ("175B", "selective + SP")
+        add(
+            f"| {name} | {label} | {pub:.2f} s | {pred or 0:.2f} s | {_pct(rel(pub, pred))} | "
+            f"{p1 or 0:.2f} s | {'cal' if cal1 else _pct(rel(pub, p1))} | {p2 or 0:.2f} s | "
+            f"{'cal' if cal2 else _pct(rel(pub, p2))} |"
+        )
+    add("")
+    add("## 5. What misses, and why")
+    add("")
+    for para in misses(gpu_train, runs, steps):
+        add(f"- {para}")
+    add("")
+    return "\n".join(lines)
+
+
+def misses(rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any]) -> list[str]:
+    """The findings, with their numbers computed from the rows."""
+    from parlab.ledger import predict
+    from parlab.models import get_spec
+    from parlab.topology import Topology
+
+    out: list[str] = []
+    by = {r["run"]: r for r in rows}
+    ddp, z1 = by.get("ddp 1.3b"), by.get("zero1 1.3b")
+    if ddp and z1:
+        m, p = ddp["peak_memory"]
+        mz, pz = z1["peak_memory"]
+        spec = get_spec("1.3b")
+        old = predict(
+            spec, strategy="ddp", topology=Topology(world_size=2, dp=2), micro_batch=2,
+            seq_len=4096, optimizer="adamw-fused", bucket_view=True, ddp_old_buckets=True,
+        ).value("ddp_old_buckets")  # fmt: skip
+        excess = (m - p) - (mz - pz)
+        out.append(
+            f"**torch DDP peak ({_pct(rel(m, p))} recorded).** The run exceeds the recorded "
+            f"prediction by {_gib(m - p)}; ZeRO-1 (the same loop, autocast, fp32 params and "
+            f"gradients in persistent buffers, fused AdamW, no torch DDP) exceeds its own by "
+            f"{_gib(mz - pz)}. The DDP-only excess, {_gib(excess)}, equals one fp32 copy of "
+            f"every gradient ({_gib(old)} = 4 B x {spec.num_params():,} parameters) to "
+            f"{abs(excess - old) / 2**20:.0f} MiB. Cause: DDP rebuilds its buckets before the "
+            "second iteration's forward (new buffers in gradient-arrival order, gradients "
+            "copied in); the first iteration's buffers stay referenced by ProcessGroupNCCL's "
+            "stash of its async all-reduces (DDP waits on their futures, never on the Work), "
+            "so they are freed only at a later collective -- after the second iteration's "
+            "forward, where the peak is. The ledger now has it as the named item "
+            "`ddp_old_buckets` (knob `ddp_old_buckets`, on for NCCL): the size is measured, the "
+            "mechanism read from torch's source (PRs 148590, 150079), not traced. gloo holds "
+            "no such reference (the CPU DDP run matches without it). Other candidates checked "
+            "and ruled out: autocast's bf16 weight copies (2 B x matmul params, already an item "
+            "and equal for ZeRO-1); fused AdamW temporaries (none: the fused kernel works in "
+            "place, and the optimizer step's peak is far below the forward/backward one); the "
+            "phase (forward/backward for both)."
+        )
+    common = [
+        rel(r["peak_memory"][0], r["peak_memory"][1])
+        for r in rows
+        if r["run"] in ("zero1 1.3b", "zero2 1.3b", "zero3 1.3b", "fsdp 1.3b")
+    ]
+    common_f = [c for c in common if c is not None]
+    if common_f:
+        out.append(
+            f"**The common +{min(common_f):.1%} to +{max(common_f):.1%} on ZeRO/FSDP 1.3B "
+            "(recorded).** `parlab train` keeps the model's output in `logits` through "
+            "backward (tokens x vocab x 2 B = 0.49 GiB here); the recorded predictions assumed "
+            "it freed. The ledger has the knob (`logits_held`); the revised column sets it. "
+            "The 8B run, where the held logits are 0.98 GiB, then over-predicts slightly: its "
+            "loss region (fp32 logits and log-probabilities, 128k vocabulary) is not all alive "
+            "at once."
+        )
+    sel = by.get("fsdp+selective-recompute 1.3b")
+    if sel:
+        m, p = sel["peak_memory"]
+        out.append(
+            f"**Selective recompute ({_pct(rel(m, p))} recorded, "
+            f"{_pct(rel(m, sel['revised_peak']))} revised).** The run's policy is op-level "
+            "(torchtitan's: keep every matmul and attention output, recompute the rest); the "
+            "ledger's `selective` is Korthikanti's (recompute only the attention core, which "
+            "flash attention already does: no saving), so the recorded prediction saw no "
+            "saving at all. The ledger now models the op-level policy as `recompute = "
+            "'op-selective'`. The planner's step time still prices `selective` as "
+            "Korthikanti's, so this run's step time is under-predicted (section 3)."
+        )
+    comp = by.get("fsdp+compile 1.3b")
+    if comp:
+        m, p = comp["peak_memory"]
+        out.append(
+            f"**torch.compile ({_pct(rel(m, p))}).** Compiled blocks fuse the elementwise "
+            "ops and keep fewer, different intermediates; the ledger counts eager PyTorch's "
+            "saved tensors and has no model of what compile keeps. No revised number is "
+            "given: a factor would be a fudge. Its step time is also outside the planner's "
+            "eager MFU."
+        )
+    nr = by.get("fsdp+no-reshard 1.3b")
+    if nr:
+        m, _ = nr["peak_memory"]
+        out.append(
+            "**FSDP without reshard after forward.** The run recorded no peak or comm "
+            "prediction (its note: the ledger has no `reshard_after_forward=False` knob -- "
+            "`parlab train` did not pass one); the ledger's "
+            f"`reshard_after_forward=False` now gives {_gib(nr['revised_peak'])} "
+            f"({_pct(rel(m, nr['revised_peak']))}), and the wire table "
+            f"{_gib(nr['revised_comm'])} against {_gib(nr['comm_bytes_per_step'][0])} "
+            f"measured ({_pct(rel(nr['comm_bytes_per_step'][0], nr['revised_comm']))})."
+        )
+    worst_step = [
+        (rel(s["step"], s["loo"]), rid)
+        for rid, s in steps.items()
+        if s.get("loo") and s.get("step") and rel(s["step"], s["loo"]) is not None
+    ]
+    if worst_step:
+        within = sum(1 for e, _ in worst_step if e is not None and abs(e) <= 0.10)
+        out.append(
+            f"**Step time.** With the other runs' MFU, {within} of {len(worst_step)} runs are "
+            "within 10 %. The planner prices every layout of a workload at one MFU, so what "
+            "differs in compute efficiency between layouts (a 1-GPU baseline against a "
+            "2-GPU run; DTensor's TP against parlab's own; compile; recompute) is the error."
+        )
+    import plan_accuracy as pa
+
+    mg = pa.megatron_results()
+    slow = [(pred - pub) / pub for _n, _l, pub, pred, _v in mg["base"] if pred]
+    cal = {("22B", "selective + SP"), ("175B", "selective + SP")}
+    width = [
+        (f"{n} {lab}", rel(pub, mg["two"][i][3]))
+        for i, (n, lab, pub, _p, _v) in enumerate(mg["base"])
+        if (n, lab) not in cal
+    ]
+    inside = [w for w in width if w[1] is not None and abs(w[1]) <= 0.10]
+    one = [
+        abs(rel(pub, mg["one"][i][3]) or 0.0)
+        for i, (n, lab, pub, _p, _v) in enumerate(mg["base"])
+        if n != "22B"
+    ]
+    outside = ", ".join(f"{n} {_pct(e)}" for n, e in width if e is None or abs(e) > 0.10)
+    out.append(
+        f"**Megatron Table 5.** At the assumed MFU the planner's times are "
+        f"{min(slow):.0%} to {max(slow):.0%} longer than the published ones, the large models "
+        "the furthest off: their GEMMs are wider per GPU and run at higher efficiency than "
+        "the 22B's, so one MFU for all sizes cannot fit (calibrated on 22B alone, the larger "
+        f"models stay {min(one):.0%} to {max(one):.0%} off). With efficiency growing with the per-GPU GEMM width (two "
+        f"calibration points), {len(inside)} of the other {len(width)} rows are within 10 %"
+        + (f" ({outside} outside)." if outside else ".")
+    )
+    mi_mem = []
+    for d in runs:
+        if d.project != "PAR-MODEL-INTERNAL":
+            continue
+        pm = d.predictions.get("peak_memory")
+        e = rel(d.metric("peak_memory"), pm.value if pm is not None else None)
+        rv = revised_model_internal_peak(d)
+        e2 = rel(d.metric("peak_memory"), rv)
+        if e is not None and abs(e) > PEAK_TARGET:
+            mi_mem.append(f"{d.run_id.rsplit('-', 2)[0]} {_pct(e)} (revised {_pct(e2)})")
+        if "single-pp2-gpipe" in d.run_id and e is not None:
+            out.append(
+                f"**The 1-GPU GPipe baseline ({_pct(e)} recorded, {_pct(e2)} revised).** It "
+                "runs the pipeline's eight micro-batches in GPipe order on one stage: every "
+                "forward before any backward, so all eight micro-batches' activations are "
+                "alive at once. The ledger counted one in flight whenever pp = 1; it now "
+                "counts m for GPipe at any pp."
+            )
+    if mi_mem:
+        out.append(
+            "**Model-internal peaks outside 5 % (recorded, then revised):** "
+            + ", ".join(mi_mem)
+            + ". Apart from the GPipe baseline these are open: not investigated here (the "
+            "TP, SP, CP and DTensor runs hold something the ledger does not list; a memory "
+            "snapshot of one step would name it); the numbers are shown, not adjusted."
+        )
+    comm = []
+    for d in runs:
+        if d.project != "PAR-MODEL-INTERNAL":
+            continue
+        cm, cp = _comm_pairs(d)
+        e = rel(cm, cp)
+        if e is not None and abs(e) > 0.02:
+            comm.append(f"{d.run_id.rsplit('-', 2)[0]} {_pct(e)}")
+    if comm:
+        out.append(
+            "**Model-internal comm bytes off the wire table:** "
+            + ", ".join(comm)
+            + ". Pipeline: the run's `comm_bytes_per_step.pp` is the bytes one rank sends "
+            "(its c10d send and recv bytes are equal), while the wire table counts an "
+            "activation and a gradient message per micro-batch and virtual stage: 2x on "
+            "two stages; on the interleaved run (4 chunks on 2 ranks) a micro-batch crosses "
+            "between the ranks 3 times forward and 3 times backward, so each rank sends 3 "
+            "messages per micro-batch where the table counts 4. The two definitions need agreeing with the "
+            "model-internal project (and the table's interleaved count fixing). Ring "
+            "attention: measured 1.5x the table, not explained here."
+        )
+    return out
+
+
 def main(argv: list[str]) -> int:
     import torch
 
-    from parlab.units import format_bytes
-
+    md_path: Path | None = None
+    if "--markdown" in argv:
+        i = argv.index("--markdown")
+        if i + 1 >= len(argv):
+            print("--markdown needs a path (e.g. docs/accuracy.md)")
+            return 2
+        md_path = Path(argv[i + 1])
+        argv = argv[:i] + argv[i + 2 :]
     print(f"torch {torch.__version__}  CUDA {torch.version.cuda or '-'}  "
           f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-'}  "
           f"devices: {torch.cuda.device_count()} GPU(s)")  # fmt: skip
     if argv and argv[0] == "--cpu":
         rows = rows_from_cpu_runs()
+        folder = None
     else:
-        rows = rows_from_documents(Path(argv[0] if argv else "results"))
+        folder = Path(argv[0] if argv else "results")
+        rows = rows_from_documents(folder)
     if not rows:
         print("no PAR-TRAINING-STATE documents found")
         return 1
-    head = f"{'run':<28} {'level':<14}"
-    for col in (*ITEMS, "comm/step", "peak"):
-        head += f" {col + ' meas':>14} {'ledger':>12} {'err':>8}"
-    print(head)
-    worst: float | None = None
-    for r in rows:
-        line = f"{r['run']:<28} {r['level']:<14}"
-        for key in (*(f"state_bytes.{i}" for i in ITEMS), "comm_bytes_per_step", "peak_memory"):
-            m, p = r[key]
-            line += f" {format_bytes(m) if m is not None else '-':>14}"
-            line += f" {format_bytes(p) if p is not None else '-':>12} {err(m, p):>8}"
-            if key == "peak_memory" and m and p and r["level"] == "real-training":
-                worst = max(worst or 0.0, abs(m - p) / p)
-        print(line)
-    if worst is None:
-        print("no real-training documents: the 5 % peak-memory target applies to GPU runs only")
-    else:
-        print(f"worst GPU peak-memory error: {worst:.2%} (target {PEAK_TARGET:.0%})")
+    print_table(rows)
+    if md_path is not None:
+        if folder is None:
+            print("--markdown reads a results folder, not --cpu runs")
+            return 2
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(markdown(folder))
+        print(f"wrote {md_path}")
     return 0
 
 

@@ -85,6 +85,8 @@ def gpu_runs(root: Path) -> list[Any]:
         and e.doc.status == "ok"
         and e.doc.role != "decision"
         and e.doc.metric("step_time")
+        # profiled runs: their step time carries the profiler's overhead
+        and "profiled_run_id" not in e.doc.workload
     ]
 
 
@@ -97,19 +99,33 @@ def run_request(doc: Any, mfu: float) -> tuple[Any, Any, bool] | None:
 
     w, lay = doc.workload, doc.layout
     model = w.get("model")
-    if not isinstance(model, dict) or not w.get("seq") or not w.get("global_batch"):
+    if not model or not w.get("seq") or not w.get("global_batch"):
         return None
-    spec = get_spec(str(w.get("preset") or model.get("name")))
+    # training-state documents carry the spec and its preset; model-internal ones the preset
+    spec = get_spec(
+        str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model))
+    )
     gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
     world = int(lay["world_size"])
     cluster = make_cluster(gpus=f"{world}x{gpus[0]['name']}", gpus_per_node=max(1, len(gpus)))
     mesh = lay.get("mesh") or {}
     knobs = lay.get("knobs") or {}
     strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
-    strategy = "ddp" if strategy in ("ddp", "ddp-bucket") else strategy
+    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
+        strategy = "ddp"
     dp = int(mesh.get("dp", world // (mesh.get("tp", 1) * mesh.get("pp", 1) * mesh.get("cp", 1))))
     mb = int(w.get("micro_batch") or 1)
     gb = int(w["global_batch"])
+    pp = int(mesh.get("pp", 1))
+    vpp = int(lay.get("vpp") or 1)
+    schedule = "-"
+    if pp > 1:
+        from parlab.ledger.activations import schedule_name
+
+        try:
+            schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
+        except ValueError:
+            return None
     peak = cluster.gpu.peak("bf16") or 0.0
     req = PlanRequest(
         spec=spec,
@@ -130,34 +146,28 @@ def run_request(doc: Any, mfu: float) -> tuple[Any, Any, bool] | None:
         micro_batch=mb,
         microbatches=max(1, gb // (dp * mb)),
         recompute=str(knobs.get("recompute") or "none"),
-        schedule="1f1b" if int(mesh.get("pp", 1)) > 1 else "-",
+        schedule=schedule,
+        vpp=vpp if schedule == "interleaved" else 1,
     )
-    return req, cand, bool(knobs.get("sequence_parallel", cand.tp > 1))
+    sp = lay.get("sequence_parallel", knobs.get("sequence_parallel", cand.tp > 1))
+    return req, cand, bool(sp)
 
 
-def table_gpu_runs(root: Path) -> None:
+def step_rows(docs: list[Any]) -> list[dict[str, Any]]:
+    """Per document: measured step time, the planner's at the assumed MFU and at the other
+    runs' median MFU (leave-one-out), and the peak it recorded (or the planner's)."""
     from parlab.plan.estimate import measured_throughput
     from parlab.plan.planner import DEFAULT_MFU, evaluate
 
-    docs = gpu_runs(root)
-    print(f"== 1. measured GPU training runs under {root}: {len(docs)}")
-    if not docs:
-        print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
-        return
-    head = (
-        f"{'run':<44}{'layout':<24}{'step meas':>10}{'pred@0.40':>10}{'err':>9}"
-        f"{'pred@LOO':>10}{'err':>9}{'<10%':>6}{'peak meas':>11}{'ledger':>10}{'err':>8}{'<5%':>5}"
-    )
-    print(head)
-    print("-" * len(head))
     by_workload: dict[str, list[Any]] = {}
     for d in docs:
         key = f"{d.workload.get('preset')}|{d.workload.get('seq')}|{d.workload.get('global_batch')}"
         by_workload.setdefault(key, []).append(d)
+    rows: list[dict[str, Any]] = []
     for d in docs:
         made = run_request(d, DEFAULT_MFU)
         if made is None:
-            print(f"{d.run_id:<44}cannot rebuild its layout from the document")
+            rows.append({"doc": d, "layout": None})
             continue
         req, cand, sp = made
         meas = d.metric("step_time")
@@ -176,10 +186,42 @@ def table_gpu_runs(root: Path) -> None:
             v2 = evaluate(req2, cand, sp=sp)
             loo = v2.estimate.step_s if v2.estimate else None
         pm = d.predictions.get("peak_memory")
-        peak_pred = pm.value if pm is not None else v.peak_bytes
-        peak_meas = d.metric("peak_memory")
+        rows.append(
+            {
+                "doc": d,
+                "layout": cand.name,
+                "step": meas,
+                "pred": pred,
+                "loo": loo,
+                "loo_mfu": float(statistics.median(others)) if others else None,
+                "peak": d.metric("peak_memory"),
+                "peak_pred": pm.value if pm is not None else v.peak_bytes,
+            }
+        )
+    return rows
+
+
+def table_gpu_runs(root: Path) -> None:
+    docs = gpu_runs(root)
+    print(f"== 1. measured GPU training runs under {root}: {len(docs)}")
+    if not docs:
+        print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
+        return
+    head = (
+        f"{'run':<44}{'layout':<24}{'step meas':>10}{'pred@0.40':>10}{'err':>9}"
+        f"{'pred@LOO':>10}{'err':>9}{'<10%':>6}{'peak meas':>11}{'ledger':>10}{'err':>8}{'<5%':>5}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in step_rows(docs):
+        d = r["doc"]
+        if r["layout"] is None:
+            print(f"{d.run_id:<44}cannot rebuild its layout from the document")
+            continue
+        meas, pred, loo = r["step"], r["pred"], r["loo"]
+        peak_meas, peak_pred = r["peak"], r["peak_pred"]
         print(
-            f"{d.run_id:<44}{cand.name[:23]:<24}{meas:>10.3f}{pred or 0:>10.3f}{pct(pred, meas):>9}"
+            f"{d.run_id:<44}{r['layout'][:23]:<24}{meas:>10.3f}{pred or 0:>10.3f}{pct(pred, meas):>9}"
             f"{(loo or 0):>10.3f}{pct(loo, meas):>9}{within(loo, meas, STEP_TARGET):>6}"
             f"{(peak_meas or 0) / 1e9:>10.2f}G{(peak_pred or 0) / 1e9:>9.2f}G"
             f"{pct(peak_pred, peak_meas):>8}{within(peak_pred, peak_meas, MEMORY_TARGET):>5}"
@@ -262,11 +304,10 @@ def implied_mfu(v: Any, published: float, used: float) -> float:
     return c1 * (1 + b) / (published - e.comm_exposed_s - e.comm_blocking_s * b)
 
 
-def table_megatron() -> None:
+def megatron_results() -> dict[str, Any]:
+    """The eight Table 5 rows at the assumed MFU, one-point and width calibrations."""
     from parlab.plan.planner import DEFAULT_MFU
 
-    print()
-    print("== 2. Korthikanti et al. 2022 Table 5 (published, A100; external references)")
     base = megatron_rows(DEFAULT_MFU)
     implied = [implied_mfu(r[4], r[2], DEFAULT_MFU) for r in base]
     sel = {r[0]: implied[i] for i, r in enumerate(base) if r[1] == "selective + SP"}
@@ -283,6 +324,18 @@ def table_megatron() -> None:
     # gemm_width_half = n0 scales it to hidden / tp
     at_full = {k: top * CONFIGS[k][1] / (CONFIGS[k][1] + n0) for k in CONFIGS}
     two = megatron_rows(at_full, half=n0)
+    return {
+        "base": base, "one": one, "two": two, "implied": implied, "cal_mfu": cal_mfu,
+        "top": top, "n0": n0,
+    }  # fmt: skip
+
+
+def table_megatron() -> None:
+    print()
+    print("== 2. Korthikanti et al. 2022 Table 5 (published, A100; external references)")
+    res = megatron_results()
+    base, one, two, implied = res["base"], res["one"], res["two"], res["implied"]
+    cal_mfu, top, n0 = res["cal_mfu"], res["top"], res["n0"]
     head = (
         f"{'model':<6}{'mode':<16}{'published':>10}{'@0.40':>8}{'err':>8}{'@1pt':>8}{'err':>8}"
         f"{'<10%':>5}{'@width':>8}{'err':>8}{'<10%':>5}{'implied MFU':>12}  exposed comm / bubble"

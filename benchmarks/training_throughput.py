@@ -47,17 +47,23 @@ def main(argv: list[str]) -> int:
           f"GPUs here: {torch.cuda.device_count()}")  # fmt: skip
     folder = Path(argv[0] if argv else "results")
     entries, _ = read_results(folder)
-    docs = [e.doc for e in entries if e.doc.project == PROJECT]
+    # training runs only: the profile documents of the same project (``parlab profile``) time
+    # profiled steps and carry no throughput
+    docs = [
+        e.doc
+        for e in entries
+        if e.doc.project == PROJECT and not e.doc.run_id.startswith("profile-")
+    ]
     if not docs:
         print(f"no {PROJECT} documents under {folder}")
         return 1
-    print(f"{'run':<26} {'level':<14} {'tokens/s/GPU':>13} {'MFU':>7} {'step':>9} "
+    print(f"{'run':<30} {'level':<14} {'tokens/s/GPU':>13} {'MFU':>7} {'step':>9} "
           f"{'comm/step':>11} {'comm time':>10}  target")  # fmt: skip
     for d in docs:
         label = run_label(d)
         if d.status != "ok":
             print(
-                f"{label:<26} {d.evidence_level:<14} failed ({d.failure.kind if d.failure else '?'})"
+                f"{label:<30} {d.evidence_level:<14} failed ({d.failure.kind if d.failure else '?'})"
             )
             continue
         tps, mfu, st = d.metric("tokens_per_s_per_gpu"), d.metric("mfu"), d.metric("step_time")
@@ -73,7 +79,7 @@ def main(argv: list[str]) -> int:
             if t_mfu:
                 target.append(f"MFU ~{t_mfu:.0%} ({'met' if mfu and mfu >= t_mfu else 'not met'})")
         print(
-            f"{label:<26} {d.evidence_level:<14} {tps or 0:>13,.0f} "
+            f"{label:<30} {d.evidence_level:<14} {tps or 0:>13,.0f} "
             f"{'unknown' if mfu is None else f'{mfu:.1%}':>7} {(st or 0) * 1e3:>7.1f}ms "
             f"{format_bytes(cb) if cb is not None else '-':>11} "
             f"{'-' if ct is None else f'{ct * 1e3:.1f}ms':>10}  {'; '.join(target)}"
