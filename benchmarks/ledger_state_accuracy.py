@@ -283,6 +283,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(
                 f"worst GPU peak-memory error, {k} prediction: {v:.2%} (target {PEAK_TARGET:.0%})"
             )
+        none = [r["run"] for r in rows if r["level"] == "real-training" and not r["revised_peak"]]
+        if none:
+            print(f"no revised prediction (not modelled): {', '.join(none)}")
         print(
             "recorded: the ledger's prediction written into the document before the run; "
             "revised: the current ledger for the same workload, revised after the measurement"
