@@ -36,6 +36,9 @@ SMALL_BUCKET_SLOWDOWN = 1.10
 """A bucket setting this much slower than its largest-bucket twin (step time)."""
 SMALL_BUCKET_CALLS_RATIO = 4.0
 """... while issuing at least this many times its twin's collectives."""
+SMALL_BUCKET_EXPOSED_RATIO = 1.5
+"""... or with this many times its twin's exposed communication (and at least 5% of the
+twin's step more)."""
 SMALL_CALL_BYTES = 256 * 2**10
 """Without a twin: calls smaller than this on average hint at latency-bound buckets."""
 LATENCY_BOUND_BYTES = 2**20
@@ -349,17 +352,36 @@ def detect_ddp_small_buckets(docs: list[Doc]) -> list[Finding]:
             big = max(twins, key=lambda o: _bucket_mb(o.doc) or 0)
             bcalls, bstep = _calls(big.doc), mval(big.doc, "step_time")
             if bcalls and bstep and calls >= SMALL_BUCKET_CALLS_RATIO * bcalls:
-                if step >= SMALL_BUCKET_SLOWDOWN * bstep:
+                exp, bexp = mval(doc, "exposed_comm_time"), mval(big.doc, "exposed_comm_time")
+                # slower: by step time, or by exposed communication (the direct cost, less
+                # noisy than a 2-step step time on a shared host)
+                by_exposed = (exp is not None and bexp is not None
+                              and exp >= SMALL_BUCKET_EXPOSED_RATIO * bexp
+                              and exp - bexp >= 0.05 * bstep)  # fmt: skip
+                if step >= SMALL_BUCKET_SLOWDOWN * bstep or by_exposed:
+                    fields = [
+                        f"layout.bucket_cap_mb = {cap:g}",
+                        _f(d, "comm_count_per_step"),
+                        _f(d, "step_time"),
+                        f"{big.path}: step_time = {_fmt(bstep, 's')}",
+                    ]
+                    if exp is not None and bexp is not None:
+                        fields += [
+                            _f(d, "exposed_comm_time"),
+                            f"{big.path}: exposed_comm_time = {_fmt(bexp, 's')}",
+                        ]
+                    fields.append(f"latency-bound below {_fmt(limit, 'B')} "
+                                  + (f"(all_reduce half-peak size, {sweep})" if sweep
+                                     else "(default)"))  # fmt: skip
                     out.append(_finding(
                         d, "ddp-small-buckets", "strong",
                         f"bucket_cap_mb {cap:g}: {calls:.0f} all-reduces/step of "
-                        f"{_fmt(nbytes / calls, 'B')} on average, step {_fmt(step, 's')} vs "
-                        f"{_fmt(bstep, 's')} with {bcalls:.0f} call(s) at {_bucket_mb(big.doc):g} MB",
-                        [f"layout.bucket_cap_mb = {cap:g}", _f(d, "comm_count_per_step"),
-                         _f(d, "step_time"), f"{big.path}: step_time = {_fmt(bstep, 's')}",
-                         f"latency-bound below {_fmt(limit, 'B')} "
-                         + (f"(all_reduce half-peak size, {sweep})" if sweep else "(default)")],
-                        [big.path],
+                        f"{_fmt(nbytes / calls, 'B')} on average; step {_fmt(step, 's')}"
+                        + (f", exposed comm {_fmt(exp, 's')}" if exp is not None else "")
+                        + f" vs {_fmt(bstep, 's')}"
+                        + (f", {_fmt(bexp, 's')}" if bexp is not None else "")
+                        + f" with {bcalls:.0f} call(s) at {_bucket_mb(big.doc):g} MB",
+                        fields, [big.path],
                     ))  # fmt: skip
                 continue  # the twin says whether it matters here; it did not
         if calls >= 16 and nbytes / calls < SMALL_CALL_BYTES:
