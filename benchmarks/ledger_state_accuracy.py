@@ -486,8 +486,11 @@ def misses(rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any]) -
             "so they are freed only at a later collective -- after the second iteration's "
             "forward, where the peak is. The ledger now has it as the named item "
             "`ddp_old_buckets` (knob `ddp_old_buckets`, on for NCCL): the size is measured, the "
-            "mechanism read from torch's source (PRs 148590, 150079), not traced. gloo holds "
-            "no such reference (the CPU DDP run matches without it). Other candidates checked "
+            "mechanism read from torch's source (PRs 148590, 150079), not traced; "
+            "`scripts/gpu/accuracy.sh` checks it on the GPUs (per-iteration peaks, with and "
+            "without dropping the process group's hold before the rebuild). gloo holds no such "
+            "reference: the CPU DDP run matches the ledger without the item "
+            "(`benchmarks/results/ledger_state_accuracy_cpu.txt`). Other candidates checked "
             "and ruled out: autocast's bf16 weight copies (2 B x matmul params, already an item "
             "and equal for ZeRO-1); fused AdamW temporaries (none: the fused kernel works in "
             "place, and the optimizer step's peak is far below the forward/backward one); the "
@@ -505,9 +508,8 @@ def misses(rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any]) -
             "(recorded).** `parlab train` keeps the model's output in `logits` through "
             "backward (tokens x vocab x 2 B = 0.49 GiB here); the recorded predictions assumed "
             "it freed. The ledger has the knob (`logits_held`); the revised column sets it. "
-            "The 8B run, where the held logits are 0.98 GiB, then over-predicts slightly: its "
-            "loss region (fp32 logits and log-probabilities, 128k vocabulary) is not all alive "
-            "at once."
+            "The 8B run, where the held logits are 0.98 GiB, is then over-predicted by 0.7 % "
+            "-- not investigated (inside the 5 % target)."
         )
     sel = by.get("fsdp+selective-recompute 1.3b")
     if sel:
