@@ -552,15 +552,18 @@ def detect_foreign_memory(docs: list[Doc]) -> list[Finding]:
     return out
 
 
-_HANG = re.compile(r"timed? ?out|watchdog|deadline|hang", re.I)
+_WATCHDOG = re.compile(r"watchdog|timed out|timeout", re.I)
+"""A crash whose message says the NCCL watchdog aborted the process on a timeout."""
 
 
 def detect_timeout(docs: list[Doc]) -> list[Finding]:
     out: list[Finding] = []
     for d in docs:
         f = d.doc.failure
-        if f is None or f.kind != "timeout" or "budget" in f.message:
+        if f is None or "budget" in f.message:
             continue  # a budget left unspent is not a hang
+        if f.kind != "timeout" and not (f.kind == "crash" and _WATCHDOG.search(f.message)):
+            continue
         collective = re.search(r"collective|allreduce|all_reduce|watchdog|gloo|nccl|barrier",
                                f.message, re.I)  # fmt: skip
         out.append(_finding(

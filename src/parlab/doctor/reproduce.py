@@ -196,18 +196,58 @@ def oom_activations(out: Path) -> tuple[Path, Path]:
 # ----- collective-timeout -------------------------------------------------------------------
 
 
+def _dump_flight_recorder(rank: int) -> str | None:
+    """Write this rank's NCCL flight-recorder buffer where ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
+    says (``<prefix><rank>``), as the watchdog does on a timeout; None when off or unavailable."""
+    prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if not prefix or not os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        return None
+    try:
+        data = torch._C._distributed_c10d._dump_nccl_trace()  # pickled, as fr_trace reads it
+    except (AttributeError, RuntimeError):
+        return None
+    path = f"{prefix}{rank}"
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
 def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]:
     """Rank function: one all-reduce of ``nbytes`` that ``skip_rank`` never joins (it stays
     busy elsewhere for twice the process-group timeout instead, as a rank stuck in a data
-    loader or a data-dependent branch would)."""
+    loader or a data-dependent branch would).
+
+    On NCCL the waiting rank waits on the work with half the group timeout, so it fails with
+    a timeout of its own before the watchdog aborts the process, and both ranks dump their
+    flight recorder first (when ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set)."""
+    import datetime
+
     import torch.distributed as dist
 
     x = torch.ones(nbytes // 4, device=ctx.device)
     t0 = time.perf_counter()
+    nccl = ctx.backend == "nccl"
     if ctx.rank != skip_rank:
-        dist.all_reduce(x)
+        if nccl:
+            work = dist.all_reduce(x, async_op=True)
+            wait_s = ctx.timeout_s / 2
+            try:
+                done = work.wait(timeout=datetime.timedelta(seconds=wait_s))
+            except Exception as exc:
+                _dump_flight_recorder(ctx.rank)
+                raise TimeoutError(
+                    f"all_reduce timed out after {wait_s:g} s on rank {ctx.rank}: "
+                    + " ".join(str(exc).split())[:200]
+                ) from None
+            if done is False:
+                _dump_flight_recorder(ctx.rank)
+                raise TimeoutError(f"all_reduce timed out after {wait_s:g} s on rank {ctx.rank}")
+        else:
+            dist.all_reduce(x)
         ctx.sync()
     else:
+        if nccl:
+            _dump_flight_recorder(ctx.rank)
         time.sleep(2 * ctx.timeout_s)
     return {"time_s": time.perf_counter() - t0, "value": float(x[0])}
 
