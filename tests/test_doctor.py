@@ -205,7 +205,8 @@ def test_committed_gpu_documents() -> None:
     assert ("moe-skew", "moe-ep2") in by  # Zipf routing: rank 0 the slowest
     assert ("exposed-comm", "profile-tp2-nosp") in by  # TP all-reduces on the critical path
     assert ("memory-held-elsewhere", "profile-fsdp") in by  # another process held 101 GiB
-    docs = {Path(f.document).name: f for f in diag.findings}
+    # the runs of the GPU scripts (reproductions, kept in deeper folders, are left out)
+    docs = {Path(f.document).name: f for f in diag.findings if f.document.count("/") == 1}
     # what the GPU runs did NOT show: uniform routing, 8-micro-batch pipelines, fast links,
     # DDP buckets (the 1 MB run was not slower than 250 MB)
     for name, f in docs.items():
