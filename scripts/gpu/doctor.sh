@@ -3,7 +3,8 @@
 #
 #   scripts/gpu/doctor.sh OUT_DIR
 #
-# Run from the repository root. With 2+ GPUs (~3-4 min on 2xH200):
+# Run from the repository root. With 2+ GPUs (~4 min on 2xH200 for all six; DOCTOR_CASES=
+# "slow-link collective-timeout pp-bubble" ~2 min):
 #   - slow-link: `parlab collectives` all_reduce/all_gather 1 MiB-1 GiB with NCCL_P2P_DISABLE=1
 #     against the same sweep without it (the GPU-only case);
 #   - ddp-small-buckets, pp-bubble, moe-skew, oom-activations at GPU sizes;
@@ -41,35 +42,34 @@ step() {  # step LOG COMMAND...: run, keep the log, go on after a failure
   fi
 }
 
-# 1. the GPU-only case first (refused on CPU with exit 2)
-if [ "$NGPU" -ge 2 ]; then
-  step doctor-slow-link.log $PY -m parlab doctor --reproduce slow-link --out "$RES/slow-link"
-else
-  set +e; $PY -m parlab doctor --reproduce slow-link --out "$RES/slow-link" \
-    > "$OUT/doctor-slow-link.log" 2>&1; rc=$?; set -e
-  echo "slow-link on CPU: rc=$rc (2 expected): $(tail -1 "$OUT/doctor-slow-link.log")"
-fi
-
-# 2. the reproductions that also run on CPU, at GPU sizes here
-for case in ddp-small-buckets pp-bubble moe-skew oom-activations; do
-  step "doctor-$case.log" $PY -m parlab doctor --reproduce "$case" --out "$RES/$case"
+# Reproductions in order of value (set DOCTOR_CASES to run fewer): the GPU-only case, the
+# hang with the flight recorder, then the ones that also run on CPU, at GPU sizes here.
+CASES=${DOCTOR_CASES:-slow-link collective-timeout pp-bubble ddp-small-buckets moe-skew oom-activations}
+for case in $CASES; do
+  if [ "$case" = slow-link ] && [ "$NGPU" -lt 2 ]; then
+    set +e; $PY -m parlab doctor --reproduce slow-link --out "$RES/slow-link" \
+      > "$OUT/doctor-slow-link.log" 2>&1; rc=$?; set -e
+    echo "slow-link on CPU: rc=$rc (2 expected): $(tail -1 "$OUT/doctor-slow-link.log")"
+  elif [ "$case" = collective-timeout ]; then
+    # rank 1 skips an all-reduce, rank 0 waits; each rank dumps its flight recorder
+    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$OUT/flight-recorder/nccl_trace_rank_" \
+      step doctor-collective-timeout.log $PY -m parlab doctor --reproduce collective-timeout \
+      --out "$RES/collective-timeout"
+    ls -la "$OUT/flight-recorder" | tee "$OUT/flight-recorder.log"
+    if ls "$OUT"/flight-recorder/nccl_trace_rank_* >/dev/null 2>&1; then
+      set +e
+      timeout 60 $PY -m torch.distributed.flight_recorder.fr_trace "$OUT/flight-recorder" \
+        -p nccl_trace_rank_ >> "$OUT/flight-recorder.log" 2>&1
+      echo "fr_trace rc=$?" | tee -a "$OUT/flight-recorder.log"
+      set -e
+    fi
+  else
+    step "doctor-$case.log" $PY -m parlab doctor --reproduce "$case" --out "$RES/$case"
+  fi
 done
 
-# 3. the hang, with the flight recorder on: rank 1 skips an all-reduce, rank 0 waits 5 s
-TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
-TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$OUT/flight-recorder/nccl_trace_rank_" \
-  step doctor-collective-timeout.log $PY -m parlab doctor --reproduce collective-timeout \
-  --out "$RES/collective-timeout"
-ls -la "$OUT/flight-recorder" | tee "$OUT/flight-recorder.log"
-if ls "$OUT"/flight-recorder/nccl_trace_rank_* >/dev/null 2>&1; then
-  set +e
-  $PY -m torch.distributed.flight_recorder.fr_trace "$OUT/flight-recorder" \
-    -p nccl_trace_rank_ >> "$OUT/flight-recorder.log" 2>&1
-  echo "fr_trace rc=$?" | tee -a "$OUT/flight-recorder.log"
-  set -e
-fi
-
-# 4. the doctor over everything written (one folder per reproduction and twin)
+# the doctor over everything written (one folder per reproduction and twin)
 for d in "$RES"/*/case "$RES"/*/healthy; do
   [ -d "$d" ] && step "doctor-$(basename "$(dirname "$d")")-$(basename "$d").log" \
     $PY -m parlab doctor "$d" --json > /dev/null
