@@ -209,9 +209,11 @@ def fit(
     if max_gpus < 1:
         raise UsageError(f"max_gpus = {max_gpus}: give at least 1")
     cap = capacity_bytes if capacity_bytes is not None else gpu.memory_bytes
+    # GPUs train over NCCL: torch DDP's first-iteration buckets outlive its bucket rebuild
+    # (``ddp_old_buckets``; no effect on one GPU or on the other strategies)
     kw = dict(
         micro_batch=micro_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
-        recompute=recompute, overhead_bytes=overhead_bytes,
+        recompute=recompute, overhead_bytes=overhead_bytes, ddp_old_buckets=True,
     )  # fmt: skip
     single = predict(spec, **kw)  # type: ignore[arg-type]
     single_fits = single.peak_bytes <= cap
@@ -289,6 +291,7 @@ def fit_all(
                     spec, strategy=strategy, topology=topo, shard_size=shard, sp=topo.tp > 1,
                     microbatches=2 * topo.pp if topo.pp > 1 else 1, micro_batch=micro_batch,
                     seq_len=seq_len, dtype=dtype, overhead_bytes=overhead_bytes,
+                    ddp_old_buckets=True,
                 )  # fmt: skip
             except UsageError:
                 continue
