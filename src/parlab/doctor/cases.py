@@ -834,7 +834,7 @@ CASES: list[Case] = [
         "TORCH_DISTRIBUTED_DEBUG=DETAIL checks collective order/shapes across ranks",
         detector=detect_timeout,
         reproduce="cpu",
-        reproduce_note="2 gloo ranks where rank 1 skips one all-reduce (5 s group timeout) "
+        reproduce_note="2 gloo ranks where rank 1 skips one all-reduce (3 s group timeout) "
         "against both joining",
         terms=("flight recorder",),
     ),

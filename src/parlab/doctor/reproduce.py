@@ -16,7 +16,7 @@ command sends:
 - ``oom-activations``: ``parlab train`` DDP under a memory cap below the ledger's
   peak, against full recompute under the same cap.
 - ``collective-timeout``: one all-reduce that rank 1 skips (rank 0 waits out a
-  5 s process-group timeout), against both ranks joining.
+  3 s process-group timeout), against both ranks joining.
 - ``slow-link`` (GPUs only): ``parlab collectives`` all_reduce/all_gather
   1 MiB-1 GiB with ``NCCL_P2P_DISABLE=1`` against the same sweep without it.
 
@@ -41,6 +41,8 @@ import torch
 from parlab.errors import UsageError
 
 PROJECT_TIMEOUT = "PAR-COLLECTIVES"
+PG_TIMEOUT_S = 3.0
+"""Process-group timeout of the hang reproduction (the waiting rank fails after it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,7 +262,7 @@ def collective_timeout(out: Path) -> tuple[Path, Path]:
     gpu = _gpu2()
     dirs = (out / "case", out / "healthy")
     for skip, folder in zip((1, None), dirs, strict=True):
-        lc = LaunchConfig(nproc=2, backend="auto", timeout_s=5.0, deadline_s=60.0)
+        lc = LaunchConfig(nproc=2, backend="auto", timeout_s=PG_TIMEOUT_S, deadline_s=60.0)
         res = launch("parlab.doctor.reproduce:timeout_rank", {"skip_rank": skip, "nbytes": 4096},
                      lc)  # fmt: skip
         metrics: dict[str, Metric] = {}
@@ -289,7 +291,7 @@ def collective_timeout(out: Path) -> tuple[Path, Path]:
                 "world_size": 2,
                 "mesh": {"world": 2},
                 "backend": lc.resolved_backend(),
-                "pg_timeout_s": 5.0,
+                "pg_timeout_s": PG_TIMEOUT_S,
             },
             metrics=metrics,
             status="ok" if res.ok else "failed",
