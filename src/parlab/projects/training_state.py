@@ -371,9 +371,16 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         strategy=strategy,
         topology=topo,
         optimizer=optimizer,
-        recompute=cfg.recompute,
+        # parlab train's "selective" keeps every matmul and attention output: the ledger's
+        # op-selective policy
+        recompute="op-selective" if cfg.recompute == "selective" else cfg.recompute,
         shard_size=shard,
         bucket_view=True,
+        # the training loop keeps the logits alive through backward
+        logits_held=True,
+        # torch DDP over NCCL: iteration 1's buckets are still held when iteration 2 peaks
+        ddp_old_buckets=backend == "nccl" and cfg.strategy == "ddp" and cfg.nproc > 1,
+        reshard_after_forward=cfg.reshard_after_forward,
         **common,
     )
     model = f"ledger:{strategy}"
@@ -381,11 +388,6 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
         for item in STATE_ITEMS
     }
-    if strategy.startswith("fsdp") and not cfg.reshard_after_forward:
-        # The ledger models FSDP with reshard_after_forward on only: no peak or comm from it.
-        return preds, [
-            "no peak or comm prediction: the ledger has no reshard_after_forward=False knob"
-        ]
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
     if cfg.strategy.endswith("-naive"):
@@ -396,6 +398,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         topo,
         strategy,
         shard_size=shard,
+        reshard_after_forward=cfg.reshard_after_forward,
         bucket_bytes=int(cfg.bucket_mb * 2**20),
         **common,
     )
