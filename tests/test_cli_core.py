@@ -60,12 +60,15 @@ def test_results_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
         (["env", "--nproc", "0"], "--nproc 0 is below 1"),
         (["no-such-command"], "No such command"),
         (["env", "--no-such-option"], "No such option"),
+        (["env", "--results", "./file.txt"], "is a file"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], fragment: str
 ) -> None:
+    (tmp_path / "file.txt").write_text("not a folder")
     args = [a if a != "." else str(tmp_path) for a in args]
+    args = [str(tmp_path / "file.txt") if a == "./file.txt" else a for a in args]
     assert run_cli(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("parlab: error:") and fragment in err

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from parlab.contract import Document, write_result
+from parlab.errors import UsageError
 
 DEFAULT_RESULTS = "parlab-results"
 
@@ -27,7 +28,10 @@ ResultsOption = typer.Option(
 
 
 def results_dir(value: str | Path | None) -> Path:
-    return Path(value or os.environ.get("PARLAB_RESULTS") or DEFAULT_RESULTS)
+    path = Path(value or os.environ.get("PARLAB_RESULTS") or DEFAULT_RESULTS)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"results folder {path} is a file: pass a folder with --results DIR")
+    return path
 
 
 def reproduce_command() -> str:
