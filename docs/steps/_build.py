@@ -550,7 +550,23 @@ PAGES = {
             "parlab doctor parlab-results",
             "parlab report parlab-results",
         ],
-        [],
+        [
+            Q(
+                label="training-state decision: chosen tokens/s per GPU",
+                pattern="decide-par-training-state-*",
+                metric="chosen.tokens_per_s_per_gpu",
+            ),
+            Q(
+                label="model-internal decision: chosen tokens/s per GPU",
+                pattern="decide-par-model-internal-*",
+                metric="chosen.tokens_per_s_per_gpu",
+            ),
+            Q(
+                label="serving decision: chosen output throughput",
+                pattern="decide-par-distributed-inference-*",
+                metric="chosen.output_throughput",
+            ),
+        ],
         [
             Q(
                 label="plan for 1.3B on 2xH200: candidates",
