@@ -38,6 +38,9 @@ from parlab.cli import plan
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``parlab`` console script and ``python -m parlab``."""
+    from parlab.cli.common import set_invocation
+
+    set_invocation(argv)
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="parlab")
     except typer.Exit as exc:

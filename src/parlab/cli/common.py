@@ -34,9 +34,19 @@ def results_dir(value: str | Path | None) -> Path:
     return path
 
 
+_invocation: list[str] | None = None
+"""The arguments ``main`` was called with (None: take them from ``sys.argv``)."""
+
+
+def set_invocation(argv: list[str] | None) -> None:
+    global _invocation
+    _invocation = None if argv is None else list(argv)
+
+
 def reproduce_command() -> str:
     """The command line that reproduces this run, as the user would type it."""
-    return shlex.join(["parlab", *sys.argv[1:]])
+    args = sys.argv[1:] if _invocation is None else _invocation
+    return shlex.join(["parlab", *args])
 
 
 def write(doc: Document, results: Path, *, quiet: bool = False) -> Path:
