@@ -22,10 +22,10 @@ Every alternative is first checked equal to the current implementation on the sa
 inputs: the output and every gradient (inputs and parameters), as the largest absolute
 difference over the largest absolute value of the current one, within 1e-4 (fp32) or
 3e-2 (bf16/fp16). The largest such error is printed beside the timing, and an alternative
-that is not equal is not timed. Timings: CUDA events around each iteration on a GPU (the
-wall clock after the iteration on the CPU), ``--warmup`` iterations excluded, median of
-``--iters``. No communication: one device, one process. Nothing here changes the model;
-the table says what to change in it.
+that is not equal is not timed. Timings: CUDA events around each iteration on a GPU,
+recorded back to back without a synchronise in between (the wall clock on the CPU),
+``--warmup`` iterations excluded, median of ``--iters``. No communication: one device, one
+process. Nothing here changes the model; the table says what to change in it.
 
     PYTHONPATH=src python3 benchmarks/model_eager_probe.py                # 1.3b on CUDA
     PYTHONPATH=src python3 benchmarks/model_eager_probe.py --tiny         # CPU-sized
@@ -249,36 +249,39 @@ def run_once(v: Variant, gout: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def make_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """Milliseconds of one call: CUDA events on a GPU, the wall clock after it otherwise."""
-    if device.type == "cuda":
+def sample_ms(fn: Callable[[], object], iters: int, device: torch.device) -> list[float]:
+    """Milliseconds of each of ``iters`` back-to-back calls.
 
-        def timed(fn: Callable[[], object]) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    On a GPU: a CUDA event before and after every call, recorded without synchronising in
+    between (the host runs ahead as in training, so an interval holds the GPU's busy time
+    plus any idle gap left by slow launches), read after one final synchronise. Elsewhere:
+    the wall clock around each call."""
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(iters)
+        ]
+        for start, end in events:
             start.record()
             fn()
             end.record()
-            end.synchronize()
-            return start.elapsed_time(end)
-
-        return timed
-
-    def wall(fn: Callable[[], object]) -> float:
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) for start, end in events]
+    out = []
+    for _ in range(iters):
         t0 = time.perf_counter()
         fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    return wall
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 def median_ms(fn: Callable[[], object], cfg: ProbeConfig) -> float:
     """Median of ``cfg.iters`` timed calls after ``cfg.warmup`` untimed ones."""
-    timer = make_timer(cfg.device)
     for _ in range(cfg.warmup):
         fn()
     if cfg.device.type == "cuda":
         torch.cuda.synchronize(cfg.device)
-    return statistics.median(timer(fn) for _ in range(cfg.iters))
+    return statistics.median(sample_ms(fn, cfg.iters, cfg.device))
 
 
 def probe_part(
