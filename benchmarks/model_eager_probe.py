@@ -372,10 +372,21 @@ def _grads(ts: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
     return lambda: [t.grad for t in ts]  # type: ignore[misc]
 
 
+Emit = Callable[[list["Row"]], None] | None
+"""Called with each group of rows as soon as it is measured (to print as the probe goes)."""
+
+
+def _emitted(emit: Emit, rows: list[Row]) -> list[Row]:
+    if emit is not None:
+        emit(rows)
+    return rows
+
+
 def probe_block_parts(
-    cfg: ProbeConfig, block: TransformerBlock, rope_SD2: torch.Tensor
+    cfg: ProbeConfig, block: TransformerBlock, rope_SD2: torch.Tensor, emit: Emit = None
 ) -> list[Row]:
-    """Rows for norm, rope, rope_table, attention, mlp and the whole block."""
+    """Rows for norm, rope, rope_table, attention, mlp and the whole block (each part's rows
+    go to ``emit`` as soon as they are measured)."""
     spec = cfg.spec
     B, S, H = cfg.batch, cfg.seq, spec.hidden
     N, Nkv, D = spec.heads, spec.n_kv_heads, spec.d_head
@@ -390,14 +401,14 @@ def probe_block_parts(
     w = norm.weight
     leaves = [x, *_params(norm)]
     g = _grads(leaves)
-    rows += probe_part("part", "norm", [
+    rows += _emitted(emit, probe_part("part", "norm", [
         Variant(name="current", forward=lambda: norm(x), grads=g, leaves=leaves),
         Variant(name="F.rms_norm(weight)", forward=lambda: F.rms_norm(x, (H,), w, norm.eps),
                 grads=g, leaves=leaves, note="one fused kernel each way (CUDA, torch >= 2.6)"),
         Variant(name="F.rms_norm * weight",
                 forward=lambda: F.rms_norm(x, (H,), None, norm.eps) * w, grads=g, leaves=leaves,
                 note="same rounding as current (normalise, cast, then scale)"),
-    ], cfg)  # fmt: skip
+    ], cfg))  # fmt: skip
 
     # rope (the table is built once per model forward: its cost is its own row)
     q, k = _leaf((B, S, N, D), cfg, gen), _leaf((B, S, Nkv, D), cfg, gen)
@@ -409,7 +420,7 @@ def probe_block_parts(
     def rope_cat(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], torch.Tensor]:
         return lambda: torch.cat((fn(q).flatten(2), fn(k).flatten(2)), dim=-1)
 
-    rows += probe_part("part", "rope", [
+    rows += _emitted(emit, probe_part("part", "rope", [
         Variant(name="current", forward=rope_cat(lambda t: apply_rope(t, rope_SD2)), grads=g,
                 leaves=leaves),
         Variant(name="complex (cached freqs_cis)",
@@ -418,14 +429,14 @@ def probe_block_parts(
         Variant(name="cached cos/sin [S,1,D]",
                 forward=rope_cat(lambda t: apply_rope_cached(t, cos, sin)), grads=g,
                 leaves=leaves, note="no per-call slicing of the table"),
-    ], cfg)  # fmt: skip
+    ], cfg))  # fmt: skip
     positions = torch.arange(S, device=cfg.device)
     table_ms = median_ms(lambda: reference_rope_table(positions, D, spec.rope_theta), cfg)
-    rows.append(
+    rows += _emitted(emit, [
         Row(scope="part", part="rope_table", variant="current (forward only, once per step)",
             ms=table_ms, speedup=None, err_out=0.0, err_grad=0.0, status="timed",
             note="rebuilt by every Transformer.forward; a cached buffer costs 0")
-    )  # fmt: skip
+    ])  # fmt: skip
 
     # attention core (inputs as the projections give them: B S N D views)
     qa, ka = _leaf((B, S, N, D), cfg, gen), _leaf((B, S, Nkv, D), cfg, gen)
@@ -463,8 +474,7 @@ def probe_block_parts(
                                note="SDPA backend forced"))  # fmt: skip
     else:
         extra_rows.append(unsupported("part", "attention", "flash/cudnn backends", "CUDA only"))
-    rows += probe_part("part", "attention", att, cfg)
-    rows += extra_rows
+    rows += _emitted(emit, probe_part("part", "attention", att, cfg) + extra_rows)
 
     # MLP: separate w1/w3 vs one fused w13 (its gradient split back into w1, w3)
     ff = block.feed_forward
@@ -483,12 +493,12 @@ def probe_block_parts(
         g1, g3 = w13.grad.chunk(2, dim=0)
         return [xm.grad, g1, g3, ff.w2.weight.grad]  # type: ignore[list-item]
 
-    rows += probe_part("part", "mlp", [
+    rows += _emitted(emit, probe_part("part", "mlp", [
         Variant(name="current", forward=lambda: ff(xm), grads=_grads(cur_leaves),
                 leaves=cur_leaves),
         Variant(name="fused w13", forward=fused_mlp, grads=fused_grads, leaves=fused_leaves,
                 note="one [2F, H] matmul instead of two"),
-    ], cfg)  # fmt: skip
+    ], cfg))  # fmt: skip
 
     # whole block
     xb = _leaf((B, S, H), cfg, gen)
@@ -514,8 +524,7 @@ def probe_block_parts(
             graph_rows.append(unsupported("block", "block", "CUDA graph (current)", str(exc)[:60]))
     elif not cuda:
         graph_rows.append(unsupported("block", "block", "CUDA graph (current)", "CUDA only"))
-    rows += probe_part("block", "block", blk, cfg)
-    rows += graph_rows
+    rows += _emitted(emit, probe_part("block", "block", blk, cfg) + graph_rows)
     return rows
 
 
@@ -593,8 +602,9 @@ def check_spec(spec: ModelSpec) -> None:
         raise ValueError(f"{spec.name}: MLA/MoE blocks are not probed; use a dense Llama preset")
 
 
-def run_probe(cfg: ProbeConfig) -> list[Row]:
-    """Every row of the probe for ``cfg`` (the model is built here, seeded)."""
+def run_probe(cfg: ProbeConfig, emit: Emit = None) -> list[Row]:
+    """Every row of the probe for ``cfg`` (the model is built here, seeded); ``emit`` gets
+    each group of rows as soon as it is measured."""
     spec = cfg.spec
     check_spec(spec)
     torch.manual_seed(cfg.seed)
@@ -608,10 +618,10 @@ def run_probe(cfg: ProbeConfig) -> list[Row]:
     assert isinstance(block, TransformerBlock)
     rope = reference_rope_table(torch.arange(cfg.seq, device=cfg.device), spec.d_head,
                                 spec.rope_theta)  # fmt: skip
-    rows = probe_block_parts(cfg, block, rope)
-    rows += probe_loss(cfg)
+    rows = probe_block_parts(cfg, block, rope, emit)
+    rows += _emitted(emit, probe_loss(cfg))
     if model is not None:
-        rows += probe_model(cfg, model)
+        rows += _emitted(emit, probe_model(cfg, model))
     return rows
 
 
@@ -646,10 +656,19 @@ def _f(v: float | None, fmt: str) -> str:
 
 def format_table(rows: list[Row]) -> str:
     """The rows as a fixed-width table (scope, part, variant, ms, speed-up, errors, status)."""
-    lines = [
-        f"{'scope':<6} {'part':<10} {'variant':<38} {'ms':>9} {'x cur':>6} {'err out':>9} "
-        f"{'err grad':>9} {'tok/s':>9} {'MFU':>6}  status / note"
-    ]
+    return "\n".join([TABLE_HEADER, *format_rows(rows)])
+
+
+TABLE_HEADER = (
+    f"{'scope':<6} {'part':<10} {'variant':<38} {'ms':>9} {'x cur':>6} {'err out':>9} "
+    f"{'err grad':>9} {'tok/s':>9} {'MFU':>6}  status / note"
+)
+"""The table's column names."""
+
+
+def format_rows(rows: list[Row]) -> list[str]:
+    """One fixed-width line per row, under ``TABLE_HEADER``."""
+    lines = []
     for r in rows:
         tps = r.extra.get("tokens_per_s")
         mfu = r.extra.get("mfu")
@@ -659,7 +678,7 @@ def format_table(rows: list[Row]) -> str:
             f"{_f(r.speedup, '.2f'):>6} {_f(r.err_out, '.1e'):>9} {_f(r.err_grad, '.1e'):>9} "
             f"{_f(tps, ',.0f'):>9} {_f(None if mfu is None else 100 * mfu, '.1f'):>6}  {tail}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -708,8 +727,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(header(cfg), flush=True)
-    rows = run_probe(cfg)
-    print(format_table(rows), flush=True)
+    print(TABLE_HEADER, flush=True)
+    rows = run_probe(cfg, lambda group: print("\n".join(format_rows(group)), flush=True))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {"header": header(cfg), "rows": [asdict(r) for r in rows]}

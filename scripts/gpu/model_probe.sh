@@ -30,7 +30,7 @@ timeout 60 "$PY" benchmarks/model_eager_probe.py --model 1.3b --json "$OUT/model
   2>&1 | tee "$OUT/model-probe-1.3b.txt" || status=$?
 echo "1.3b probe exited with status $status" | tee -a "$OUT/model-probe.log"
 s2=0
-timeout 25 "$PY" benchmarks/model_eager_probe.py --model 1.3b --gqa-kv-heads 4 --no-model \
+timeout 22 "$PY" benchmarks/model_eager_probe.py --model 1.3b --gqa-kv-heads 4 --no-model \
   --json "$OUT/model-probe-1.3b-gqa4.json" 2>&1 | tee "$OUT/model-probe-1.3b-gqa4.txt" || s2=$?
 echo "gqa probe exited with status $s2" | tee -a "$OUT/model-probe.log"
 if [ "$status" -eq 0 ]; then status=$s2; fi
