@@ -21,7 +21,11 @@ How it is timed (per variant and size):
   current stream (graphs: ``ceil(OPS_PER_SAMPLE / N)`` replays of an N-op graph), no host
   synchronisation inside; on CPU/gloo each sample is timed with ``perf_counter``;
 - per rank: the median and the minimum over samples of (sample time / ops in sample);
-  reported: the slowest rank's median and min, in microseconds per op.
+  reported: the slowest rank's median and min, in microseconds per op;
+- beside them, from ``perf_counter`` over all samples: ``issue us`` (host time per op to
+  issue the ops or graph replays, up to the last event record) and ``wall us`` (the same up
+  to the final device synchronise). ``issue`` close to ``median`` means the host is the
+  bottleneck (eager); ``wall`` far from ``median`` means the CUDA events mis-time the run.
 
 Variants (``*`` = GPU/NCCL only; on CPU/gloo they are listed as skipped with the reason):
 
@@ -72,6 +76,9 @@ Hypotheses the variants test (from torch/NCCL issues and docs):
 5. Graph size / timing: a graph of N ops amortises the launch of one replay over N; if the
    per-op time falls from N=1 to N=100 the launch dominates, if it stays flat the
    per-node cost does. Ranks' replays start unaligned; with N=100 the skew is amortised.
+   NVIDIA/nccl#1883 reports a large gap before the first NCCL op of a graph replay on some
+   ranks (NCCL 2.27-2.28): a per-replay cost that N=1 shows and N=100 hides. ``wall us``
+   against ``median us`` checks the CUDA-event timing itself.
 6. Host cost of the Python wrappers (eager only): ``dist`` vs ``pg_*`` vs ``backend_*``
    vs ``funcol`` shows how much of the 26 us is c10d's Python and dispatcher path.
 
@@ -207,8 +214,12 @@ def _issue(
     raise AssertionError(f"no variant {name}")
 
 
-def _samples_eager(fn: Callable[[], Any], cuda: bool, group: Any) -> list[float]:
-    """Per-op seconds of each sample; ops returning a work are waited once per sample."""
+Timing = tuple[list[float], float, float]
+"""(per-op seconds of each sample, host seconds per op to issue, wall seconds per op)."""
+
+
+def _samples_eager(fn: Callable[[], Any], cuda: bool, group: Any) -> Timing:
+    """Sample times per op; ops returning a work are waited once per sample."""
     works: list[Any] = []
 
     def run(k: int) -> None:
@@ -228,18 +239,24 @@ def _samples_eager(fn: Callable[[], Any], cuda: bool, group: Any) -> list[float]
     if cuda:
         torch.cuda.synchronize()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(SAMPLES + 1)]
+        t0 = time.perf_counter()
         ev[0].record()
         for s in range(SAMPLES):
             run(OPS_PER_SAMPLE)
             ev[s + 1].record()
+        t_issue = time.perf_counter()
         torch.cuda.synchronize()
+        t1 = time.perf_counter()
         out = [ev[s].elapsed_time(ev[s + 1]) / 1e3 / OPS_PER_SAMPLE for s in range(SAMPLES)]
     else:
+        t0 = time.perf_counter()
         for _ in range(SAMPLES):
-            t0 = time.perf_counter()
+            ts = time.perf_counter()
             run(OPS_PER_SAMPLE)
-            out.append((time.perf_counter() - t0) / OPS_PER_SAMPLE)
-    return out
+            out.append((time.perf_counter() - ts) / OPS_PER_SAMPLE)
+        t_issue = t1 = time.perf_counter()
+    ops = SAMPLES * OPS_PER_SAMPLE
+    return out, (t_issue - t0) / ops, (t1 - t0) / ops
 
 
 def _capture(v: Variant, fn: Callable[[], Any]) -> tuple[Any, torch.cuda.Stream | None]:
@@ -269,7 +286,7 @@ def _capture(v: Variant, fn: Callable[[], Any]) -> tuple[Any, torch.cuda.Stream 
     return g, None
 
 
-def _samples_graph(g: Any, n_ops: int, group: Any) -> list[float]:
+def _samples_graph(g: Any, n_ops: int, group: Any) -> Timing:
     """Per-op seconds of each sample of ``ceil(OPS_PER_SAMPLE / n_ops)`` replays."""
     reps = max(1, math.ceil(OPS_PER_SAMPLE / n_ops))
     for _ in range(max(1, WARMUP // n_ops)):
@@ -278,13 +295,18 @@ def _samples_graph(g: Any, n_ops: int, group: Any) -> list[float]:
     dist.barrier(group=group)
     torch.cuda.synchronize()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(SAMPLES + 1)]
+    t0 = time.perf_counter()
     ev[0].record()
     for s in range(SAMPLES):
         for _ in range(reps):
             g.replay()
         ev[s + 1].record()
+    t_issue = time.perf_counter()
     torch.cuda.synchronize()
-    return [ev[s].elapsed_time(ev[s + 1]) / 1e3 / (reps * n_ops) for s in range(SAMPLES)]
+    t1 = time.perf_counter()
+    ops = SAMPLES * reps * n_ops
+    per = [ev[s].elapsed_time(ev[s + 1]) / 1e3 / (reps * n_ops) for s in range(SAMPLES)]
+    return per, (t_issue - t0) / ops, (t1 - t0) / ops
 
 
 def _expected(n: int, rounds: int) -> float | None:
@@ -301,8 +323,8 @@ def _check(out: torch.Tensor, n: int, rounds: int) -> int:
 
 def _measure(
     ctx: RankContext, v: Variant, nbytes: int, group: Any
-) -> tuple[list[float], int, str | None]:
-    """(per-op seconds per sample, wrong flag, None) or ([], 0, error line) on this rank."""
+) -> tuple[Timing, int, str | None]:
+    """(timing, wrong flag, None) or (([], 0, 0), 0, error line) on this rank."""
     cuda = ctx.is_cuda
     n = dist.get_world_size(group)
     r = dist.get_rank(group)
@@ -327,7 +349,11 @@ def _measure(
         buf.zero_()
         return _samples_graph(g, v.graph_ops, group), wrong, None
     except Exception as e:
-        return [], 0, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return (
+            ([], 0.0, 0.0),
+            0,
+            f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}",
+        )
 
 
 def _versions(ctx: RankContext) -> dict[str, Any]:
@@ -400,7 +426,10 @@ def probe_rank(
         )
         print("env: " + (" ".join(f"{k}={v}" for k, v in e["env"].items()) or "(none set)"))
         print(f"method: {table['method']}  [tag {tag}]")
-        print(f"{'variant':<24}{'size':>8}{'median us':>12}{'min us':>10}{'check':>8}  note")
+        print(
+            f"{'variant':<24}{'size':>8}{'median us':>11}{'min us':>9}{'issue us':>10}"
+            f"{'wall us':>9}{'check':>7}  note"
+        )
     for v in variants:
         for nbytes in sizes or SIZES:
             row: dict[str, Any] = {
@@ -410,6 +439,8 @@ def probe_rank(
                 "graph_ops": v.graph_ops,
                 "median_us": None,
                 "min_us": None,
+                "issue_us": None,
+                "wall_us": None,
                 "samples": 0,
                 "wrong_ranks": None,
                 "checked": False,
@@ -419,17 +450,17 @@ def probe_rank(
             if v.gpu_only and not ctx.is_cuda:
                 row["skipped"] = "needs CUDA (graph capture / streams); this run is on gloo CPU"
             else:
-                per, wrong, err = _measure(ctx, v, nbytes, group)
+                (per, issue, wall), wrong, err = _measure(ctx, v, nbytes, group)
                 med = statistics.median(per) if per else -1.0
                 mn = min(per) if per else -1.0
-                # the slowest rank's median and min, the number of ranks that failed or were wrong
-                tmax = torch.tensor([med, mn], dtype=torch.float64, device=ctx.device)
+                # the slowest rank's times, the number of ranks that failed or were wrong
+                tmax = torch.tensor([med, mn, issue, wall], dtype=torch.float64, device=ctx.device)
                 tsum = torch.tensor(
                     [float(wrong), float(err is not None)], dtype=torch.float64, device=ctx.device
                 )
                 dist.all_reduce(tmax, op=dist.ReduceOp.MAX, group=group)
                 dist.all_reduce(tsum, op=dist.ReduceOp.SUM, group=group)
-                med, mn = tmax.tolist()
+                med, mn, issue, wall = tmax.tolist()
                 nwrong, nerr = tsum.tolist()
                 if nerr:
                     row["error"] = err or f"failed on {int(nerr)} rank(s)"
@@ -437,6 +468,8 @@ def probe_rank(
                     row.update(
                         median_us=med * 1e6,
                         min_us=mn * 1e6,
+                        issue_us=issue * 1e6,
+                        wall_us=wall * 1e6,
                         samples=len(per),
                         wrong_ranks=int(nwrong),
                         checked=_expected(ctx.world_size, max(1, v.graph_ops)) is not None,
@@ -454,12 +487,17 @@ def probe_rank(
 def _format_row(row: dict[str, Any]) -> str:
     size = f"{row['bytes'] >> 10}KiB" if row["bytes"] >= 1024 else f"{row['bytes']}B"
     head = f"{row['variant']:<24}{size:>8}"
-    if row["skipped"] or row["error"]:
-        if row["skipped"]:
-            return f"{row['variant']:<24}{'all':>8}{'-':>12}{'-':>10}{'-':>8}  {row['skipped']}"
-        return f"{head}{'-':>12}{'-':>10}{'-':>8}  {row['error']}"
+    dashes = f"{'-':>11}{'-':>9}{'-':>10}{'-':>9}{'-':>7}"
+    if row["skipped"]:
+        return f"{row['variant']:<24}{'all':>8}{dashes}  {row['skipped']}"
+    if row["error"]:
+        return f"{head}{dashes}  {row['error']}"
     ok = "ok" if row["wrong_ranks"] == 0 else f"{row['wrong_ranks']} bad"
-    return f"{head}{row['median_us']:>12.2f}{row['min_us']:>10.2f}{ok:>8}  {row['what']}"
+    times = "".join(
+        f"{row[k]:>{w}.2f}"
+        for k, w in (("median_us", 11), ("min_us", 9), ("issue_us", 10), ("wall_us", 9))
+    )
+    return f"{head}{times}{ok:>7}  {row['what']}"
 
 
 def _write(table: dict[str, Any], path: Path) -> None:

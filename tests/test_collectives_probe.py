@@ -57,6 +57,7 @@ def test_probe_table_on_gloo(tmp_path: Path) -> None:
         assert r["samples"] == 3
         assert 0 < r["min_us"] <= r["median_us"] < 1e6
         assert math.isfinite(r["median_us"])
+        assert 0 < r["issue_us"] <= r["wall_us"] < 1e6
     eager = {r["variant"] for r in rows if r["median_us"] is not None}
     assert eager == {v.name for v in probe.VARIANTS if not v.gpu_only}
     # rank 0 wrote the same table as JSON
