@@ -9,7 +9,7 @@
 #   - a tensor-parallel replica (TP=2 over both GPUs) under a short load (serving-benchmark);
 #     SERVING_TP=0 skips it.
 # Without two GPUs it runs the same at CPU size (tiny model, gloo). Expect about 2 minutes on
-# 2xH200 (project ~60 s, router overhead ~15 s, TP replica ~30 s); each part has its own timeout.
+# 2xH200 (project ~150 s on the first GPU run: five policies ~85 s, then failover, KV transfer, simulation; SERVING_PROJECT_LIMIT, default 200 s, router overhead ~15 s, TP replica ~30 s); each part has its own timeout.
 #   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}
@@ -25,7 +25,7 @@ else
 fi
 echo "preset: $PRESET"
 rc=0
-timeout --kill-after=10 120 $PY -m parlab serve project --preset "$PRESET" \
+timeout --kill-after=10 "${SERVING_PROJECT_LIMIT:-200}" $PY -m parlab serve project --preset "$PRESET" \
   --results "$OUT/results" 2>&1 | tee "$OUT/project.log" || rc=1
 # router overhead: two stub replicas, 500 req/s direct and through the router
 timeout --kill-after=10 40 $PY benchmarks/serve_router.py --rate 500 --requests 2000 \
