@@ -355,3 +355,11 @@ def test_fsdp_bf16_activations_are_pure_bf16() -> None:
                   seq_len=24, dtype="bf16-mixed")  # fmt: skip
     # left out by the ledger: the rotary table (one per forward)
     assert led.value("activations") == pytest.approx(got, rel=0.02)
+
+
+def test_gradient_buckets_close_at_the_cap_and_never_split() -> None:
+    from parlab.ledger.sharding import gradient_buckets
+
+    assert gradient_buckets([4, 4, 4, 10, 1], 8) == [[0, 1], [2, 3], [4]]
+    assert gradient_buckets([20], 8) == [[0]]  # a gradient larger than the cap is its own bucket
+    assert gradient_buckets([], 8) == []

@@ -23,6 +23,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from parlab.data import SyntheticTokens
+from parlab.ledger.sharding import gradient_buckets
 from parlab.models import get_spec
 from parlab.models.reference import build_model
 from parlab.projects.training_state import TrainConfig, ledger_predictions, train_rank
@@ -120,16 +121,10 @@ def test_bucketed_ddp_overlaps_in_fewer_messages_than_naive() -> None:
     assert naive["comm_bytes_per_step"] == bucket["comm_bytes_per_step"]
     params = list(build_model(get_spec("tiny"), device="meta").parameters())
     assert naive["comm_by_op"]["all_reduce"]["count"] == len(params)
-    # Buckets fill in reverse parameter order (backward's order) and close once they reach
-    # bucket_mb: one all-reduce per bucket.
-    buckets, filled = 0, 0
-    for p in reversed(params):
-        filled += p.numel() * 4  # fp32 gradients
-        if filled >= int(0.25 * 2**20):
-            buckets, filled = buckets + 1, 0
-    buckets += filled > 0
-    assert 1 < buckets < len(params)  # the tiny model needs several buckets at 0.25 MiB
-    assert bucket["comm_by_op"]["all_reduce"]["count"] == buckets
+    # one all-reduce per bucket of the plan (fp32 gradients in backward order, 0.25 MiB)
+    plan = gradient_buckets([p.numel() * 4 for p in reversed(params)], int(0.25 * 2**20))
+    assert 1 < len(plan) < len(params)  # the tiny model needs several buckets at 0.25 MiB
+    assert bucket["comm_by_op"]["all_reduce"]["count"] == len(plan)
 
 
 @pytest.mark.parametrize(

@@ -272,10 +272,12 @@ def validate(data: Mapping[str, Any]) -> None:
         ) from None
 
 
-def _json_default(obj: Any) -> Any:
-    # numpy scalars and the like: anything with .item() becomes a plain number
-    if hasattr(obj, "item"):
+def json_default(obj: Any) -> Any:
+    """``json.dumps`` fallback: numpy/torch scalars become numbers, arrays lists, paths strings."""
+    if hasattr(obj, "item") and getattr(obj, "ndim", 0) == 0:
         return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
@@ -301,7 +303,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def write_result(doc: Document, results_dir: str | Path) -> Path:
     """Validate ``doc`` and write it to ``<results_dir>/<project>/<run_id>.json``."""
     data = doc.to_json()
-    text = json.dumps(data, indent=2, default=_json_default, allow_nan=False)
+    text = json.dumps(data, indent=2, default=json_default, allow_nan=False)
     validate(json.loads(text))
     path = Path(results_dir) / doc.project / f"{doc.run_id}.json"
     atomic_write_text(path, text + "\n")

@@ -50,6 +50,26 @@ def flat_shard_numel(numel: int, shards: int) -> int:
     return math.ceil(numel / shards) if numel else 0
 
 
+def gradient_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Bucketed DDP's buckets: indices into ``nbytes`` (gradients in backward order).
+
+    A bucket takes gradients in order and closes once it holds at least
+    ``bucket_bytes``; a gradient is never split. One all-reduce per bucket.
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, b in enumerate(nbytes):
+        current.append(i)
+        size += b
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 def flat_padded_numel(numel: int, shards: int) -> int:
     """The padded length of that flat buffer (``ceil(numel / shards) * shards``)."""
     return flat_shard_numel(numel, shards) * shards

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from parlab.ledger.sharding import gradient_buckets
 from parlab.parallel.data_comm import all_reduce_
 from parlab.runtime.meters import optimizer_tensors
 
@@ -101,17 +102,9 @@ class DataParallelBucket(_Replicated):
         bucket_bytes: int = 25 * 2**20,
     ) -> None:
         super().__init__(model, group, make_optimizer)
-        self.buckets: list[list[nn.Parameter]] = []
-        current: list[nn.Parameter] = []
-        size = 0
-        for p in reversed(self.params):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
+        order = list(reversed(self.params))  # roughly the order backward produces gradients
+        plan = gradient_buckets([p.numel() * p.element_size() for p in order], bucket_bytes)
+        self.buckets: list[list[nn.Parameter]] = [[order[i] for i in b] for b in plan]
         # One flat gradient buffer per bucket; each .grad is a view of it.
         self.flat: list[torch.Tensor] = []
         self._bucket_of: dict[int, int] = {}

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parlab.comm.ops import busbw_factor
 from parlab.errors import UsageError
 from parlab.parallel import expert_comm as comm
 from parlab.parallel.expert import ExpertParallelMoE, MoELayer, MoESpec, check_ep
@@ -238,7 +239,11 @@ def _reference_a2a(
         t = _max_over(group, _median(times), device)
         b = rows * esize
         out.append(
-            {"bytes": b, "seconds": t, "busbw": b / t * (n - 1) / n if t > 0 and n > 1 else 0.0}
+            {
+                "bytes": b,
+                "seconds": t,
+                "busbw": b / t * busbw_factor("all_to_all", n) if t > 0 else 0.0,
+            }
         )
     return out
 
@@ -567,7 +572,7 @@ def _busbw(nbytes: float, seconds: float, n: int) -> float | None:
     """nccl-tests busbw of an all-to-all in GB/s; None where it does not apply (one rank)."""
     if n < 2 or seconds <= 0:
         return None
-    return nbytes / seconds * (n - 1) / n / 1e9
+    return nbytes / seconds * busbw_factor("all_to_all", n) / 1e9
 
 
 def _per_rank(ranks: list[dict[str, Any]], i: int, key: str, phase: str) -> list[float]:
@@ -722,7 +727,7 @@ def workload_document(
                 value=100 * a2a_bw / (bw / 1e9) if a2a_bw else None, unit="%"
             )
             predictions["dispatch_time"] = Prediction(
-                value=d_mean * (n - 1) / n / bw,
+                value=d_mean * busbw_factor("all_to_all", n) / bw,
                 unit="s",
                 model=f"collectives-sweep:{calibration['run_id']}",
             )
@@ -1131,7 +1136,7 @@ def render_report(docs: list[Any], folder: Path, stem: str) -> dict[str, str]:
         cal = loads[0].workload.get("calibration_a2a")
         if cal and cal.get("points") and n > 1:
             pts = cal["points"]
-            ax.loglog([p[0] for p in pts], [p[0] * (n - 1) / n / p[1] for p in pts], "s--",
+            ax.loglog([p[0] for p in pts], [p[0] * busbw_factor("all_to_all", n) / p[1] for p in pts], "s--",
                       color="black", markersize=4, label=f"parlab collectives {cal['run_id']}")  # fmt: skip
         if cal and cal.get("fit_curve") and n > 1:
             fc = [c for c in cal["fit_curve"] if c[1]]

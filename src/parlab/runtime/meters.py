@@ -478,10 +478,13 @@ def device_name(device: torch.device) -> str:
 def mfu(
     tokens_per_s: float, flops_per_token: float | None, device: str, dtype: str = "bf16"
 ) -> float | None:
-    """Model FLOPs utilisation (0..1) against the catalog peak; ``None`` when unknown."""
-    from parlab.hardware.catalog import peak_flops
+    """Model FLOPs utilisation (0..1) of one device against the catalog peak; ``None`` when unknown.
 
-    peak = peak_flops(device, dtype)
-    if peak is None or flops_per_token is None:
+    The definition is ``parlab.models.flops.mfu``; this only looks up the device's peak.
+    """
+    from parlab.hardware.catalog import peak_flops
+    from parlab.models import flops
+
+    if flops_per_token is None:
         return None
-    return tokens_per_s * flops_per_token / peak
+    return flops.mfu(tokens_per_s, flops_per_token, 1, peak_flops(device, dtype))

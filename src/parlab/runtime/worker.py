@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parlab.contract import atomic_write_text
+from parlab.contract import atomic_write_text, json_default
 from parlab.runtime.context import RankContext, limit_cpu_threads
 from parlab.runtime.failures import classify, one_line
 
@@ -78,7 +78,7 @@ def main(spec_path: str) -> int:
         if rank == 0:
             atomic_write_text(
                 os.path.join(out_dir, "result.json"),
-                json.dumps({"results": gathered}, default=_plain),
+                json.dumps({"results": gathered}, default=json_default),
             )
         dist.barrier()
         dist.destroy_process_group()
@@ -96,14 +96,6 @@ def main(spec_path: str) -> int:
         sys.stderr.flush()
         # Leave at once: tearing down a process group whose peers are gone can block.
         os._exit(1)
-
-
-def _plain(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
 if __name__ == "__main__":
