@@ -105,6 +105,8 @@ def revised_peak(doc: Any) -> tuple[int | None, str]:
         logits_held=True,
         ddp_old_buckets=torch_ddp,
         reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
+        # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
+        norm_kernel=str(knobs.get("norm_kernel") or "explicit"),
     )
     used = ["logits_held"]
     if torch_ddp:
@@ -177,7 +179,9 @@ def revised_model_internal_peak(doc: Any) -> int | None:
             seq=int(w["seq"]),
             dtype=str(w.get("dtype") or "fp32"),
         )
-        preds, _ = predictions(cfg)
+        # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
+        norm = str(lay.get("norm_kernel") or "explicit")
+        preds, _ = predictions(cfg, backend_of(doc), norm)
     except (ValueError, KeyError, TypeError):
         return None
     p = preds.get("peak_memory")

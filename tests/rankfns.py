@@ -42,3 +42,10 @@ def segfault_on(ctx: RankContext, bad_rank: int) -> None:
     if ctx.rank == bad_rank:
         ctypes.string_at(0)  # a read of address 0: SIGSEGV, as a broken kernel library would
     dist.barrier()
+
+
+def env_of(ctx: RankContext, keys: list[str]) -> dict:
+    """This rank's values of ``keys`` (None where unset)."""
+    import os
+
+    return {k: os.environ.get(k) for k in keys}

@@ -157,3 +157,18 @@ def test_uneven_all_to_all_on_four_ranks_sends_uneven_chunks() -> None:
         3 * base,
         4 * base,
     ]
+
+
+def test_sweep_rank_env_turns_off_the_flight_recorder_and_graph_mixing() -> None:
+    from parlab.comm.sweep import rank_env
+
+    assert rank_env(False, {}) == (("TORCH_FR_BUFFER_SIZE", "0"),)
+    assert rank_env(True, {}) == (
+        ("TORCH_FR_BUFFER_SIZE", "0"),
+        ("NCCL_GRAPH_MIXING_SUPPORT", "0"),
+    )
+    # either flight-recorder name set by the user: parlab sets neither (the first name wins
+    # in torch, so setting one beside the user's alias would override it)
+    assert rank_env(True, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}) == (
+        ("NCCL_GRAPH_MIXING_SUPPORT", "0"),
+    )

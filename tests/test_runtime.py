@@ -32,6 +32,22 @@ def test_two_rank_gloo_run_through_torchrun() -> None:
     )
 
 
+def test_env_defaults_reach_the_ranks_unless_the_environment_sets_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PARLAB_TEST_GIVEN", "mine")
+    monkeypatch.delenv("PARLAB_TEST_NEW", raising=False)
+    cfg = LaunchConfig(
+        nproc=2,
+        backend="gloo",
+        timeout_s=30,
+        env_defaults=(("PARLAB_TEST_GIVEN", "default"), ("PARLAB_TEST_NEW", "default")),
+    )
+    res = launch("rankfns:env_of", {"keys": ["PARLAB_TEST_GIVEN", "PARLAB_TEST_NEW"]}, cfg)
+    assert res.ok, res.failure
+    assert res.results == [{"PARLAB_TEST_GIVEN": "mine", "PARLAB_TEST_NEW": "default"}] * 2
+
+
 def test_raising_rank_gives_crash_failure_naming_it() -> None:
     res = launch(
         "rankfns:raise_on", {"bad_rank": 1}, LaunchConfig(nproc=2, backend="gloo", timeout_s=30)

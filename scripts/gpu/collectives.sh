@@ -48,19 +48,35 @@ fi
 P=("$PY" -m parlab)
 
 t0=$(date +%s)
-# 1. what the machine is: versions, GPUs, NVLink matrix (the link peak), a checked all-reduce
-run env "${P[@]}" env --results "$RES"
+# COLLECTIVES_ONLY=small: only step 3 and the comparison with the reference (about 40 s)
+ONLY=${COLLECTIVES_ONLY:-all}
+FULL_DOC=""
+if [ "$ONLY" != small ]; then
+  # 1. what the machine is: versions, GPUs, NVLink matrix (the link peak), a checked all-reduce
+  run env "${P[@]}" env --results "$RES"
 
-# 2. every op, 8 B - 8 GiB, checked and timed (the busbw plot lands beside the document)
-run full "${P[@]}" collectives --op all "${FULL[@]}" --nproc 2 --results "$RES"
-FULL_DOC=$(newest 'collectives-2*.json')
-echo "== full sweep: ${FULL_DOC:-none} after $(( $(date +%s) - t0 )) s"
+  # 2. every op, 8 B - 8 GiB, checked and timed (the busbw plot lands beside the document)
+  run full "${P[@]}" collectives --op all "${FULL[@]}" --nproc 2 --results "$RES"
+  FULL_DOC=$(newest 'collectives-2*.json')
+  echo "== full sweep: ${FULL_DOC:-none} after $(( $(date +%s) - t0 )) s"
+fi
 
-# 3. small all_reduce: host launch included (as nccl-tests without -G), then CUDA-graph replays
+# 3. small all_reduce: host launch included (as nccl-tests without -G), then CUDA-graph replays.
+#    parlab's sweeps run without torch's flight recorder (TORCH_FR_BUFFER_SIZE=0) and, under
+#    --graph, without NCCL's graph mixing (NCCL_GRAPH_MIXING_SUPPORT=0); the small-fr run puts
+#    the flight recorder back (torch's default buffer) to show what it costs per op.
 run small "${P[@]}" collectives --op all_reduce "${SMALL[@]}" --nproc 2 --results "$RES"
 if [ "$NGPU" -ge 2 ]; then
   run small-graph "${P[@]}" collectives --op all_reduce "${SMALL[@]}" --graph --nproc 2 \
     --results "$RES"
+  run small-fr env TORCH_FR_BUFFER_SIZE=2000 "${P[@]}" collectives --op all_reduce "${SMALL[@]}" \
+    --nproc 2 --results "$RES"
+fi
+if [ "$ONLY" = small ]; then
+  run vs-reference "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES"
+  echo "== collectives.sh (small only) done in $(( $(date +%s) - t0 )) s; failed: ${FAILED[*]:-none}"
+  [ "${#FAILED[@]}" -eq 0 ]
+  exit
 fi
 
 # 4. bf16, the training dtype, for the collectives training uses

@@ -26,10 +26,12 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || ec
 if [ "$NGPU" -ge 2 ]; then
   BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
   SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
+  THIRD=(--model gpt2-1.5b --nproc 2 --micro-batch 8 --seq 1024 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks" | tee -a "$LOG"
   BIG=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 1 --steps 2 --timeout 60)
   SECOND=(--model small --nproc 2 --micro-batch 1 --seq 64 --warmup 1 --steps 2 --timeout 60)
+  THIRD=(--model gpt2-124m --nproc 2 --micro-batch 1 --seq 64 --warmup 1 --steps 2 --timeout 60)
 fi
 
 parlab() {
@@ -43,6 +45,10 @@ for s in ddp zero1 zero2 zero3 fsdp; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
 parlab train --strategy fsdp "${SECOND[@]}"
+# a second size (and architecture: GPT-2 style, LayerNorm + GeLU) for DDP's and FSDP's peaks
+for s in ddp fsdp; do
+  parlab train --strategy "$s" "${THIRD[@]}"
+done
 if [ "$SECONDS" -lt "${COMPILE_UNTIL:-200}" ]; then
   parlab train --strategy fsdp --compile "${BIG[@]}" --timeout 120
 else

@@ -45,6 +45,29 @@ from parlab.runtime.launch import LaunchConfig, launch
 from parlab.topology import AXES, Topology
 
 ENTRY = "parlab.comm.bench:sweep_rank"
+GRAPH_ENV = (("NCCL_GRAPH_MIXING_SUPPORT", "0"),)
+"""What ``--graph`` sweeps set on the ranks unless the environment already does. NCCL's
+graph-mixing support (on by default) fences every captured collective with NCCL-internal
+events so that graphs can run beside eager NCCL calls; the sweep never overlaps the two (it
+synchronises the device between replays and its eager bookkeeping), and on 2xH200 the
+support tripled a small all_reduce's time per op in a replayed graph (about 15 us against
+5 us; benchmarks/collectives_small_probe.py). nccl-tests' ``-G`` runs nothing beside its
+graphs either."""
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""torch's flight recorder (on by default since torch 2.6) records every collective with its
+call stack before issuing it: host time per op that a collective benchmark should not count.
+Sweeps turn it off (``TORCH_FR_BUFFER_SIZE=0``) unless either name is set."""
+
+
+def rank_env(graph: bool, environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The environment defaults a sweep's ranks get (``LaunchConfig.env_defaults``)."""
+    environ = dict(os.environ) if environ is None else environ
+    out: list[tuple[str, str]] = []
+    if not any(k in environ for k in FR_ENV):
+        out.append((FR_ENV[0], "0"))
+    if graph:
+        out.extend(GRAPH_ENV)
+    return tuple(out)
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
@@ -243,7 +266,12 @@ def run_sweep(
             res = launch(
                 ENTRY,
                 kwargs,
-                LaunchConfig(nproc=spec.nproc, backend=backend, timeout_s=spec.timeout_s),
+                LaunchConfig(
+                    nproc=spec.nproc,
+                    backend=backend,
+                    timeout_s=spec.timeout_s,
+                    env_defaults=rank_env(spec.graph),
+                ),
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -360,6 +388,19 @@ def build_document(
         notes.append(f"link peak {link_bw / 1e9:.1f} GB/s per direction from {link_src}")
     else:
         notes.append(f"link peak unknown ({link_src}): percent of link not computed")
+    if backend == "nccl":
+        keys = [*FR_ENV, *(k for k, _ in GRAPH_ENV if spec.graph)]
+        given = dict(rank_env(spec.graph))
+        shown = [
+            f"{k}={os.environ.get(k, given.get(k))}" for k in keys if k in os.environ or k in given
+        ]
+        notes.append(
+            "ranks ran with "
+            + " ".join(shown)
+            + " (parlab's defaults for a sweep: no flight recorder"
+            + (", no NCCL graph mixing under --graph" if spec.graph else "")
+            + "; an environment that sets them wins)"
+        )
     if backend == "gloo":
         notes.append("gloo CPU ranks: proves the mechanism and the volumes, not GPU speed")
         gpus = (environment.get("hardware") or {}).get("gpu_count") or 0

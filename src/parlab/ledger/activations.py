@@ -17,8 +17,11 @@ reference model (``parlab.models.reference``), with these corrections:
   and a float32 log-sum-exp per head (``flash=True``); ``flash=False`` adds
   the math kernel's ``heads * s`` scores per token (Korthikanti's ``5 a s / h``
   term without dropout).
-- **No dropout** (no masks); **RMSNorm in float32** keeps a float32 copy of its
-  input plus its normalised output; RoPE keeps only its cos/sin table (its
+- **No dropout** (no masks); **RMSNorm** (``F.rms_norm``, float32 math) on CUDA is one
+  fused kernel that keeps its input and a float32 rstd per token
+  (``norm_kernel="fused"``); elsewhere torch decomposes it into float32 ops that keep a
+  float32 copy of the input and the float32 normalised output
+  (``norm_kernel="composite"``, what CPU runs do); RoPE keeps only its cos/sin table (its
   multiplications need no saved input); under **autocast** every linear keeps
   its own bf16 copy of its input.
 
@@ -48,6 +51,11 @@ from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
+NORM_KERNELS = ("fused", "composite", "explicit")
+"""How RMSNorm runs: ``F.rms_norm`` as one fused CUDA kernel, or as torch's decomposition
+(CPU); ``explicit`` is the reference model's RMSNorm before it called ``F.rms_norm``
+(``x.float() * rsqrt(mean(x^2) + eps)``, cast back, times the weight), what the run
+documents without a ``norm_kernel`` knob ran."""
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
@@ -64,11 +72,21 @@ class ActTerm:
     ``none``: never divided (a row-parallel matmul's partial sums, whole per rank)."""
 
 
-def _norm(spec: ModelSpec, width: int, r: int) -> int:
-    # RMSNorm (float32 math): float32 input copy + normalised output in the input dtype.
-    # LayerNorm (native kernel): its input only (mean/rstd are per token, negligible).
-    # plus the per-token statistics: rsqrt (RMSNorm) or mean and rstd (LayerNorm), float32
-    return (4 + r) * width + 4 if spec.norm == "rmsnorm" else r * width + 8
+def _norm(spec: ModelSpec, width: int, r: int, norm_kernel: str = "fused") -> int:
+    """Bytes per token one norm keeps for backward.
+
+    RMSNorm, fused (CUDA): its input (``r``) and a float32 rstd per token. RMSNorm, composite
+    (torch's decomposition, CPU): a float32 copy of its input (the input itself when it is
+    float32), the float32 normalised output and the rstd. RMSNorm, explicit: the float32 input
+    copy, the normalised output in the input dtype and the rstd. LayerNorm (native kernel):
+    its input and a float32 mean and rstd per token.
+    """
+    if spec.norm != "rmsnorm":
+        return r * width + 8
+    if norm_kernel not in NORM_KERNELS:
+        raise UsageError(f"norm_kernel = {norm_kernel!r}: use one of {', '.join(NORM_KERNELS)}")
+    per_element = {"fused": r, "composite": 8, "explicit": 4 + r}[norm_kernel]
+    return per_element * width + 4
 
 
 def layer_terms(
@@ -81,10 +99,13 @@ def layer_terms(
     autocast: bool,
     flash: bool = True,
     kv_repeat: bool = True,
+    norm_kernel: str = "fused",
 ) -> list[ActTerm]:
     """The activation terms of block ``layer_id`` (bytes per token), see the module docstring."""
     h = spec.hidden
-    out: list[ActTerm] = [ActTerm(name="attn_norm", bytes_per_token=_norm(spec, h, r), split="sp")]
+    out: list[ActTerm] = [
+        ActTerm(name="attn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp")
+    ]
 
     def lin_in(count: int) -> float:
         # inputs of ``count`` linears fed by one tensor: one shared tensor, or a bf16 copy each
@@ -119,7 +140,7 @@ def layer_terms(
         out.append(
             ActTerm(name="attn_scores", bytes_per_token=e * spec.heads * seq_len, split="tp")
         )
-    out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r), split="sp"))
+    out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp"))
     hid = 4 if spec.activation == "swiglu" else 2
     mats_in = 2 if spec.activation == "swiglu" else 1
     if spec.is_moe_layer(layer_id):
@@ -210,10 +231,17 @@ def op_saved_terms(spec: ModelSpec, layer_id: int, *, r: int, e: int) -> list[Ac
 
 
 def head_bytes_per_token(
-    spec: ModelSpec, *, r: int, e: int, autocast: bool, tp: int, sp: bool
+    spec: ModelSpec,
+    *,
+    r: int,
+    e: int,
+    autocast: bool,
+    tp: int,
+    sp: bool,
+    norm_kernel: str = "fused",
 ) -> float:
     """The final norm and the output projection's input (last stage)."""
-    norm = _norm(spec, spec.hidden, r) + (e if autocast else r) * spec.hidden
+    norm = _norm(spec, spec.hidden, r, norm_kernel) + (e if autocast else r) * spec.hidden
     return norm / (tp if sp else 1)
 
 

@@ -438,6 +438,7 @@ def predict(
     offload: str = "none",
     flash: bool = True,
     kv_repeat: bool = True,
+    norm_kernel: str = "fused",
     bucket_view: bool = False,
     ddp_old_buckets: bool = False,
     loss_parallel: bool = False,
@@ -492,7 +493,7 @@ def predict(
         if k not in kinds:
             terms = act.layer_terms(
                 spec, i, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
-                kv_repeat=kv_repeat,
+                kv_repeat=kv_repeat, norm_kernel=norm_kernel,
             )  # fmt: skip
             full = act.layer_bytes_per_token(terms, tp=tp, sp=sp, recompute="none", r=r)
             if recompute == "op-selective":
@@ -532,7 +533,9 @@ def predict(
         kept = sum(layer_bytes(i)[0] for i in layer_ids)
         last = stage == pp - 1
         head = (
-            act.head_bytes_per_token(spec, r=r, e=e, autocast=autocast, tp=tp, sp=sp)
+            act.head_bytes_per_token(
+                spec, r=r, e=e, autocast=autocast, tp=tp, sp=sp, norm_kernel=norm_kernel
+            )
             if last
             else 0.0
         )
@@ -645,8 +648,8 @@ def predict(
         micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches, dtype=pol.name,
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
-        flash=flash, kv_repeat=kv_repeat, bucket_view=bucket_view, ddp_old_buckets=ddp_old_buckets,
-        loss_parallel=loss_parallel,
+        flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
+        ddp_old_buckets=ddp_old_buckets, loss_parallel=loss_parallel,
         logits_held=logits_held, reshard_after_forward=reshard_after_forward,
         overhead_bytes=overhead_bytes,
     )  # fmt: skip

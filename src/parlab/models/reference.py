@@ -62,20 +62,32 @@ def rope_table(positions_S: torch.Tensor, rot_dim: int, theta: float) -> torch.T
 
 
 def apply_rope(x_BSND: torch.Tensor, rope_SD2: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of the last dim (Meta/torchtitan layout)."""
-    xf = x_BSND.float().unflatten(-1, (-1, 2))
-    cos = rope_SD2[..., 0][None, :, None, :]
-    sin = rope_SD2[..., 1][None, :, None, :]
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of the last dim (Meta/torchtitan layout).
+
+    Each pair is one complex number times ``cos + i sin`` (torchtitan's ``view_as_complex``
+    rotation: two kernels each way instead of a dozen); float32 math, result in ``x``'s dtype.
+    ``rope_SD2`` (``[..., S, D/2, 2]`` of cos, sin; float32, or bf16 where FSDP's mixed
+    precision cast the block's inputs) is read as the complex table.
+    """
+    table = rope_SD2.float()
+    cis = torch.view_as_complex(table if table.stride(-1) == 1 else table.contiguous())
+    xc = torch.view_as_complex(x_BSND.float().unflatten(-1, (-1, 2)).contiguous())
+    out = torch.view_as_real(xc * cis.unsqueeze(-2))  # [..., S, 1, D/2] against [B, S, N, D/2]
     return out.flatten(-2).type_as(x_BSND)
 
 
 # ----- building blocks ---------------------------------------------------------------------------
 
 
+def norm_kernel(device_type: str) -> str:
+    """How ``RMSNorm`` runs on ``device_type`` (the ledger's ``norm_kernel``): ``F.rms_norm``
+    is one fused kernel on CUDA and torch's decomposition elsewhere."""
+    return "fused" if device_type == "cuda" else "composite"
+
+
 class RMSNorm(nn.Module):
-    """``x / rms(x) * weight``, computed in float32."""
+    """``x / rms(x) * weight``, computed in float32: ``F.rms_norm``, one fused kernel each way
+    on CUDA (it keeps only its input and a float32 rstd per token for backward)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -83,9 +95,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)

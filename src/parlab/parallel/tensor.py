@@ -188,9 +188,7 @@ def rms_norm(norm: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Te
     """``norm``'s RMSNorm with an explicit ``weight`` (so its gradient can be synced)."""
     if isinstance(norm, nn.LayerNorm):
         return F.layer_norm(x, norm.normalized_shape, weight, norm.bias, norm.eps)
-    xf = x.float()  # as parlab.models.reference.RMSNorm: float32 statistics
-    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return out.type_as(x) * weight
+    return F.rms_norm(x, weight.shape, weight, norm.eps)  # as parlab.models.reference.RMSNorm
 
 
 class TPEntry(nn.Module):

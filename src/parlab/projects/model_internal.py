@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
+from parlab.models.reference import norm_kernel
 from parlab.runtime.context import RankContext
 
 PROJECT = "PAR-MODEL-INTERNAL"
@@ -480,8 +481,12 @@ def _topology(cfg: RunConfig) -> Any:
     return Topology(world_size=cfg.nproc, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
 
 
-def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
-    """Ledger (bytes, wire table per axis) and bubble-formula predictions for ``cfg``."""
+def predictions(
+    cfg: RunConfig, backend: str = "nccl", norm: str | None = None
+) -> tuple[dict[str, Prediction], list[str]]:
+    """Ledger (bytes, wire table per axis) and bubble-formula predictions for ``cfg``
+    (``backend`` nccl: CUDA kernels, e.g. the fused RMSNorm; gloo: CPU; ``norm`` overrides
+    the ledger's ``norm_kernel``)."""
     from parlab.ledger.predict import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
@@ -507,6 +512,7 @@ def predictions(cfg: RunConfig) -> tuple[dict[str, Prediction], list[str]]:
             dtype=dt,
             pp_schedule="interleaved" if cfg.vpp > 1 else cfg.schedule,
             virtual_stages=cfg.vpp,
+            norm_kernel=norm or norm_kernel("cuda" if backend == "nccl" else "cpu"),
             **kw,
         )
         per = led.per_rank("params")
@@ -559,7 +565,7 @@ def document(
     """The contract document of one run (``results``: every rank's ``mi_rank`` return)."""
     from parlab.runtime import meters
 
-    preds, notes = predictions(cfg)
+    preds, notes = predictions(cfg, backend)
     metrics: dict[str, Metric] = {}
     if results:
         r0 = results[0]
@@ -657,6 +663,7 @@ def document(
             "vpp": cfg.vpp,
             "implementation": cfg.impl,
             "backend": backend,
+            "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
         },
         metrics=metrics,
         predictions=preds,

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
+from parlab.models.reference import norm_kernel
 from parlab.runtime.context import RankContext
 
 PROJECT = "PAR-TRAINING-STATE"
@@ -381,6 +382,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         # torch DDP over NCCL: iteration 1's buckets are still held when iteration 2 peaks
         ddp_old_buckets=backend == "nccl" and cfg.strategy == "ddp" and cfg.nproc > 1,
         reshard_after_forward=cfg.reshard_after_forward,
+        norm_kernel=norm_kernel("cuda" if backend == "nccl" else "cpu"),
         **common,
     )
     model = f"ledger:{strategy}"
@@ -420,7 +422,7 @@ def _per_rank(results: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in results]
 
 
-def _layout(cfg: TrainConfig) -> dict[str, Any]:
+def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
     mesh = (
         {"dp_replicate": cfg.nproc // cfg.shard_size, "dp_shard": cfg.shard_size}
         if cfg.strategy == "fsdp-hybrid"
@@ -437,6 +439,7 @@ def _layout(cfg: TrainConfig) -> dict[str, Any]:
             "bucket_mb": cfg.bucket_mb,
             "dtype": cfg.dtype,
             "memory_cap": cfg.memory_cap,
+            "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
         },
     }
 
@@ -556,7 +559,7 @@ def document(
         command=command,
         environment=environment or snapshot(probe_links=backend == "nccl"),
         workload={**_workload(cfg), **({"losses": results[0]["losses"]} if results else {})},
-        layout=_layout(cfg),
+        layout=_layout(cfg, backend),
         metrics=metrics,
         predictions=preds,
         status=status,

@@ -60,6 +60,8 @@ class LaunchConfig:
     """Process-group timeout: a collective waiting longer than this fails the run."""
     deadline_s: float | None = None
     """Wall-clock limit for the whole run; None: timeout_s x 2 + 120 s."""
+    env_defaults: tuple[tuple[str, str], ...] = ()
+    """Environment variables the ranks get unless the caller's environment sets them."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -224,6 +226,8 @@ def launch(
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
+        for key, value in config.env_defaults:
+            env.setdefault(key, value)
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         timed_out = False
