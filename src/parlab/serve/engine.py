@@ -47,6 +47,36 @@ from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
 PRINTABLE = (32, 127)  # sampled token ids: printable ASCII
 
 
+def _rope_rows(x_BSND: torch.Tensor, rope_TD2: torch.Tensor) -> torch.Tensor:
+    """RoPE with a position per row and token: ``rope_TD2`` is the model's table for the
+    ``T = B * S`` positions in row-major order (``[T, D/2, 2]``), applied in one call of the
+    reference ``apply_rope`` by folding the batch into its sequence dimension."""
+    B, S, N, D = x_BSND.shape
+    return apply_rope(x_BSND.reshape(1, B * S, N, D), rope_TD2).reshape(B, S, N, D)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The device-side indices of one forward, built once and read by every layer."""
+
+    slot_BS: torch.Tensor
+    """KV slot of each new token (the rows' slots, broadcast)."""
+    pos_BS: torch.Tensor
+    """Position of each new token."""
+    total: int
+    """Cached length attention reads: the longest row's start + S."""
+    causal: bool
+    """Every row starts at 0: attention runs causally over the new K/V alone."""
+    rows: slice | torch.Tensor
+    """The cache rows attention reads: a slice (a view of the cache) or slot indices (a
+    gather)."""
+    scatter: torch.Tensor | None
+    """Where row ``b``'s queries sit among ``rows`` when that slice is not in row order."""
+    mask: torch.Tensor | None
+    """``[R, 1, S, total]`` additive mask: 0 where key ``j`` is visible to new token ``i`` of
+    attention row ``r``, ``-inf`` elsewhere."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """The engine's knobs."""
@@ -154,65 +184,104 @@ class Engine:
         self.vocab_mask[PRINTABLE[0] : PRINTABLE[1]] = 0.0
 
     # -- model pieces --------------------------------------------------------------------
+    def _plan(self, B: int, S: int, slots: list[int], starts: list[int]) -> _Plan:
+        """Every index one forward needs, built on the host and sent to the device in one copy."""
+        total = max(starts) + S
+        lo, hi = min(slots), max(slots) + 1
+        causal = total == S  # every row starts at 0: its new tokens are all it attends to
+        rows: slice | None = None
+        rel: list[int] = []
+        att_starts = starts
+        if not causal and hi - lo <= 2 * B:
+            # the running rows' cache is a slice (a view); holes in it, if any, get zero
+            # queries that see key 0 only, and their outputs are dropped
+            rows = slice(lo, hi)
+            if slots != list(range(lo, hi)):
+                rel = [s - lo for s in slots]
+                att_starts = [0] * (hi - lo)
+                for r, st in zip(rel, starts, strict=True):
+                    att_starts[r] = st
+        host = slots + starts + att_starts + rel
+        idx = torch.tensor(host, dtype=torch.long)
+        if self.device.type == "cuda":
+            idx = idx.pin_memory()  # an asynchronous copy: no wait for the device to drain
+        idx = idx.to(self.device, non_blocking=True)
+        slot_B, start_B = idx[:B], idx[B : 2 * B]
+        att_start_R = idx[2 * B : 2 * B + len(att_starts)]
+        ar_S = torch.arange(S, device=self.device)
+        pos_BS = start_B[:, None] + ar_S
+        mask = None
+        if not causal:
+            att_pos_RS = att_start_R[:, None] + ar_S
+            # additive, built once; rows padded to 16 keys so CUDA's memory-efficient
+            # attention takes the slice as it is instead of padding a copy every layer
+            width = -(-total // 16) * 16
+            hidden = torch.arange(width, device=self.device) > att_pos_RS[:, :, None]
+            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype)
+            mask = mask.masked_fill_(hidden, float("-inf"))[:, None, :, :total]
+        return _Plan(
+            slot_BS=slot_B[:, None].expand(B, S),
+            pos_BS=pos_BS,
+            total=total,
+            causal=causal,
+            rows=rows if rows is not None else slot_B,
+            scatter=idx[2 * B + len(att_starts) :] if rel else None,
+            mask=mask,
+        )
+
     def _attn_layer(
-        self,
-        li: int,
-        x_BSH: torch.Tensor,
-        rope_BSD2: torch.Tensor | None,
-        slots: torch.Tensor,
-        starts: list[int],
-        total: int,
+        self, li: int, x_BSH: torch.Tensor, rope_TD2: torch.Tensor | None, plan: _Plan
     ) -> torch.Tensor:
-        """Attention of ``S`` new tokens per row, appending their K/V at ``starts``."""
+        """Attention of ``S`` new tokens per row, appending their K/V to the cache first."""
         attn = self.model.layers[li].attention
         B, S, _ = x_BSH.shape
         d = attn.head_dim
         q = attn.wq(x_BSH).view(B, S, -1, d)
         k = attn.wk(x_BSH).view(B, S, -1, d)
         v = attn.wv(x_BSH).view(B, S, -1, d)
-        if rope_BSD2 is not None:
-            q = torch.stack([apply_rope(q[b : b + 1], rope_BSD2[b])[0] for b in range(B)])
-            k = torch.stack([apply_rope(k[b : b + 1], rope_BSD2[b])[0] for b in range(B)])
+        if rope_TD2 is not None:
+            q, k = _rope_rows(q, rope_TD2), _rope_rows(k, rope_TD2)
         kc, vc = self.k_cache[li], self.v_cache[li]
-        for b in range(B):
-            s, st = int(slots[b]), starts[b]
-            kc[s, :, st : st + S] = k[b].transpose(0, 1)
-            vc[s, :, st : st + S] = v[b].transpose(0, 1)
-        keys = kc[slots, :, :total]  # B K L D
-        vals = vc[slots, :, :total]
+        kc[plan.slot_BS, :, plan.pos_BS] = k  # one indexed write for every row and token
+        vc[plan.slot_BS, :, plan.pos_BS] = v
         q = q.transpose(1, 2)  # B N S D
+        if plan.causal:
+            keys, vals = k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            keys = kc[plan.rows, :, : plan.total]  # R K L D
+            vals = vc[plan.rows, :, : plan.total]
+            if plan.scatter is not None:
+                q_R = q.new_zeros((keys.shape[0], *q.shape[1:]))
+                q_R[plan.scatter] = q
+                q = q_R
         rep = q.shape[1] // keys.shape[1]
-        if rep > 1:
+        gqa = rep > 1 and self.device.type == "cpu"  # CPU SDPA groups heads without a copy
+        if rep > 1 and not gqa:
             keys = keys.repeat_interleave(rep, dim=1)
             vals = vals.repeat_interleave(rep, dim=1)
-        # token i of row b sits at position starts[b] + i and sees keys 0..starts[b] + i
-        pos_BS = torch.tensor(starts, device=self.device)[:, None] + torch.arange(
-            S, device=self.device
+        o = F.scaled_dot_product_attention(
+            q, keys, vals, attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=gqa
         )
-        mask_BSL = torch.arange(total, device=self.device)[None, None, :] <= pos_BS[:, :, None]
-        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask_BSL[:, None])
+        if plan.scatter is not None:
+            o = o[plan.scatter]
         return attn.wo(o.transpose(1, 2).reshape(B, S, -1))
 
     @torch.no_grad()
     def forward(self, tokens_BS: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
-        """Logits of the last new token of each row ``[B, V]``, caching the new K/V."""
+        """Logits of the last new token of each row ``[B, V]``, caching the new K/V.
+
+        Row ``b``'s tokens sit at positions ``starts[b] ..`` of KV slot ``slots[b]``; it
+        attends to its cached positions ``0 .. starts[b] - 1`` and causally to its new ones.
+        """
         m = self.model
         B, S = tokens_BS.shape
-        total = max(starts) + S
-        pos_BS = torch.tensor(starts, device=self.device)[:, None] + torch.arange(
-            S, device=self.device
-        )
+        plan = self._plan(B, S, list(slots), list(starts))
         h = m.tok_embeddings(tokens_BS)
         if m.pos_embeddings is not None:
-            h = h + m.pos_embeddings(pos_BS)
-        rope = None
-        if m.spec.position == "rope":
-            rope = torch.stack([m.rope(pos_BS[b]) for b in range(B)])
-        slot_t = torch.tensor(slots, device=self.device)
+            h = h + m.pos_embeddings(plan.pos_BS)
+        rope = m.rope(plan.pos_BS.reshape(-1)) if m.spec.position == "rope" else None
         for li, layer in enumerate(m.layers):
-            h = h + self._reduce(
-                self._attn_layer(li, layer.attention_norm(h), rope, slot_t, starts, total)
-            )
+            h = h + self._reduce(self._attn_layer(li, layer.attention_norm(h), rope, plan))
             ffn = layer.moe if layer.moe is not None else layer.feed_forward
             h = h + self._reduce(ffn(layer.ffn_norm(h)))
         h = m.norm(h[:, -1])
@@ -222,15 +291,29 @@ class Engine:
         """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
         return x if self.tp is None else self.tp.all_reduce(x)
 
-    def _sample(self, logits_V: torch.Tensor, seq: Sequence) -> int:
-        logits_V = logits_V + self.vocab_mask
-        if seq.temperature <= 0:
-            return int(logits_V.argmax())
-        if seq.gen is None:
-            seq.gen = torch.Generator(device=self.device)
-            seq.gen.manual_seed(seq.seed if seq.seed is not None else 0)
-        probs = torch.softmax(logits_V / seq.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=seq.gen))
+    def _sample(self, logits_BV: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One token per row: greedy rows by one batched ``argmax``, rows with a temperature
+        from their own seeded generator; one device-to-host copy for the whole batch."""
+        logits_BV = logits_BV + self.vocab_mask
+        picks = logits_BV.argmax(dim=-1)
+        drawn: list[int] = []
+        draws: list[torch.Tensor] = []
+        for i, seq in enumerate(seqs):
+            if seq.temperature <= 0:
+                continue
+            if seq.gen is None:
+                seq.gen = torch.Generator(device=self.device)
+                seq.gen.manual_seed(seq.seed if seq.seed is not None else 0)
+            probs = torch.softmax(logits_BV[i] / seq.temperature, dim=-1)
+            draws.append(torch.multinomial(probs, 1, generator=seq.gen))
+            drawn.append(i)
+        if not draws:
+            return picks.tolist()
+        out = torch.cat([picks, *draws]).tolist()
+        toks, extra = out[: len(seqs)], out[len(seqs) :]
+        for i, t in zip(drawn, extra, strict=True):
+            toks[i] = t
+        return toks
 
     # -- scheduling ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -284,29 +367,29 @@ class Engine:
         n = self.prefix.match(hashes) if cfg.prefix_cache else 0
         n = min(n, (len(seq.prompt) - 1) // cfg.block)  # leave at least one token to compute
         start = n * cfg.block
-        for j in range(n):
-            kv = self.prefix.get(hashes[j])  # [layers, 2, K, block, D]
-            a, b = j * cfg.block, (j + 1) * cfg.block
-            for li in range(len(self.k_cache)):
-                self.k_cache[li][slot, :, a:b] = kv[li, 0]
-                self.v_cache[li][slot, :, a:b] = kv[li, 1]
+        if n:
+            # the cached blocks, each [layers, 2, K, block, D], joined along the tokens
+            kv = torch.cat([self.prefix.get(h) for h in hashes[:n]], dim=3)
+            for li, (kc, vc) in enumerate(zip(self.k_cache, self.v_cache, strict=True)):
+                kc[slot, :, :start] = kv[li, 0]
+                vc[slot, :, :start] = kv[li, 1]
         seq.cached_tokens = start
         new = torch.tensor([seq.prompt[start:]], device=self.device)
-        logits = self.forward(new, [slot], [start])[0]
+        logits = self.forward(new, [slot], [start])
         seq.length = len(seq.prompt)
-        if cfg.prefix_cache:
+        if cfg.prefix_cache and len(hashes) > n:
+            a, b = start, len(hashes) * cfg.block
+            kv = torch.stack(
+                [
+                    torch.stack((kc[slot, :, a:b], vc[slot, :, a:b]))
+                    for kc, vc in zip(self.k_cache, self.v_cache, strict=True)
+                ]
+            )  # [layers, 2, K, tokens, D]
             for j in range(n, len(hashes)):
-                a, b = j * cfg.block, (j + 1) * cfg.block
-                kv = torch.stack(
-                    [
-                        torch.stack(
-                            (self.k_cache[li][slot, :, a:b], self.v_cache[li][slot, :, a:b])
-                        )
-                        for li in range(len(self.k_cache))
-                    ]
-                ).clone()
-                self.prefix.put(hashes[j], kv)
-        seq.output.append(self._sample(logits, seq))
+                o = (j - n) * cfg.block
+                block_kv = kv[:, :, :, o : o + cfg.block]
+                self.prefix.put(hashes[j], block_kv.clone(memory_format=torch.contiguous_format))
+        seq.output.extend(self._sample(logits, [seq]))
 
     def _release(self, seq: Sequence) -> None:
         if seq.slot >= 0:
@@ -348,9 +431,9 @@ class Engine:
             batch = self.running
             toks = torch.tensor([[s.output[-1]] for s in batch], device=self.device)
             logits = self.forward(toks, [s.slot for s in batch], [s.length for s in batch])
-            for s, lg in zip(batch, logits, strict=True):
+            for s, tok in zip(batch, self._sample(logits, batch), strict=True):
                 s.length += 1
-                s.output.append(self._sample(lg, s))
+                s.output.append(tok)
             emitted = list(batch)
             self._sync()
             self.log.append(
@@ -394,10 +477,15 @@ class Engine:
         self,
         *,
         prefill_lens: tuple[int, ...] = (32, 128, 512, 2048),
-        batches: tuple[int, ...] = (1, 4, 8),
+        batches: tuple[int, ...] = (1, 4, 8, 16, 32),
     ) -> dict[str, Any]:
-        """Time prefills of a few lengths and decode steps at a few batch sizes; fit
-        ``prefill_s = a + b * tokens`` and ``decode_s = c + d * batch`` (least squares)."""
+        """Time prefills of a few lengths and decode steps at a few batch sizes (those up to
+        ``max_batch``); fit ``prefill_s = a + b * tokens`` and ``decode_s = c + d * batch``
+        (least squares).
+
+        Decode steps are timed on 32-token prompts, so ``d`` is the per-request cost at
+        short contexts; attention over long cached contexts adds to it (the fit of a run's
+        own iteration log, ``sim.fit_profile``, includes that)."""
         import numpy as np
 
         assert not self.has_work(), "profile an idle engine"
