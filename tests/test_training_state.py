@@ -218,3 +218,40 @@ def test_ledger_state_predictions_are_exact_integers() -> None:
     preds, _ = ledger_predictions(cfg_for("zero3", 2, optimizer="adamw"), "gloo")
     p = preds["state_bytes.params"].value
     assert p is not None and p == int(p) and not math.isnan(p)
+
+
+def _zero_overlap_rank(ctx: object, stage: int) -> dict[str, int]:
+    """What a non-naive ZeRO-1/2 has in flight at each point of one step."""
+    import torch.distributed as dist
+
+    from parlab.parallel.zero import ZeroDataParallel
+
+    spec = get_spec("tiny")
+    model = build_model(spec, seed=0)
+    z = ZeroDataParallel(
+        model, dist.group.WORLD, lambda ps: torch.optim.SGD(ps, lr=0.1), stage=stage
+    )
+    tokens = torch.randint(0, spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    out: dict[str, int] = {"units": len(z.units)}
+    for step in range(2):
+        logits = z(tokens[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        out[f"reduced_in_backward_{step}"] = len(z._reduced)
+        z.finish_backward()
+        z.step()
+        out[f"gathers_after_step_{step}"] = len(z._param_work)
+        z.zero_grad()
+    z(tokens[:, :-1])
+    out["gathers_after_forward"] = len(z._param_work)
+    return out
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_overlap_reduce_scatter_with_backward_and_gather_with_forward(stage: int) -> None:
+    """Every unit's reduce-scatter is issued inside backward (as its gradients are ready), every
+    unit's all-gather is left in flight by step() and waited by that unit's next forward."""
+    for r in run_ranks(_zero_overlap_rank, 2, stage, timeout=60):
+        n = r["units"]
+        assert r["reduced_in_backward_0"] == r["reduced_in_backward_1"] == n
+        assert r["gathers_after_step_0"] == r["gathers_after_step_1"] == n
+        assert r["gathers_after_forward"] == 0

@@ -12,11 +12,14 @@ What crosses the wire, per unit, per step (D = data-parallel group):
 =======  ========================================  ==================  =======================
 stage    gradients                                 parameters           held per rank
 =======  ========================================  ==================  =======================
-ZeRO-1   reduce-scatter after backward (in place   all-gather after     full params, full
-         on the flat gradient buffer), fp32        the step, fp32       grads, 1/N optimizer
+ZeRO-1   reduce-scatter as soon as the unit's      all-gather after     full params, full
+         gradients are ready (async, in place on   the step, fp32       grads, 1/N optimizer
+         the flat gradient buffer, overlapping     (async: unit i's
+         the rest of backward)                     forward waits for
+                                                   its own gather)
 ZeRO-2   reduce-scatter as soon as the unit's      all-gather after     full params, 1/N grads,
-         gradients are ready (async, overlapping   the step, fp32       1/N optimizer
-         the rest of backward); full grads freed
+         gradients are ready (async, overlapping   the step, fp32,      1/N optimizer
+         the rest of backward); full grads freed   async as ZeRO-1
 ZeRO-3   as ZeRO-2                                 all-gather before    1/N of everything; two
                                                    the unit's forward   units' full params at a
                                                    and again before     time (the one computing
@@ -24,6 +27,10 @@ ZeRO-3   as ZeRO-2                                 all-gather before    1/N of e
                                                    the compute dtype;   gather is prefetched to
                                                    freed after use      overlap that compute)
 =======  ========================================  ==================  =======================
+
+ZeRO-1/2's all-gathers are all issued right after the optimizer step; each unit's
+forward pre-hook waits for its own, so the gathers of later units overlap the forward of
+earlier ones (``wait_parameters`` waits for all of them).
 
 Payload of each collective = the unit's padded flat buffer (``padded x
 element size``). Gradients are divided by N before the sum (an average).
@@ -147,15 +154,18 @@ class ZeroDataParallel:
         self._pending: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []
         self._reduced: set[int] = set()
         self._inflight: dict[int, Any] = {}  # ZeRO-3: unit -> its prefetched all-gather
+        self._param_work: dict[int, Any] = {}  # ZeRO-1/2: unit -> its post-step all-gather
         self._gathered = [False] * len(self.units)  # ZeRO-3: unit's buffer holds its params
         if stage == 1:
             self._bind_flat_grads()
-        elif not naive:
+        if not naive:
             for u in self.units:
                 for p in u.params:
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
         if stage == 3:
             self._install_gather_hooks(units)
+        elif not naive:
+            self._install_wait_hooks(units)
 
     # ----- forward ------------------------------------------------------------------------------
 
@@ -177,6 +187,24 @@ class ZeroDataParallel:
                 lambda _m, _a, i=i: self._gather(i, prefetch=i + 1)
             )
             modules[-1].register_forward_hook(lambda _m, _a, out, i=i: self._after_forward(i, out))
+
+    def _install_wait_hooks(self, units: list[tuple[str, list[nn.Module]]]) -> None:
+        """ZeRO-1/2: unit ``i``'s forward first waits for its post-step all-gather."""
+        names = [u.name for u in self.units]
+        for name, modules in units:
+            if name in names:
+                i = names.index(name)
+                modules[0].register_forward_pre_hook(lambda _m, _a, i=i: self._wait_unit(i))
+
+    def _wait_unit(self, i: int) -> None:
+        work = self._param_work.pop(i, None)
+        if work is not None:
+            work.wait()
+
+    def wait_parameters(self) -> None:
+        """Wait for every outstanding post-step all-gather (ZeRO-1/2): the parameters are whole."""
+        for i in list(self._param_work):
+            self._wait_unit(i)
 
     def _start_gather(self, i: int) -> None:
         """Launch the async all-gather of unit ``i`` (if it is a unit, absent and not in flight)."""
@@ -223,7 +251,20 @@ class ZeroDataParallel:
         i = self._unit_of[id(p)]
         self._ready[i] += 1
         if self._ready[i] == len(self.units[i].params):
-            self._reduce_unit(i, async_op=True)
+            if self.stage == 1:
+                self._reduce_unit_in_place(i)
+            else:
+                self._reduce_unit(i, async_op=True)
+
+    def _reduce_unit_in_place(self, i: int) -> None:
+        """ZeRO-1: reduce-scatter unit ``i``'s flat gradient into its own chunk (async)."""
+        g = self.full_grad[i]
+        assert g is not None
+        g.div_(self.world)
+        mine = g[self.units[i].shard_slice()]
+        work = reduce_scatter_(mine, g, self.group, async_op=True)
+        self._pending.append((i, work, mine, g))
+        self._reduced.add(i)
 
     def _unit_grad(self, i: int) -> torch.Tensor:
         u = self.units[i]
@@ -260,15 +301,12 @@ class ZeroDataParallel:
 
     def finish_backward(self) -> None:
         """Finish the gradient exchange; every shard's ``.grad`` is then the global average."""
-        if self.stage == 1:
+        if self.stage == 1 and self.naive:
             for i, u in enumerate(self.units):
                 g = self.full_grad[i]
                 assert g is not None
                 g.div_(self.world)
-                if self.naive:
-                    all_reduce_(g, self.group)
-                else:
-                    reduce_scatter_(g[u.shard_slice()], g, self.group)  # in place: our chunk
+                all_reduce_(g, self.group)
                 self.shards[i].grad = g[u.shard_slice()]
             return
         if self.naive:
@@ -283,7 +321,10 @@ class ZeroDataParallel:
             return
         for i in range(len(self.units)):  # units with unused parameters, in order
             if i not in self._reduced:
-                self._reduce_unit(i, async_op=True)
+                if self.stage == 1:
+                    self._reduce_unit_in_place(i)
+                else:
+                    self._reduce_unit(i, async_op=True)
         while self._pending:
             self._wait_oldest()
         self._reduced.clear()
@@ -303,7 +344,10 @@ class ZeroDataParallel:
         for i, u in enumerate(self.units):
             full = self.full[i]
             assert full is not None
-            all_gather_(full, full[u.shard_slice()], self.group)  # in place: our chunk
+            # in place: our chunk; the unit's forward waits for it (naive: wait now)
+            work = all_gather_(full, full[u.shard_slice()], self.group, async_op=not self.naive)
+            if work is not None:
+                self._param_work[i] = work
 
     def zero_grad(self) -> None:
         if self.stage == 1:
@@ -316,6 +360,7 @@ class ZeroDataParallel:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole, in fp32, by name (ZeRO-3 all-gathers: call on every rank)."""
+        self.wait_parameters()
         names: dict[int, str] = {}
         for n, p in self.module.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), n)
