@@ -2,30 +2,32 @@
 # scripts/gpu/accuracy.sh OUT_DIR -- checks the ledger's `ddp_old_buckets` item on the GPUs.
 #
 # What it measures: the CUDA allocator's peak of each of the first 4 iterations of torch DDP
-# (the 1.3B model, seq 4096, micro-batch 2, bf16 autocast over fp32 params, fused AdamW,
-# gradient_as_bucket_view, 25 MiB buckets: the `parlab train --strategy ddp` run of
-# results/PAR-TRAINING-STATE), in two variants:
+# (bf16 autocast over fp32 params, fused AdamW, gradient_as_bucket_view, 25 MiB buckets: the
+# `parlab train --strategy ddp` runs of results/PAR-TRAINING-STATE) for each ACC_RUNS entry
+# (default: GPT-2 1.5B at seq 1024 x micro-batch 8, then the 1.3B at 4096 x 2), in two variants:
 #   default -- the loop as parlab train runs it;
 #   flush   -- after iteration 1, wait 0.5 s and issue one small all-reduce and wait on it,
 #              so ProcessGroupNCCL drops the tensors of iteration 1's bucket all-reduces
 #              before DDP rebuilds its buckets.
 # The ledger says: iteration 2's peak (default) exceeds iteration 3's by the gradient bytes
-# (4 B x 1.364e9 = 5.08 GiB), and the flush variant has no such excess. Each iteration's peak
+# (4 B per parameter: 5.08 GiB for the 1.3B), and the flush variant has no such excess. Each iteration's peak
 # comes from torch.cuda.max_memory_allocated after reset_peak_memory_stats at its start.
-# Output: OUT_DIR/accuracy/ddp-iteration-peaks-<variant>.json (rank 0) and a summary, plus
+# Output: OUT_DIR/accuracy/ddp-iteration-peaks-<model>-<variant>.json (rank 0), a summary, and
 # OUT_DIR/logs/accuracy-*.log. On a machine without 2 GPUs it runs the tiny model on 2 gloo
 # CPU ranks (mechanism only: no allocator peaks) -- the dry run.
-# Expected time on 2 x H200: about 1.5 minutes (two launches, 4 iterations each).
+# Expected time on 2 x H200: about 40 s per launch (start-up, 4 iterations); four launches.
 set -euo pipefail
 OUT=${1:?usage: scripts/gpu/accuracy.sh OUT_DIR}
 mkdir -p "$OUT/accuracy" "$OUT/logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 PY=${PYTHON:-python3}
+# ACC_RUNS: MODEL:SEQ:MICRO_BATCH triples (default: the 1.3B run of parlab train, and the
+# GPT-2 1.5B DDP run whose peak came out 9% under the ledger's)
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)'; then
-  export MODEL=1.3b SEQ=4096 MB=2
+  RUNS=${ACC_RUNS:-"gpt2-1.5b:1024:8 1.3b:4096:2"}
 else
-  export MODEL=tiny SEQ=64 MB=2
+  RUNS="tiny:64:2"
   echo "fewer than 2 GPUs: tiny model on gloo CPU ranks (dry run, no allocator peaks)"
 fi
 PROG="$OUT/accuracy/ddp_iteration_peaks.py"
@@ -90,7 +92,7 @@ if dist.get_rank() == 0:
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "torch": torch.__version__, "grad_bytes": grad_bytes, "iterations": rows,
     }
-    path = os.path.join(os.environ["OUT_ACC"], f"ddp-iteration-peaks-{variant}.json")
+    path = os.path.join(os.environ["OUT_ACC"], f"ddp-iteration-peaks-{spec.name}-{variant}.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     for r in rows:
@@ -100,19 +102,21 @@ dist.destroy_process_group()
 sys.exit(0)
 EOF
 export OUT_ACC="$OUT/accuracy"
-for variant in default flush; do
-  VARIANT=$variant timeout 200 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
-    "$PROG" 2>&1 | tee "$OUT/logs/accuracy-$variant.log" || echo "accuracy: $variant failed"
+for run in $RUNS; do
+  IFS=: read -r MODEL SEQ MB <<< "$run"
+  export MODEL SEQ MB
+  for variant in default flush; do
+    VARIANT=$variant timeout 200 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
+      "$PROG" 2>&1 | tee "$OUT/logs/accuracy-$MODEL-$variant.log" \
+      || echo "accuracy: $MODEL $variant failed"
+  done
 done
 "$PY" - "$OUT/accuracy" <<'EOF' | tee "$OUT/accuracy/summary.txt"
 import json, sys
 from pathlib import Path
 folder = Path(sys.argv[1])
-for v in ("default", "flush"):
-    p = folder / f"ddp-iteration-peaks-{v}.json"
-    if not p.exists():
-        print(f"{v}: no result")
-        continue
+for p in sorted(folder.glob("ddp-iteration-peaks-*.json")):
+    v = p.stem.removeprefix("ddp-iteration-peaks-")
     d = json.loads(p.read_text())
     peaks = [r["peak_bytes"] for r in d["iterations"]]
     if None in peaks:
