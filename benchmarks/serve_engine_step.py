@@ -103,6 +103,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=3, help="timed prefills")
+    ap.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="let SDPA use cuDNN attention (the engine excludes it by default on CUDA)",
+    )
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -113,6 +118,7 @@ def main() -> None:
         max_batch=max(batches),
         max_len=args.prompt_len + args.warmup + args.steps + 8,
         prefix_cache=False,
+        cudnn_attention=args.cudnn_attention,
     )
     eng = Engine(model, cfg)
 
@@ -128,7 +134,8 @@ def main() -> None:
     print(
         "# evidence: "
         + (
-            "real-gpu"
+            f"measured on {name} (the engine alone: no HTTP, no communication); "
+            f"cuDNN attention {'allowed' if args.cudnn_attention else 'excluded'}"
             if gpu
             else "cpu-mechanism (CPU timings show per-row/per-layer overheads, not GPU speed)"
         )

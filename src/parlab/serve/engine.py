@@ -32,6 +32,7 @@ heads, K kv heads, D head dim, H hidden, V vocab.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,11 +40,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from parlab.errors import UsageError
 from parlab.models.reference import Transformer, apply_rope
 from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
 
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA backends of the engine on CUDA unless ``EngineConfig.cudnn_attention``."""
 PRINTABLE = (32, 127)  # sampled token ids: printable ASCII
 
 
@@ -93,6 +97,11 @@ class EngineConfig:
     """Prefix-cache capacity, blocks."""
     max_prefill_tokens: int = 8192
     """Most prompt tokens prefilled in one iteration (at least one request always)."""
+    cudnn_attention: bool = False
+    """Let SDPA pick cuDNN attention on CUDA. Off by default: cuDNN builds an execution plan
+    for every new (batch, length) shape the first time it sees it, and a serving engine
+    sees a new one almost every iteration (each decode step is one token longer);
+    flash, memory-efficient and math attention need no per-shape plan."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_len < 2 or self.block < 1 or self.cache_blocks < 1:
@@ -259,12 +268,19 @@ class Engine:
         if rep > 1 and not gqa:
             keys = keys.repeat_interleave(rep, dim=1)
             vals = vals.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(
-            q, keys, vals, attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=gqa
-        )
+        with self._sdpa_backends():
+            o = F.scaled_dot_product_attention(
+                q, keys, vals, attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=gqa
+            )
         if plan.scatter is not None:
             o = o[plan.scatter]
         return attn.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+    def _sdpa_backends(self) -> Any:
+        """The SDPA backends allowed here (``EngineConfig.cudnn_attention``)."""
+        if self.device.type != "cuda" or self.config.cudnn_attention:
+            return contextlib.nullcontext()
+        return sdpa_kernel(NO_CUDNN)
 
     @torch.no_grad()
     def forward(self, tokens_BS: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
