@@ -41,14 +41,17 @@ parlab() {
   echo "  ($((SECONDS - t0)) s; total $SECONDS s)" | tee -a "$LOG"
 }
 
-for s in ddp zero1 zero2 zero3 fsdp; do
+# TRAIN_STRATEGIES: the 1.3B runs (default all five); TRAIN_SIZES=0 skips the other sizes
+for s in ${TRAIN_STRATEGIES:-ddp zero1 zero2 zero3 fsdp}; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
-parlab train --strategy fsdp "${SECOND[@]}"
-# a second size (and architecture: GPT-2 style, LayerNorm + GeLU) for DDP's and FSDP's peaks
-for s in ddp fsdp; do
-  parlab train --strategy "$s" "${THIRD[@]}"
-done
+if [ "${TRAIN_SIZES:-1}" = 1 ]; then
+  parlab train --strategy fsdp "${SECOND[@]}"
+  # a second size (and architecture: GPT-2 style, LayerNorm + GeLU) for DDP's and FSDP's peaks
+  for s in ddp fsdp; do
+    parlab train --strategy "$s" "${THIRD[@]}"
+  done
+fi
 if [ "$SECONDS" -lt "${COMPILE_UNTIL:-200}" ]; then
   parlab train --strategy fsdp --compile "${BIG[@]}" --timeout 120
 else
