@@ -216,8 +216,8 @@ def _dump_flight_recorder(rank: int) -> str | None:
 
 def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]:
     """Rank function: one all-reduce of ``nbytes`` that ``skip_rank`` never joins (it stays
-    busy elsewhere for twice the process-group timeout instead, as a rank stuck in a data
-    loader or a data-dependent branch would).
+    busy elsewhere for six times the process-group timeout instead, as a rank stuck in a data
+    loader or a data-dependent branch would, until the launcher stops it).
 
     On NCCL the waiting rank waits on the work with half the group timeout, so it fails with
     a timeout of its own before the watchdog aborts the process, and both ranks dump their
@@ -250,7 +250,11 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
     else:
         if nccl:
             _dump_flight_recorder(ctx.rank)
-        time.sleep(2 * ctx.timeout_s)
+        # Longer than the waiting rank can last: on 2xH200 (torch 2.11) the wait above was only
+        # ended by the watchdog after 2x the timeout, and a skipping rank that woke up then
+        # reached the launcher's result gather on a dead communicator (a garbage-sized
+        # allocation: an "out of memory" that hid the timeout). The launcher stops it.
+        time.sleep(6 * ctx.timeout_s)
     return {"time_s": time.perf_counter() - t0, "value": float(x[0])}
 
 
