@@ -227,8 +227,14 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
     import torch.distributed as dist
 
     x = torch.ones(nbytes // 4, device=ctx.device)
-    t0 = time.perf_counter()
     nccl = ctx.backend == "nccl"
+    # One collective both ranks join first: NCCL creates its communicator at the first
+    # collective, and a rank waiting there (not in the all-reduce) cannot time out -- on 2xH200
+    # rank 0 sat in that set-up until rank 1 came back from its sleep. Hangs in training come
+    # after the communicator exists.
+    dist.all_reduce(torch.zeros(1, device=ctx.device))
+    ctx.sync()
+    t0 = time.perf_counter()
     if ctx.rank != skip_rank:
         if nccl:
             work = dist.all_reduce(x, async_op=True)
@@ -250,10 +256,9 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
     else:
         if nccl:
             _dump_flight_recorder(ctx.rank)
-        # Longer than the waiting rank can last: on 2xH200 (torch 2.11) the wait above was only
-        # ended by the watchdog after 2x the timeout, and a skipping rank that woke up then
-        # reached the launcher's result gather on a dead communicator (a garbage-sized
-        # allocation: an "out of memory" that hid the timeout). The launcher stops it.
+        # Longer than the waiting rank can last, so the launcher stops it: a skipping rank that
+        # woke first would reach the launcher's result gather on a dead communicator (on
+        # 2xH200 a garbage-sized allocation, an "out of memory" that hid the timeout).
         time.sleep(6 * ctx.timeout_s)
     return {"time_s": time.perf_counter() - t0, "value": float(x[0])}
 
