@@ -66,13 +66,41 @@ def parse_nccl_tests(path: Path) -> tuple[str | None, bool, dict[int, tuple[floa
     return op, graph, rows
 
 
+FAULT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_P2P_LEVEL")
+"""Variables that force NCCL off its normal path: sweeps run with them (the doctor's
+reproductions of a slow link) are not measurements of the machine's normal speed."""
+
+
+def faults(doc: Document) -> list[str]:
+    """The ``FAULT_VARS`` set in ``doc``'s environment, as ``NAME=value``."""
+    env = doc.environment.get("variables") or {}
+    return [f"{k}={env[k]}" for k in FAULT_VARS if k in env]
+
+
 def newest_sweeps(results: Path, level: str = "real-nccl") -> list[Document]:
+    """Sweeps at ``level`` without forced NCCL paths, oldest first (by creation time)."""
     entries, _ = read_results(results)
-    return [
+    docs = [
         e.doc
         for e in entries
         if e.doc.evidence_level == level and e.doc.workload.get("kind") == "collectives-sweep"
     ]
+    for d in docs:
+        if faults(d):
+            print(f"# left out {d.run_id}: run with {' '.join(faults(d))}")
+    return sorted((d for d in docs if not faults(d)), key=lambda d: d.created)
+
+
+def fr_setting(doc: Document) -> str:
+    """The flight recorder's buffer the ranks ran with (parlab's sweeps turn it off)."""
+    env = doc.environment.get("variables") or {}
+    for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        if k in env:
+            return f"{k}={env[k]}"
+    for n in doc.notes:
+        if "TORCH_FR_BUFFER_SIZE=0" in n:
+            return "TORCH_FR_BUFFER_SIZE=0 (parlab's default)"
+    return "torch's default (flight recorder on)"
 
 
 def rows_of(doc: Document, op: str) -> dict[int, dict]:
@@ -112,8 +140,8 @@ def main() -> None:
     ]
     print("\n## busbw at 64 MiB and above (target: within 3 % of nccl-tests)")
     print(f"{'op':<18} {'size':>12} {'parlab GB/s':>12} {'ref GB/s':>9} {'ratio':>6}  reference")
-    if big:
-        doc = big[-1]
+    if big:  # the sweep of the most ops (the full one), the newest among equals
+        doc = max(big, key=lambda d: (len(d.workload["collectives"]["ops"]), d.created))
         print(f"# parlab: {doc.run_id} (dtype {doc.workload['collectives']['dtype']})")
         for op in dict.fromkeys(r["op"] for r in doc.workload["measurements"]):
             for size, r in sorted(rows_of(doc, op).items()):
@@ -142,26 +170,33 @@ def main() -> None:
         if not cands:
             print(f"graph={graph}: no sweep")
             continue
-        doc = cands[-1]
-        small = {s: r for s, r in rows_of(doc, "all_reduce").items() if s <= SMALL_MAX}
-        us = [r["time_s"] * 1e6 for r in small.values()]
-        mean = statistics.fmean(us)
-        if (("all_reduce", graph)) in nt:
-            ref_rows = nt[("all_reduce", graph)]
-            pairs = [(small[s]["time_s"] * 1e6, ref_rows[s][0]) for s in small if s in ref_rows]
-            ratio = statistics.fmean(a / b for a, b in pairs) if pairs else float("nan")
-            src = f"nccl-tests log, same machine ({len(pairs)} sizes)"
-            ok = ratio <= 1.2
-        else:
-            lo, hi = EXTERNAL_SMALL_US[graph]
-            ratio = mean / hi
-            src = f"{EXTERNAL}: {lo}-{hi} us" if lo != hi else f"{EXTERNAL}: ~{hi} us"
-            ok = mean <= 1.2 * hi
-        print(
-            f"graph={int(graph)}  {doc.run_id}: mean {mean:.2f} us over {len(us)} sizes "
-            f"(min {min(us):.2f}, max {max(us):.2f}); vs {src}: ratio {ratio:.2f} "
-            f"{'ok' if ok else 'ABOVE'}"
-        )
+        for doc in cands:  # every one, oldest first: the environments differ
+            _small_row(doc, graph, nt)
+
+
+def _small_row(doc: Document, graph: bool, nt: dict) -> None:
+    """One small-message sweep against the nccl-tests reference (a printed row)."""
+    small = {s: r for s, r in rows_of(doc, "all_reduce").items() if s <= SMALL_MAX}
+    us = [r["time_s"] * 1e6 for r in small.values()]
+    mean = statistics.fmean(us)
+    if (("all_reduce", graph)) in nt:
+        ref_rows = nt[("all_reduce", graph)]
+        pairs = [(small[s]["time_s"] * 1e6, ref_rows[s][0]) for s in small if s in ref_rows]
+        ratio = statistics.fmean(a / b for a, b in pairs) if pairs else float("nan")
+        src = f"nccl-tests log, same machine ({len(pairs)} sizes)"
+        ok = ratio <= 1.2
+    else:
+        lo, hi = EXTERNAL_SMALL_US[graph]
+        ratio = mean / hi
+        src = f"{EXTERNAL}: {lo}-{hi} us" if lo != hi else f"{EXTERNAL}: ~{hi} us"
+        ok = mean <= 1.2 * hi
+    med = statistics.median(r["time_median_s"] * 1e6 for r in small.values())
+    print(
+        f"graph={int(graph)}  {doc.run_id}: mean {mean:.2f} us over {len(us)} sizes "
+        f"(min {min(us):.2f}, max {max(us):.2f}; median of the per-size medians "
+        f"{med:.2f}); vs {src}: ratio {ratio:.2f} {'ok' if ok else 'ABOVE'}"
+        f"  [{fr_setting(doc)}]"
+    )
 
 
 if __name__ == "__main__":
