@@ -77,9 +77,28 @@ def targets(results: Path) -> int:
         d = docs.get(run)
         return None if d is None else d.metric(name)
 
-    mfu = metric("tp2-sp", "mfu")
+    # issue 6: parlab's TP2 at micro-batch 2, "with sequence parallel and overlap where they
+    # help": each TP2 form parlab runs, then the best of them
+    best = None
+    for run, what in (("tp2-sp", "TP2+SP"), ("tp2", "TP2 (no SP)")):
+        mfu = metric(run, "mfu")
+        rows.append(
+            (
+                f"{what} MFU (micro-batch 2)",
+                ">= 35%",
+                _pct(mfu),
+                None if mfu is None else mfu >= 0.35,
+            )
+        )
+        if mfu is not None and (best is None or mfu > best[0]):
+            best = (mfu, what)
     rows.append(
-        ("TP2+SP MFU (micro-batch 2)", ">= 35%", _pct(mfu), None if mfu is None else mfu >= 0.35)
+        (
+            "parlab TP2 MFU, best form",
+            ">= 35%",
+            "-" if best is None else f"{_pct(best[0])} ({best[1]})",
+            None if best is None else best[0] >= 0.35,
+        )
     )
     for run in ("pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp2-1f1b-torch"):
         tps = metric(run, "tokens_per_s_per_gpu")

@@ -57,10 +57,12 @@ def main(argv: list[str]) -> int:
     if not docs:
         print(f"no {PROJECT} documents under {folder}")
         return 1
-    print(f"{'run':<30} {'level':<14} {'tokens/s/GPU':>13} {'MFU':>7} {'step':>9} "
+    print("norm: the model's RMSNorm kernel (runs before F.rms_norm record none: explicit)")
+    print(f"{'run':<30} {'level':<14} {'norm':<9} {'tokens/s/GPU':>13} {'MFU':>7} {'step':>9} "
           f"{'comm/step':>11} {'comm time':>10}  target")  # fmt: skip
     for d in docs:
         label = run_label(d)
+        norm = str(d.layout.get("knobs", {}).get("norm_kernel") or "explicit")
         if d.status != "ok":
             print(
                 f"{label:<30} {d.evidence_level:<14} failed ({d.failure.kind if d.failure else '?'})"
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> int:
             if t_mfu:
                 target.append(f"MFU ~{t_mfu:.0%} ({'met' if mfu and mfu >= t_mfu else 'not met'})")
         print(
-            f"{label:<30} {d.evidence_level:<14} {tps or 0:>13,.0f} "
+            f"{label:<30} {d.evidence_level:<14} {norm:<9} {tps or 0:>13,.0f} "
             f"{'unknown' if mfu is None else f'{mfu:.1%}':>7} {(st or 0) * 1e3:>7.1f}ms "
             f"{format_bytes(cb) if cb is not None else '-':>11} "
             f"{'-' if ct is None else f'{ct * 1e3:.1f}ms':>10}  {'; '.join(target)}"
