@@ -6,6 +6,10 @@ Three modes of one command:
   ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``; prints the
   nccl-tests-style table and writes a ``real-nccl`` / ``cpu-mechanism``
   document with a busbw plot beside it. Ctrl-C writes what was measured.
+  The ranks run without torch's flight recorder (``TORCH_FR_BUFFER_SIZE=0``)
+  and, under ``--graph``, without NCCL's graph mixing
+  (``NCCL_GRAPH_MIXING_SUPPORT=0``), unless the environment sets them
+  (``parlab.comm.sweep.rank_env``); the document's notes say which ran.
 - ``--fit SWEEP.json``: fits alpha and beta per op and writes the calibration
   document the planner loads (``parlab.comm.calibration.load_calibration``).
 - ``--explain MODEL --layout dp=8,tp=2``: per strategy in the layout, the
@@ -74,7 +78,9 @@ def collectives_cmd(
         None, "--axis", help="Measure the groups along this mesh axis."
     ),
     graph: bool = typer.Option(
-        False, "--graph", help="Time CUDA-graph replays of the loop (GPUs)."
+        False,
+        "--graph",
+        help="Time CUDA-graph replays of the loop (GPUs; NCCL_GRAPH_MIXING_SUPPORT=0 unless set).",
     ),
     nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
     backend: str = typer.Option("auto", help="auto, nccl or gloo."),
