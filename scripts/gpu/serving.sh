@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PAR-DISTRIBUTED-INFERENCE GPU evidence, in one go (about 80 s on 2xH200):
+# PAR-DISTRIBUTED-INFERENCE GPU evidence, in one go (115 s on 2xH200 with the batched engine:
+# results/logs/gpu-20261130T1600-run_all/summary.txt):
 #   - one reference replica (1.3B Llama-style, bf16, random weights) per GPU, behind parlab's
 #     router under each routing policy, with a seeded shared-prefix workload (serving-benchmark);
 #   - the replica's prefill/decode profile and the simulator's prediction for each run;
@@ -8,10 +9,10 @@
 #   - the router's own overhead against stub replicas (serving-benchmark);
 #   - a tensor-parallel replica (TP=2 over both GPUs) under a short load (serving-benchmark);
 #     SERVING_TP=0 skips it.
-# Without two GPUs it runs the same at CPU size (tiny model, gloo). On 2xH200 the first run spent
-# about 90 s on the five policies (their documents span 72 s of creation times) and passed the project's old 120 s limit before failover, KV
-# transfer and simulation: the project's limit is now SERVING_PROJECT_LIMIT (default 200 s); then
-# router overhead (limit 40 s) and the TP replica (serves for 30 s). Each part has its own limit.
+# Without two GPUs it runs the same at CPU size (tiny model, gloo). Each part has its own
+# limit: the project SERVING_PROJECT_LIMIT (default 200 s), router overhead 40 s, the TP
+# replica serves for 30 s. The engine before it was batched spent 188 ms per decode step and
+# the first GPU run passed the project limit before failover (results/logs/gpu-20261130T1527-*).
 #   scripts/gpu/serving.sh OUT_DIR     -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving.sh OUT_DIR}

@@ -6,7 +6,8 @@
 # Writes contract documents under OUT_DIR/results/PAR-TRAINING-STATE, the report
 # (Markdown + PNG) beside them, and the log at OUT_DIR/training.log.
 #
-# On 2 GPUs (208 s on 2xH200: results/logs/gpu-20261130T1422/summary.txt): torch DDP, parlab's ZeRO-1/2/3, FSDP2 on the 1.3B
+# On 2 GPUs (219 s on 2xH200 with the GPT-2 runs: results/logs/gpu-20261130T1542-run_all/summary.txt):
+# torch DDP, parlab's ZeRO-1/2/3, FSDP2 on the 1.3B
 # Llama-style model (hidden 2048, 24 layers, seq 4096, micro-batch 2, bf16 compute,
 # fp32 params/grads/AdamW states, fused AdamW), 3 warm-up + 5 timed steps each; FSDP2
 # with torch.compile if time allows; FSDP2 on the 8B model (micro-batch 1) as the
