@@ -8,7 +8,7 @@
 #   - slow-link: `parlab collectives` all_reduce/all_gather 1 MiB-1 GiB with NCCL_P2P_DISABLE=1
 #     against the same sweep without it (the GPU-only case);
 #   - ddp-small-buckets, pp-bubble, moe-skew, oom-activations at GPU sizes;
-#   - collective-timeout with the NCCL flight recorder on (TORCH_NCCL_TRACE_BUFFER_SIZE), its
+#   - collective-timeout with the NCCL flight recorder on (TORCH_FR_BUFFER_SIZE), its
 #     dumps kept in OUT_DIR/flight-recorder and read with torch's fr_trace where it exists;
 #   - `parlab doctor` over every folder written.
 # Without GPUs: the CPU reproductions at tiny sizes on gloo ranks (a dry run; slow-link is
@@ -52,7 +52,7 @@ for case in $CASES; do
     echo "slow-link on CPU: rc=$rc (2 expected): $(tail -1 "$OUT/doctor-slow-link.log")"
   elif [ "$case" = collective-timeout ]; then
     # rank 1 skips an all-reduce, rank 0 waits; each rank dumps its flight recorder
-    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+    TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$OUT/flight-recorder/nccl_trace_rank_" \
       step doctor-collective-timeout.log $PY -m parlab doctor --reproduce collective-timeout \
       --out "$RES/collective-timeout"

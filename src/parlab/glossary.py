@@ -392,12 +392,13 @@ TERMS: list[Term] = [
         aliases=(
             "nccl flight recorder",
             "torch_nccl_trace_buffer_size",
+            "torch_fr_buffer_size",
             "hang",
             "timeout",
             "fr_trace",
         ),
         meaning="A ring buffer of the last N collectives per rank kept by ProcessGroupNCCL "
-        "(TORCH_NCCL_TRACE_BUFFER_SIZE=N), dumped on timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=1, "
+        "(TORCH_FR_BUFFER_SIZE=N; older torch: TORCH_NCCL_TRACE_BUFFER_SIZE), dumped on timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=1, "
         "files at TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>). Read them with python -m "
         "torch.distributed.flight_recorder.fr_trace DIR: the first collective a rank never "
         "reached names the hang.",

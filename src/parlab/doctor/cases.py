@@ -824,7 +824,8 @@ CASES: list[Case] = [
         explanation="A collective waits until every rank of its group joins. A rank that skipped "
         "it (a data-dependent branch, an exception swallowed, an uneven number of batches) or "
         "issued collectives in a different order leaves the others waiting until the timeout. "
-        "NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=N, e.g. 2000, with "
+        "NCCL's flight recorder (TORCH_FR_BUFFER_SIZE=N, formerly TORCH_NCCL_TRACE_BUFFER_SIZE, "
+        "e.g. 2000, with "
         "TORCH_NCCL_DUMP_ON_TIMEOUT=1 and TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/tmp/nccl_trace_rank_) "
         "keeps the last N collectives per rank and dumps them on timeout.",
         try_="set the flight recorder variables, reproduce, then read the dumps with "

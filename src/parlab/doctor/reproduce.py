@@ -202,7 +202,8 @@ def _dump_flight_recorder(rank: int) -> str | None:
     """Write this rank's NCCL flight-recorder buffer where ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
     says (``<prefix><rank>``), as the watchdog does on a timeout; None when off or unavailable."""
     prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    if not prefix or not os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    if not prefix or not size or size == "0":
         return None
     try:
         data = torch._C._distributed_c10d._dump_nccl_trace()  # pickled, as fr_trace reads it
@@ -221,7 +222,7 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
 
     On NCCL the waiting rank waits on the work with half the group timeout, so it fails with
     a timeout of its own before the watchdog aborts the process, and both ranks dump their
-    flight recorder first (when ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set)."""
+    flight recorder first (when ``TORCH_FR_BUFFER_SIZE`` is set)."""
     import datetime
 
     import torch.distributed as dist
