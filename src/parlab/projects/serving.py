@@ -296,7 +296,8 @@ async def _run_policies(
         # the same simulation with the iteration costs the replicas showed while serving:
         # fitted on the first policy's run, then used unchanged for the later ones (for
         # those the prediction is out of sample)
-        logs = [e for u in urls for e in await _get_json(u + "/engine/log")]
+        per_replica = [await _get_json(u + "/engine/log") for u in urls]
+        logs = [e for log in per_replica for e in log]
         in_run, pred_run = None, None
         if calibration is None:
             with contextlib.suppress(ValueError):  # a run with no decode iteration
@@ -389,10 +390,23 @@ async def _run_policies(
                     **doc.workload,
                     "replica_profile": {k: v for k, v in profile.items() if k != "samples"},
                 },
+                # every replica's iteration log, one JSON line per iteration (replica, kind 0
+                # prefill / 1 decode, batch, tokens, the engine's seconds, the serving loop's
+                # wall and gap), for refitting the simulator's costs offline
+                "artifacts": {**doc.artifacts, "iteration_log": f"{doc.run_id}.iterations.jsonl"},
             }
         )
         from parlab.cli.common import write
 
+        log_path = root / PROJECT / f"{doc.run_id}.iterations.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(
+            "".join(
+                json.dumps({"replica": i, **e}) + "\n"
+                for i, log in enumerate(per_replica)
+                for e in log
+            )
+        )
         write(doc, root, quiet=True)
         s = res.summary
         run_ttft = run_tpot = ""
