@@ -201,8 +201,10 @@ def oom_activations(out: Path) -> tuple[Path, Path]:
 def _dump_flight_recorder(rank: int) -> str | None:
     """Write this rank's NCCL flight-recorder buffer where ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
     says (``<prefix><rank>``), as the watchdog does on a timeout; None when off or unavailable."""
+    from parlab.comm.sweep import FR_ENV  # its names, the first one set wins (as in torch)
+
     prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    size = next((os.environ[k] for k in FR_ENV if k in os.environ), None)
     if not prefix or not size or size == "0":
         return None
     try:

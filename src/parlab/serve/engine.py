@@ -101,7 +101,9 @@ class EngineConfig:
     """Let SDPA pick cuDNN attention on CUDA. Off by default: cuDNN builds an execution plan
     for every new (batch, length) shape the first time it sees it, and a serving engine
     sees a new one almost every iteration (each decode step is one token longer);
-    flash, memory-efficient and math attention need no per-shape plan."""
+    flash, memory-efficient and math attention need no per-shape plan. On an H200 (1.3B,
+    bf16, batch 32) a decode step took 56.2 ms with cuDNN allowed and 15.2 ms without
+    (scripts/gpu/serve_engine.sh)."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_len < 2 or self.block < 1 or self.cache_blocks < 1:
