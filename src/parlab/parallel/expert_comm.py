@@ -241,8 +241,8 @@ class PhaseTimer:
     kernel (``torch.cuda._sleep``) queued before the start event: the GPU is
     busy while the host issues the phase, so the time is the phase's own GPU
     time, as nccl-tests' back-to-back loop measures a collective, not the
-    host's launch cost (about 40 us for one ``all_to_all_single`` call from
-    Python). A phase that waits for the host inside it (a ``.tolist()``) still
+    host's launch cost (about 40 us for one eager ``all_reduce`` call on
+    2xH200: benchmarks/collectives_small_probe.py). A phase that waits for the host inside it (a ``.tolist()``) still
     counts that wait. Elsewhere: wall time between two synchronisations.
     """
 
