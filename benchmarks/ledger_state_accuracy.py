@@ -87,7 +87,9 @@ def revised_peak(doc: Any) -> tuple[int | None, str]:
     recompute = "op-selective" if recompute == "selective" else recompute
     optimizer = str(w.get("optimizer") or "adamw")
     optimizer = "adamw-fused" if optimizer == "adamw" and backend == "nccl" else optimizer
-    torch_ddp = name == "ddp" and backend == "nccl"
+    # torch DDP over NCCL, before the loop released the first step's buckets: they may be
+    # held through the second step (a race; the item is their upper bound)
+    torch_ddp = name == "ddp" and backend == "nccl" and knobs.get("ddp_first_buckets") != "released"
     shard = None
     if strategy == "fsdp-hybrid":
         shard = int(knobs.get("hybrid_shard") or max(1, world // 2))

@@ -87,3 +87,25 @@ def test_ddp_old_buckets_is_one_gradient_copy_in_forward_backward() -> None:
     assert one.value("ddp_old_buckets") == 0
     zero1 = predict(spec, strategy="zero1", topology=two, ddp_old_buckets=True, **kw)
     assert zero1.value("ddp_old_buckets") == 0
+
+
+def test_parlab_train_ddp_releases_first_buckets_and_predicts_without_them() -> None:
+    """parlab train's DDP frees the first step's buckets before the second step (the race of
+    ``ddp_old_buckets`` removed): its documents say so, and the prediction it records for
+    an NCCL run is the steady state's, one gradient copy under the held-bucket bound."""
+    from parlab.parallel.fsdp import TorchDDP
+    from parlab.projects.training_state import TrainConfig, _layout, ledger_predictions
+
+    assert callable(TorchDDP.release_first_buckets)
+    cfg = TrainConfig(strategy="ddp", model="small", micro_batch=2, seq=128, dtype="bf16")
+    assert _layout(cfg, "nccl")["knobs"]["ddp_first_buckets"] == "released"
+    assert (
+        "ddp_first_buckets"
+        not in _layout(TrainConfig(strategy="zero1", model="small"), "nccl")["knobs"]
+    )
+    preds, _ = ledger_predictions(cfg, "nccl")
+    spec, two = get_spec("small"), Topology(world_size=2, dp=2)
+    kw = dict(micro_batch=2, seq_len=128, bucket_view=True, optimizer="adamw-fused")
+    kw |= dict(logits_held=True, dtype="bf16-mixed", norm_kernel="fused")
+    held = predict(spec, strategy="ddp", topology=two, ddp_old_buckets=True, **kw)
+    assert preds["peak_memory"].value == held.peak_bytes - held.value("grads")

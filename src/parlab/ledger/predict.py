@@ -92,7 +92,12 @@ beyond ZeRO-1's within 3 MB; ZeRO-1 runs the same loop and dtypes without DDP
 and is 0.56 GiB over: the held logits, ``logits_held``). The mechanism is read
 from torch's source, not traced on the GPU; the size is measured. gloo keeps no
 such reference (the CPU runs show no excess), so the knob is off by default: set
-it for NCCL runs.
+it for NCCL runs. Whether the watchdog drops the hold before the second step's peak
+is a race: held at the 1.3B (iteration peaks 34.14 / 49.42 / 44.34 / 44.34 GiB, the
+second +5.08 GiB), not at GPT-2 1.5B (43.99 / 55.64 / 55.64 / 55.64 GiB), so the
+item is an upper bound (``scripts/gpu/accuracy.sh``). ``parlab train`` removes the
+race (``TorchDDP.release_first_buckets`` after the first step) and predicts its runs
+without the item; ``parlab fit`` keeps it, the bound for a loop that does not.
 
 Checked on the CPU against the tracked tensor bytes of real steps of the
 reference model (``tests/test_ledger.py``): one rank in fp32, bf16 and autocast

@@ -25,6 +25,7 @@ the recomputation); compile sees the checkpointed block; DDP/FSDP wrap last.
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
@@ -113,6 +114,28 @@ class TorchDDP:
 
     def finish_backward(self) -> None:
         """Nothing: DDP's reducer waits for its all-reduces at the end of backward."""
+
+    def release_first_buckets(self) -> None:
+        """Call once, after the first step: let NCCL drop its hold on the first buckets.
+
+        Before the second forward DDP rebuilds its buckets in the order the gradients
+        arrived, while ProcessGroupNCCL still holds the tensors of the first step's
+        all-reduces (DDP waits on their futures, never on the ``Work``); the watchdog drops
+        that hold only after it has polled them complete, and whether that happens before
+        the second step's peak is a race (one extra gradient copy at the 1.3B, none at GPT-2
+        1.5B: ``scripts/gpu/accuracy.sh``). Waiting for the GPU, giving the watchdog time
+        to poll (it sleeps 100 ms between polls) and issuing one small collective frees
+        them here, so every run's peak is the steady state's (measured on 2xH200: the
+        ``flush`` variant of ``scripts/gpu/accuracy.sh``). Costs 0.5 s once, outside the
+        timed steps. Nothing to do on gloo, which keeps no such hold.
+        """
+        dev = next(iter(self.params)).device
+        if dev.type != "cuda":
+            return
+        torch.cuda.synchronize(dev)
+        time.sleep(0.5)
+        torch.distributed.all_reduce(torch.zeros(1, device=dev), group=self.module.process_group)
+        torch.cuda.synchronize(dev)
 
     def step(self) -> None:
         self.optimizer.step()

@@ -306,6 +306,8 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             if step == metered_step:
                 state = meters.state_bytes(strat.state_items())
             strat.zero_grad()
+            if step == 0 and hasattr(strat, "release_first_buckets"):
+                strat.release_first_buckets()  # torch DDP: peak = steady state, no race
             losses.append(loss.detach())
             if warmup <= step < metered_step:
                 timer.mark()
@@ -379,8 +381,8 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         bucket_view=True,
         # the training loop keeps the logits alive through backward
         logits_held=True,
-        # torch DDP over NCCL: iteration 1's buckets are still held when iteration 2 peaks
-        ddp_old_buckets=backend == "nccl" and cfg.strategy == "ddp" and cfg.nproc > 1,
+        # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
+        ddp_old_buckets=False,
         reshard_after_forward=cfg.reshard_after_forward,
         norm_kernel=norm_kernel("cuda" if backend == "nccl" else "cpu"),
         **common,
@@ -440,6 +442,8 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             "dtype": cfg.dtype,
             "memory_cap": cfg.memory_cap,
             "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            # torch DDP: the first step's buckets are released before the second step
+            **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
         },
     }
 
