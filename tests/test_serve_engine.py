@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -178,6 +179,55 @@ def test_sim_join_interrupts_a_decode_leap_and_caches_prefix() -> None:
     assert r["cache_hit_rate"] == pytest.approx(96 / 200)
     ttft_b = 0.21 + 0.01 + 0.001 * (100 - 96) - 0.2
     assert r["mean_ttft_ms"] == pytest.approx((110.0 + ttft_b * 1e3) / 2)
+
+
+def test_sim_charges_cached_prompt_tokens_and_decode_context() -> None:
+    """A cached prompt token costs ``prefill_per_cached_token_s``; a decode step costs
+    ``decode_per_token_s`` per context token (prompt + tokens generated so far)."""
+    prof = dataclasses.replace(PROF, prefill_per_cached_token_s=0.0005, decode_per_token_s=1e-5)
+    one = sim.simulate(_work([0.0]), replicas=1, profile=prof, policy=PolicyConfig())
+    # 4 decode steps over contexts 100..103: 20 + 5 + 0.01 * 101.5 ms each
+    assert one["mean_tpot_ms"] == pytest.approx(25.0 + 1.015)
+    prof = dataclasses.replace(PROF, prefill_per_cached_token_s=0.0005)
+    two = sim.simulate(_work([0.0, 0.2]), replicas=1, profile=prof, policy=PolicyConfig())
+    ttft_b = 0.21 + 0.01 + 0.001 * (100 - 96) + 0.0005 * 96 - 0.2
+    assert two["mean_ttft_ms"] == pytest.approx((110.0 + ttft_b * 1e3) / 2)
+
+
+def test_fit_profile_recovers_the_costs_of_a_log_and_never_fits_a_negative_one() -> None:
+    rng = np.random.default_rng(0)
+    true = dict(pb=0.004, pt=2e-6, pc=5e-7, db=0.012, ds=4e-5, dt=3e-8)
+    log = []
+    for _ in range(60):
+        b, new, hit = (
+            int(rng.integers(1, 4)),
+            int(rng.integers(50, 3000)),
+            int(rng.integers(0, 2000)),
+        )
+        s = true["pb"] * b + true["pt"] * new + true["pc"] * hit
+        log.append({"kind": 0, "batch": b, "tokens": new, "cached": hit, "s": s})
+        b, ctx = int(rng.integers(1, 32)), int(rng.integers(100, 60000))
+        log.append(
+            {
+                "kind": 1,
+                "batch": b,
+                "tokens": ctx,
+                "s": true["db"] + true["ds"] * b + true["dt"] * ctx,
+            }
+        )
+    fit = sim.fit_profile(log)
+    names = dict(
+        pb="prefill_base_s", pt="prefill_per_token_s", pc="prefill_per_cached_token_s",
+        db="decode_base_s", ds="decode_per_seq_s", dt="decode_per_token_s",
+    )  # fmt: skip
+    for k, v in true.items():
+        assert fit[names[k]] == pytest.approx(v, rel=1e-6), k
+    # decode times that fall with the context: the cost per context token is 0, not negative
+    falling = [{"kind": 0, "batch": 1, "tokens": 100, "s": 0.01}] + [
+        {"kind": 1, "batch": 4, "tokens": c, "s": 0.02 - 1e-7 * c} for c in (100, 1000, 10000)
+    ]
+    fit = sim.fit_profile(falling)
+    assert fit["decode_per_token_s"] == 0.0 and min(fit.values()) >= 0.0
 
 
 def test_sim_disaggregated_adds_the_transfer() -> None:

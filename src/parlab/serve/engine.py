@@ -185,7 +185,9 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.log: list[dict[str, float]] = []
-        """Per iteration: kind (0 prefill, 1 decode), batch, tokens, seconds."""
+        """Per iteration: kind (0 prefill, 1 decode), batch, tokens (prefill: uncached prompt
+        tokens, with ``cached`` the prompt tokens taken from the prefix cache; decode: context
+        tokens), seconds."""
         self.tp = tp
         self._inbox: list[Sequence] = []
         self._cancels: list[int] = []
@@ -429,7 +431,7 @@ class Engine:
         emitted: list[Sequence] = []
         if self.waiting and self.free_slots:
             budget = cfg.max_prefill_tokens
-            tokens = 0
+            tokens = cached = 0
             while self.waiting and self.free_slots:
                 seq = self.waiting[0]
                 if emitted and len(seq.prompt) > budget:
@@ -440,10 +442,17 @@ class Engine:
                 self._prefill(seq)
                 budget -= len(seq.prompt) - seq.cached_tokens
                 tokens += len(seq.prompt) - seq.cached_tokens
+                cached += seq.cached_tokens
                 emitted.append(seq)
             self._sync()
             self.log.append(
-                {"kind": 0, "batch": len(emitted), "tokens": tokens, "s": time.perf_counter() - t0}
+                {
+                    "kind": 0,
+                    "batch": len(emitted),
+                    "tokens": tokens,
+                    "cached": cached,
+                    "s": time.perf_counter() - t0,
+                }
             )
         elif self.running:
             batch = self.running

@@ -3,12 +3,17 @@
 Each simulated replica schedules exactly as the reference engine does
 (``engine.py``): when requests wait and KV slots are free, a *prefill
 iteration* prefills every admitted request (``prefill_base_s +
-prefill_per_token_s * uncached tokens`` each; each then has its first token);
-otherwise a *decode iteration* advances the running batch by one token in
-``decode_base_s + decode_per_seq_s * batch`` seconds. Those four numbers come
-from a short measured profile of a real replica (``Engine.profile``, the
-replica's ``POST /engine/profile``), so simulated times rest on measured
-ones. Each replica has a prefix cache (``BlockLRU``); the router runs the
+prefill_per_token_s * uncached tokens + prefill_per_cached_token_s * cached
+tokens`` each; each then has its first token); otherwise a *decode iteration*
+advances the running batch by one token in ``decode_base_s + decode_per_seq_s *
+batch + decode_per_token_s * context tokens`` seconds (the context: every
+running request's prompt and generated tokens). Those numbers come from a
+short measured profile of a real replica (``Engine.profile``, the replica's
+``POST /engine/profile``: the first four), or from the iteration log of a real
+run (``fit_profile``: all six), so simulated times rest on measured ones.
+A cached prompt token is not free: the reference engine copies its KV into the
+request's slot and the new tokens attend to it (on 2xH200 a prefix-cache hit
+cost about as much as a miss: ``benchmarks/serve_sim_accuracy.py``). Each replica has a prefix cache (``BlockLRU``); the router runs the
 same policy code as the real router (``policy.py``).
 
 Decode iterations are simulated in leaps: between two events nothing
@@ -56,6 +61,10 @@ class ReplicaProfile:
     """Fixed cost of a decode iteration."""
     decode_per_seq_s: float
     """Cost per running request in a decode iteration."""
+    prefill_per_cached_token_s: float = 0.0
+    """Cost per prompt token taken from the prefix cache (its KV copied in, attended to)."""
+    decode_per_token_s: float = 0.0
+    """Cost per context token of the running batch in a decode iteration (attention reads)."""
     max_batch: int = 16
     """KV slots."""
     max_prefill_tokens: int = 8192
@@ -68,31 +77,59 @@ class ReplicaProfile:
     @classmethod
     def from_json(cls, data: dict[str, Any], **over: Any) -> ReplicaProfile:
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
-        return cls(**{k: float(data[k]) for k in keys}, **over)
+        extra = ("prefill_per_cached_token_s", "decode_per_token_s")
+        return cls(
+            **{k: float(data[k]) for k in keys},
+            **{k: float(data[k]) for k in extra if k in data},
+            **over,
+        )
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a cost is never negative): the best
+    unconstrained fit over every subset of the columns whose coefficients all come out
+    non-negative; the others zero. Exact for the few columns a profile has."""
+    k = a.shape[1]
+    best, best_err = np.zeros(k), float(np.sum(y**2))
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        c, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+        if np.any(c < 0):
+            continue
+        err = float(np.sum((y - a[:, cols] @ c) ** 2))
+        if err < best_err:
+            best, best_err = np.zeros(k), err
+            best[cols] = c
+    return best
 
 
 def fit_profile(log: list[dict[str, float]]) -> dict[str, float]:
-    """Iteration costs from an engine's iteration log (``GET /engine/log``), least squares:
-    prefill iteration ``s = base * requests + per_token * tokens``, decode ``s = base +
-    per_seq * batch``, where ``s`` is the iteration's wall time as the serving loop saw it plus
-    the gap before it (the serving loop's overhead), where logged, else its compute time. The profile of a replica *under the run's own
-    conditions*."""
+    """Iteration costs from an engine's iteration log (``GET /engine/log``), least squares
+    with non-negative costs: prefill iteration ``s = base * requests + per_token * uncached
+    tokens + per_cached_token * cached tokens``, decode ``s = base + per_seq * batch +
+    per_token * context tokens``, where ``s`` is the iteration's wall time as the serving
+    loop saw it plus the gap before it (the serving loop's overhead), where logged, else its
+    compute time; ``cached`` is 0 where the log does not say. The profile of a replica
+    *under the run's own conditions*."""
     pre = [e for e in log if e["kind"] == 0]
     dec = [e for e in log if e["kind"] == 1]
     if not pre or not dec:
         raise ValueError("the iteration log needs prefill and decode iterations")
-    a = np.asarray([[e["batch"], e["tokens"]] for e in pre], dtype=np.float64)
-    y = np.asarray([e.get("wall", e["s"]) + e.get("gap", 0.0) for e in pre])
-    (pb, pt), *_ = np.linalg.lstsq(a, y, rcond=None)
-    b = np.asarray([[1.0, e["batch"]] for e in dec])
-    (db, ds), *_ = np.linalg.lstsq(
-        b, np.asarray([e.get("wall", e["s"]) + e.get("gap", 0.0) for e in dec]), rcond=None
-    )
+
+    def cost(e: dict[str, float]) -> float:
+        return e.get("wall", e["s"]) + e.get("gap", 0.0)
+
+    a = np.asarray([[e["batch"], e["tokens"], e.get("cached", 0)] for e in pre], dtype=float)
+    pb, pt, pc = _nonneg_lstsq(a, np.asarray([cost(e) for e in pre]))
+    b = np.asarray([[1.0, e["batch"], e["tokens"]] for e in dec], dtype=float)
+    db, ds, dt = _nonneg_lstsq(b, np.asarray([cost(e) for e in dec]))
     return {
-        "prefill_base_s": max(float(pb), 0.0),
-        "prefill_per_token_s": max(float(pt), 0.0),
-        "decode_base_s": max(float(db), 0.0),
-        "decode_per_seq_s": max(float(ds), 0.0),
+        "prefill_base_s": float(pb),
+        "prefill_per_token_s": float(pt),
+        "prefill_per_cached_token_s": float(pc),
+        "decode_base_s": float(db),
+        "decode_per_seq_s": float(ds),
+        "decode_per_token_s": float(dt),
     }
 
 
@@ -176,6 +213,7 @@ class _Rep:
     kind: int = -1  # 0 prefill, 1 decode
     admitted: list[int] = field(default_factory=list)
     served: int = 0
+    ctx: int = 0  # sum over running requests of (prompt length - step at which it joined)
 
 
 _ARRIVE, _END, _KV = 0, 1, 2
@@ -213,6 +251,7 @@ def simulate(
     ttft = np.zeros(n)
     finish = np.zeros(n)
     cached = np.zeros(n, dtype=np.int64)
+    joined = np.zeros(n, dtype=np.int64)  # the replica's step count when r joined its batch
     front = np.zeros(n, dtype=np.int64)
     back = np.zeros(n, dtype=np.int64)
     group_blocks: dict[int, list[int]] = {}
@@ -253,8 +292,7 @@ def simulate(
             if is_decode_only[i]:
                 # KV arrived already: joining the batch costs nothing here
                 while rep.waiting and len(rep.running) < p.max_batch:
-                    r = rep.waiting.popleft()
-                    heapq.heappush(rep.running, (rep.steps + int(work.output_len[r]) - 1, r))
+                    join(rep, rep.waiting.popleft())
             else:
                 dur = 0.0
                 budget = p.max_prefill_tokens
@@ -273,7 +311,11 @@ def simulate(
                         hit = m * p.block
                         rep.cache.insert(hs)
                     cached[r] = hit
-                    dur += p.prefill_base_s + p.prefill_per_token_s * (plen - hit)
+                    dur += (
+                        p.prefill_base_s
+                        + p.prefill_per_token_s * (plen - hit)
+                        + p.prefill_per_cached_token_s * hit
+                    )
                     budget -= plen - hit
                     adm.append(r)
                 rep.busy, rep.kind = True, 0
@@ -282,8 +324,11 @@ def simulate(
                 return
         if rep.running:
             b = len(rep.running)
-            t = p.decode_base_s + p.decode_per_seq_s * b
             k = max(1, rep.running[0][0] - rep.steps)
+            # context tokens at this step: sum of (prompt + tokens generated so far); the
+            # leap's steps are timed at its mean context (it grows by b tokens a step)
+            ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
+            t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
             rep.busy, rep.kind = True, 1
             rep.leap_start, rep.leap_t, rep.leap_k = now, t, k
             rep.version += 1
@@ -302,6 +347,11 @@ def simulate(
                 rep.leap_k = done + 1
                 rep.version += 1
                 push(rep.leap_start + rep.leap_k * rep.leap_t, _END, i, rep.version)
+
+    def join(rep: _Rep, r: int) -> None:
+        heapq.heappush(rep.running, (rep.steps + int(work.output_len[r]) - 1, r))
+        joined[r] = rep.steps
+        rep.ctx += int(work.prompt_len[r]) - rep.steps
 
     def finish_req(r: int, now: float) -> None:
         finish[r] = now
@@ -355,12 +405,13 @@ def simulate(
                     elif int(work.output_len[r]) <= 1:
                         finish_req(r, now)
                     else:
-                        heapq.heappush(rep.running, (rep.steps + int(work.output_len[r]) - 1, r))
+                        join(rep, r)
                 rep.admitted = []
             else:
                 rep.steps += rep.leap_k
                 while rep.running and rep.running[0][0] <= rep.steps:
                     _, r = heapq.heappop(rep.running)
+                    rep.ctx -= int(work.prompt_len[r]) - int(joined[r])
                     finish_req(r, now)
                     if is_decode_only[i]:
                         rep.served += 1

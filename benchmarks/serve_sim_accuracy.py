@@ -1,0 +1,183 @@
+"""The serving simulator against measured runs: mean TTFT and TPOT (target: within 10 %).
+
+Input: the routing-policy documents of ``parlab serve project`` under a results folder
+(``PAR-DISTRIBUTED-INFERENCE/serve-bench-*.json`` with ``artifacts.iteration_log``: the
+replicas' iteration logs saved beside them, ``<run_id>.iterations.jsonl``). Runs of one
+``parlab serve project`` call form a set (same command, workload, replicas; consecutive
+documents).
+
+For each run the simulator (``parlab.serve.sim.simulate``) replays the run's own arrivals
+(the seeded dataset and arrival offsets the project used, rebuilt from the document's
+workload) over the same replicas, routing policy, KV slots and prefix-cache size, with the
+iteration costs taken four ways:
+
+- ``idle``: the replica's idle profile recorded in the document (``Engine.profile``: four
+  numbers, short prompts, no serving loop) -- what the project predicts before the runs;
+- ``first``: fitted (``sim.fit_profile``) on the set's first run's log, used for the others
+  (for the first run itself: in sample) -- what the project records as ``@in_run``;
+- ``others``: fitted on the pooled logs of every *other* run of the set (leave-one-out: no
+  run predicts itself);
+- ``own``: fitted on the run's own log (in sample: the simulator's queueing and batching
+  alone, with the costs it saw).
+
+Older logs have no ``cached`` field on prefill iterations; for a dataset whose prompts all
+have one length (``shared-prefix``) the script fills it in as ``batch x prompt length -
+tokens``, and says so.
+
+Run: ``python benchmarks/serve_sim_accuracy.py [RESULTS_DIR]`` (default ``results``).
+Prints one table per set and the count of runs within 10 % per cost source.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from parlab.contract import Document, read_results
+from parlab.serve import bench, datasets, sim
+from parlab.serve.policy import PolicyConfig
+
+PROJECT = "PAR-DISTRIBUTED-INFERENCE"
+SOURCES = ("idle", "first", "others", "own")
+
+
+def load_log(doc: Document, folder: Path) -> list[dict[str, Any]] | None:
+    name = doc.artifacts.get("iteration_log")
+    if not name or not (folder / name).exists():
+        return None
+    return [json.loads(line) for line in (folder / name).read_text().splitlines() if line]
+
+
+def fill_cached(log: list[dict[str, Any]], prompt_len: int | None) -> bool:
+    """Fill ``cached`` on prefill entries that lack it (fixed-length prompts only)."""
+    missing = [e for e in log if e["kind"] == 0 and "cached" not in e]
+    if not missing or prompt_len is None:
+        return False
+    for e in missing:
+        e["cached"] = max(0, int(e["batch"]) * prompt_len - int(e["tokens"]))
+    return True
+
+
+def workload_of(doc: Document) -> tuple[sim.Workload, int | None]:
+    """The run's requests and arrivals, rebuilt as ``parlab serve project`` built them."""
+    w = doc.workload
+    params = dict(w["dataset_params"])
+    if w["dataset"] != "shared-prefix":
+        raise ValueError(f"{doc.run_id}: dataset {w['dataset']!r} is not rebuilt here")
+    ds = datasets.shared_prefix(**params)
+    offsets = bench.arrival_offsets(
+        len(ds.requests),
+        rate=float(w["request_rate"]),
+        burstiness=float(w["burstiness"]),
+        seed=int(w["seed"]),
+    )
+    work = sim.from_dataset(ds, offsets, block=16)
+    lens = {int(x) for x in work.prompt_len}
+    return work, (lens.pop() if len(lens) == 1 else None)
+
+
+def simulate(doc: Document, work: sim.Workload, costs: dict[str, float]) -> dict[str, Any]:
+    lay = doc.layout
+    prof = sim.ReplicaProfile.from_json(
+        costs,
+        max_batch=int(lay["max_batch"]),
+        block=16,
+        cache_blocks=int(lay.get("prefix_cache_blocks") or 0) if lay.get("prefix_cache") else 0,
+    )
+    pol = PolicyConfig(name=str(lay["policy"]), seed=0, tree_blocks=prof.cache_blocks)
+    return sim.simulate(work, replicas=int(lay["replicas"]), profile=prof, policy=pol)
+
+
+def sets_of(docs: list[Document]) -> list[list[Document]]:
+    """Consecutive policy runs of one project call (same command and workload)."""
+    runs = sorted(
+        (
+            d
+            for d in docs
+            if d.project == PROJECT
+            and d.layout.get("policy")
+            and d.artifacts.get("iteration_log")
+            and d.status == "ok"
+        ),
+        key=lambda d: d.created,
+    )
+    out: list[list[Document]] = []
+    for d in runs:
+        key = (d.command, json.dumps(d.workload.get("dataset_params"), sort_keys=True))
+        last = out[-1] if out else []
+        same = bool(last) and key == (
+            last[0].command,
+            json.dumps(last[0].workload.get("dataset_params"), sort_keys=True),
+        )
+        if same and d.layout.get("policy") not in {x.layout.get("policy") for x in last}:
+            last.append(d)
+        else:
+            out.append([d])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1] if len(argv) > 1 else "results")
+    folder = root / PROJECT
+    docs = [e.doc for e in read_results(root)[0]]
+    within = {s: [0, 0] for s in SOURCES}
+    for group in sets_of(docs):
+        logs: dict[str, list[dict[str, Any]]] = {}
+        works: dict[str, sim.Workload] = {}
+        filled = False
+        for d in group:
+            work, plen = workload_of(d)
+            log = load_log(d, folder)
+            assert log is not None
+            filled |= fill_cached(log, plen)
+            logs[d.run_id], works[d.run_id] = log, work
+        first = sim.fit_profile(logs[group[0].run_id])
+        print(f"== set of {len(group)} runs from {group[0].created} ({group[0].command})")
+        if filled:
+            print("   (prefill 'cached' filled in from the fixed prompt length: older logs)")
+        fitted = {
+            "first": first,
+            "own": None,
+            "others": None,
+        }
+        head = f"{'policy':<18} {'measured TTFT':>13} {'TPOT':>6}  " + "  ".join(
+            f"{s + ' TTFT':>12} {'err':>6} {'TPOT':>6} {'err':>6}" for s in SOURCES
+        )
+        print(head)
+        print("-" * len(head))
+        for d in group:
+            others = [e for rid, log in logs.items() if rid != d.run_id for e in log]
+            fitted["own"] = sim.fit_profile(logs[d.run_id])
+            fitted["others"] = sim.fit_profile(others) if others else None
+            row = f"{d.layout['policy']:<18} {d.metric('mean_ttft_ms'):>13.1f} "
+            row += f"{d.metric('mean_tpot_ms'):>6.1f}  "
+            cells = []
+            for s in SOURCES:
+                costs = d.workload.get("replica_profile") if s == "idle" else fitted[s]
+                if costs is None:
+                    cells.append(f"{'-':>12} {'-':>6} {'-':>6} {'-':>6}")
+                    continue
+                res = simulate(d, works[d.run_id], costs)
+                e1 = res["mean_ttft_ms"] / d.metric("mean_ttft_ms") - 1
+                e2 = res["mean_tpot_ms"] / d.metric("mean_tpot_ms") - 1
+                within[s][0] += abs(e1) <= 0.10 and abs(e2) <= 0.10
+                within[s][1] += 1
+                cells.append(
+                    f"{res['mean_ttft_ms']:>12.1f} {e1:>+6.0%} {res['mean_tpot_ms']:>6.1f} {e2:>+6.0%}"
+                )
+            print(row + "  ".join(cells))
+        print(
+            "   fitted on the first run: "
+            + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in first.items())
+        )
+        print()
+    print("runs with both mean TTFT and mean TPOT within 10 %, per cost source:")
+    for s in SOURCES:
+        print(f"  {s:<7} {within[s][0]} of {within[s][1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
