@@ -42,14 +42,17 @@ parlab() {
   echo "  ($((SECONDS - t0)) s; total $SECONDS s)" | tee -a "$LOG"
 }
 
-# TRAIN_STRATEGIES: the 1.3B runs (default all five); TRAIN_SIZES=0 skips the other sizes
+# TRAIN_STRATEGIES: the 1.3B runs (default all five); TRAIN_SIZES=0 skips the other sizes,
+# TRAIN_8B=0 the 8B run, TRAIN_THIRD the strategies at GPT-2 1.5B (default: ddp fsdp)
 for s in ${TRAIN_STRATEGIES:-ddp zero1 zero2 zero3 fsdp}; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
 if [ "${TRAIN_SIZES:-1}" = 1 ]; then
-  parlab train --strategy fsdp "${SECOND[@]}"
+  if [ "${TRAIN_8B:-1}" = 1 ]; then
+    parlab train --strategy fsdp "${SECOND[@]}"
+  fi
   # a second size (and architecture: GPT-2 style, LayerNorm + GeLU) for DDP's and FSDP's peaks
-  for s in ddp fsdp; do
+  for s in ${TRAIN_THIRD:-ddp fsdp}; do
     parlab train --strategy "$s" "${THIRD[@]}"
   done
 fi
