@@ -41,6 +41,10 @@ Variants (``*`` = GPU/NCCL only; on CPU/gloo they are listed as skipped with the
 ``backend_nowait``          the same, ``asyncOp=True``, one wait per sample
 ``funcol``                  ``wait_tensor(_functional_collectives.all_reduce(buf, "sum",
                             g))`` (out of place: allocates one output per op)
+``nccl_direct``*            ``ncclAllReduce`` called directly through ctypes
+                            (``parlab.comm.nccl_direct.DirectComm``, one communicator made
+                            once for the probe beside torch's) on the current stream: no
+                            c10d at all, what nccl-tests does from C
 ``graph_dist_N{1,20,100}``* parlab's ``--graph``: warm up on a side stream, capture N
                             ``dist.all_reduce`` into one graph with
                             ``capture_error_mode="thread_local"``, replay
@@ -51,6 +55,7 @@ Variants (``*`` = GPU/NCCL only; on CPU/gloo they are listed as skipped with the
 ``graph_async_N100``*       ``dist.all_reduce(async_op=True).wait()`` captured: the
                             collective on ProcessGroupNCCL's own stream, fenced to the
                             capture stream by an event record + wait per op
+``graph_nccl_direct_N100``* ``nccl_direct`` captured the way ``graph_dist_N100`` is
 ``graph_global_N100``*      as ``graph_dist_N100`` with the default
                             ``capture_error_mode="global"`` (last: it may fail)
 ==========================  ==========================================================
@@ -81,6 +86,10 @@ Hypotheses the variants test (from torch/NCCL issues and docs):
    against ``median us`` checks the CUDA-event timing itself.
 6. Host cost of the Python wrappers (eager only): ``dist`` vs ``pg_*`` vs ``backend_*``
    vs ``funcol`` shows how much of the 26 us is c10d's Python and dispatcher path.
+7. c10d as a whole (eager): ``nccl_direct`` skips every layer of torch.distributed and
+   calls NCCL as nccl-tests does; ``dist`` minus ``nccl_direct`` is c10d's cost per call.
+   If ``nccl_direct`` is near nccl-tests' time, the gap is c10d; if it is near ``dist``,
+   the gap is elsewhere (NCCL's own launch, the machine).
 
 Run (2 ranks; re-launches itself under torchrun when not started by it)::
 
@@ -150,6 +159,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(name="backend_wait", graph_ops=0, gpu_only=False, what="backend.allreduce + wait"),
     Variant(name="backend_nowait", graph_ops=0, gpu_only=False, what="backend.allreduce no wait"),
     Variant(name="funcol", graph_ops=0, gpu_only=False, what="funcol.all_reduce + wait_tensor"),
+    Variant(name="nccl_direct", graph_ops=0, gpu_only=True, what="ncclAllReduce via ctypes"),
     Variant(name="graph_dist_N1", graph_ops=1, gpu_only=True, what="parlab --graph, N=1"),
     Variant(name="graph_dist_N20", graph_ops=20, gpu_only=True, what="parlab --graph, N=20"),
     Variant(name="graph_dist_N100", graph_ops=100, gpu_only=True, what="parlab --graph, N=100"),
@@ -158,19 +168,27 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(name="graph_pg_N100", graph_ops=100, gpu_only=True, what="pg.allreduce captured"),
     Variant(name="graph_async_N100", graph_ops=100, gpu_only=True, what="async+wait captured"),
+    Variant(
+        name="graph_nccl_direct_N100", graph_ops=100, gpu_only=True, what="ncclAllReduce captured"
+    ),
     Variant(name="graph_global_N100", graph_ops=100, gpu_only=True, what="capture mode global"),
 )
 """Every variant, in the order measured (the riskiest capture last)."""
 
 
 def _issue(
-    name: str, buf: torch.Tensor, group: Any, dev: torch.device
+    name: str, buf: torch.Tensor, group: Any, dev: torch.device, comm: Any = None
 ) -> tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
     """(issue, result): ``issue()`` runs one all_reduce of ``buf`` the way ``name`` says and
-    returns a work to wait on (no-wait variants) or None; ``result()`` is the last output."""
+    returns a work to wait on (no-wait variants) or None; ``result()`` is the last output.
+    ``comm``: the probe's ``DirectComm`` (the ``nccl_direct`` variants)."""
     pg = group if group is not None else dist.group.WORLD
     base = name.removeprefix("graph_").split("_N")[0]
     same = lambda: buf  # noqa: E731 - in-place variants: the result is the buffer
+    if base == "nccl_direct":
+        if comm is None:
+            raise RuntimeError("no DirectComm: NCCL could not be called directly here")
+        return comm.prepare("all_reduce", buf), same
 
     def opts(async_op: bool) -> Any:
         o = dist.AllreduceOptions()
@@ -180,7 +198,9 @@ def _issue(
 
     def waited(issue: Callable[[], Any]) -> Callable[[], None]:
         def f() -> None:
-            issue().wait()
+            work = issue()
+            if work is not None:  # ProcessGroupNCCL returns none for asyncOp=False (torch 2.11)
+                work.wait()
 
         return f
 
@@ -322,15 +342,15 @@ def _check(out: torch.Tensor, n: int, rounds: int) -> int:
 
 
 def _measure(
-    ctx: RankContext, v: Variant, nbytes: int, group: Any
+    ctx: RankContext, v: Variant, nbytes: int, group: Any, comm: Any = None
 ) -> tuple[Timing, int, str | None]:
     """(timing, wrong flag, None) or (([], 0, 0), 0, error line) on this rank."""
     cuda = ctx.is_cuda
     n = dist.get_world_size(group)
     r = dist.get_rank(group)
     buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
-    fn, result = _issue(v.name, buf, group, ctx.device)
     try:
+        fn, result = _issue(v.name, buf, group, ctx.device, comm)
         if v.graph_ops == 0:
             buf.fill_(r + 1)
             w = fn()
@@ -403,6 +423,14 @@ def probe_rank(
     ]
     if only not in (None, "all", "eager", "graph"):
         raise ValueError(f"only={only!r}: use 'eager', 'graph' or 'all'")
+    comm, comm_error = None, None
+    if ctx.is_cuda and any("nccl_direct" in v.name for v in variants):
+        from parlab.comm.nccl_direct import DirectComm
+
+        try:  # a collective call: every rank gets here together
+            comm = DirectComm(group, device=ctx.device)
+        except Exception as e:
+            comm_error = f"DirectComm: {type(e).__name__}: {str(e).splitlines()[0][:140]}"
     table: dict[str, Any] = {
         "probe": "collectives_small_probe",
         "tag": tag,
@@ -448,9 +476,15 @@ def probe_rank(
                 "error": None,
             }
             if v.gpu_only and not ctx.is_cuda:
-                row["skipped"] = "needs CUDA (graph capture / streams); this run is on gloo CPU"
+                row["skipped"] = (
+                    "needs CUDA and NCCL (ncclAllReduce through ctypes); this run is on gloo CPU"
+                    if "nccl_direct" in v.name
+                    else "needs CUDA (graph capture / streams); this run is on gloo CPU"
+                )
             else:
-                (per, issue, wall), wrong, err = _measure(ctx, v, nbytes, group)
+                (per, issue, wall), wrong, err = _measure(ctx, v, nbytes, group, comm)
+                if "nccl_direct" in v.name and comm_error:
+                    err = comm_error
                 med = statistics.median(per) if per else -1.0
                 mn = min(per) if per else -1.0
                 # the slowest rank's times, the number of ranks that failed or were wrong
@@ -481,6 +515,13 @@ def probe_rank(
                     print(_format_row(row), flush=True)
                 if out_path:
                     _write(table, Path(out_path))
+    if comm is not None:
+        torch.cuda.synchronize()
+        table["environment"]["nccl_direct"] = {
+            "library": comm.lib.path,
+            "version": ".".join(map(str, comm.version)),
+        }
+        comm.close()
     return table
 
 
@@ -508,14 +549,22 @@ def _write(table: dict[str, Any], path: Path) -> None:
 
 
 def summary(table: dict[str, Any]) -> list[str]:
-    """Per size: the fastest measured variant against parlab's eager and graph ways."""
+    """Per size: the fastest measured variant against parlab's eager and graph ways, and
+    c10d's cost per call (``dist`` minus ``nccl_direct``) where both were measured."""
     lines = []
     rows = [r for r in table["rows"] if r["median_us"] is not None]
     for nbytes in sorted({r["bytes"] for r in rows}):
         at = {r["variant"]: r["median_us"] for r in rows if r["bytes"] == nbytes}
         best = min(at, key=at.__getitem__)
-        ref = ", ".join(f"{k} {at[k]:.2f}" for k in ("dist", "graph_dist_N100") if k in at)
-        lines.append(f"{nbytes:>7} B: fastest {best} {at[best]:.2f} us/op (parlab now: {ref})")
+        ref = ", ".join(
+            f"{k} {at[k]:.2f}" for k in ("dist", "graph_dist_N100", "nccl_direct") if k in at
+        )
+        c10d = (
+            f"; c10d per call (dist - nccl_direct) {at['dist'] - at['nccl_direct']:.2f} us"
+            if "dist" in at and "nccl_direct" in at
+            else ""
+        )
+        lines.append(f"{nbytes:>7} B: fastest {best} {at[best]:.2f} us/op ({ref}){c10d}")
     return lines
 
 

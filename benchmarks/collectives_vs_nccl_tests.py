@@ -9,6 +9,13 @@ What it compares (reads documents only; measures nothing itself):
 - small all_reduce (8 B - 256 KiB) time per op, without and with CUDA graphs
   (``--graph``, as nccl-tests' ``-G``). Target: within 20 % of nccl-tests.
 
+Each comparison is made per path: ``via=torch`` (the ops issued through torch's c10d,
+what training pays; documents written before ``--via`` existed are this path) and
+``via=nccl`` (``parlab collectives --via nccl``: NCCL called directly through ctypes, as
+nccl-tests calls it). Where both paths measured the small all_reduce, the last section
+prints c10d's cost per call: the torch path's time minus the direct path's, size by size
+(the newest sweep of each path, same graph setting).
+
 Where the nccl-tests numbers come from, in order:
 
 1. nccl-tests logs passed with ``--nccl-tests LOG`` (the ``*_perf`` stdout;
@@ -107,6 +114,26 @@ def rows_of(doc: Document, op: str) -> dict[int, dict]:
     return {r["size"]: r for r in doc.workload["measurements"] if r["op"] == op}
 
 
+VIAS = ("torch", "nccl")
+"""The paths a sweep can issue its ops through (``parlab collectives --via``)."""
+
+
+def via_of(doc: Document) -> str:
+    """Who issued the sweep's ops: ``torch`` (c10d; every sweep before ``--via``) or ``nccl``."""
+    return doc.workload["collectives"].get("via", "torch")
+
+
+def _small_sweeps(docs: list[Document], graph: bool, via: str) -> list[Document]:
+    return [
+        d
+        for d in docs
+        if d.workload["collectives"]["graph"] == graph
+        and via_of(d) == via
+        and "all_reduce" in d.workload["collectives"]["ops"]
+        and any(r["size"] <= SMALL_MAX for r in d.workload["measurements"])
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", type=Path)
@@ -140,38 +167,72 @@ def main() -> None:
     ]
     print("\n## busbw at 64 MiB and above (target: within 3 % of nccl-tests)")
     print(f"{'op':<18} {'size':>12} {'parlab GB/s':>12} {'ref GB/s':>9} {'ratio':>6}  reference")
-    if big:  # the sweep of the most ops (the full one), the newest among equals
-        doc = max(big, key=lambda d: (len(d.workload["collectives"]["ops"]), d.created))
-        print(f"# parlab: {doc.run_id} (dtype {doc.workload['collectives']['dtype']})")
-        for op in dict.fromkeys(r["op"] for r in doc.workload["measurements"]):
-            for size, r in sorted(rows_of(doc, op).items()):
-                if size < BIG:
-                    continue
-                ref, src = None, "no reference"
-                if (op, False) in nt and size in nt[(op, False)]:
-                    ref, src = nt[(op, False)][size][1], "nccl-tests log, same machine"
-                elif (op, size) in EXTERNAL_BUSBW:
-                    ref, src = EXTERNAL_BUSBW[(op, size)], EXTERNAL
-                ratio = f"{r['busbw'] / ref:6.3f}" if ref else "     -"
-                mark = "" if not ref else ("  ok" if r["busbw"] >= 0.97 * ref else "  BELOW")
-                ref_text = f"{ref / 1e9:9.1f}" if ref else f"{'-':>9}"
-                print(
-                    f"{op:<18} {size:>12} {r['busbw'] / 1e9:12.1f} {ref_text} {ratio}  {src}{mark}"
-                )
+    for via in VIAS:
+        of_path = [d for d in big if via_of(d) == via]
+        if not of_path:
+            if via != "torch":
+                print(f"# via={via}: no sweep at 64 MiB and above")
+            continue
+        # the sweep of the most ops (the full one), the newest among equals
+        doc = max(of_path, key=lambda d: (len(d.workload["collectives"]["ops"]), d.created))
+        _big_rows(doc, nt)
     print("\n## small all_reduce, 8 B - 256 KiB: time per op (target: within 20 % of nccl-tests)")
     for graph in (False, True):
-        cands = [
-            d
-            for d in docs
-            if d.workload["collectives"]["graph"] == graph
-            and "all_reduce" in d.workload["collectives"]["ops"]
-            and any(r["size"] <= SMALL_MAX for r in d.workload["measurements"])
-        ]
-        if not cands:
-            print(f"graph={graph}: no sweep")
-            continue
-        for doc in cands:  # every one, oldest first: the environments differ
-            _small_row(doc, graph, nt)
+        for via in VIAS:
+            cands = _small_sweeps(docs, graph, via)
+            if not cands:
+                if via == "torch" or not graph:
+                    print(f"graph={int(graph)}  via={via}: no sweep")
+                continue
+            for doc in cands:  # every one, oldest first: the environments differ
+                _small_row(doc, graph, nt)
+    print("\n## c10d's cost per call: the torch path's time minus NCCL called directly")
+    for graph in (False, True):
+        _c10d_row(docs, graph)
+
+
+def _big_rows(doc: Document, nt: dict) -> None:
+    """One large-message sweep's rows against nccl-tests' busbw (printed)."""
+    print(
+        f"# parlab: {doc.run_id} (dtype {doc.workload['collectives']['dtype']}"
+        + (f", via {via_of(doc)}" if via_of(doc) != "torch" else "")
+        + ")"
+    )
+    for op in dict.fromkeys(r["op"] for r in doc.workload["measurements"]):
+        for size, r in sorted(rows_of(doc, op).items()):
+            if size < BIG:
+                continue
+            ref, src = None, "no reference"
+            if (op, False) in nt and size in nt[(op, False)]:
+                ref, src = nt[(op, False)][size][1], "nccl-tests log, same machine"
+            elif (op, size) in EXTERNAL_BUSBW:
+                ref, src = EXTERNAL_BUSBW[(op, size)], EXTERNAL
+            ratio = f"{r['busbw'] / ref:6.3f}" if ref else "     -"
+            mark = "" if not ref else ("  ok" if r["busbw"] >= 0.97 * ref else "  BELOW")
+            ref_text = f"{ref / 1e9:9.1f}" if ref else f"{'-':>9}"
+            print(f"{op:<18} {size:>12} {r['busbw'] / 1e9:12.1f} {ref_text} {ratio}  {src}{mark}")
+
+
+def _c10d_row(docs: list[Document], graph: bool) -> None:
+    """The newest torch-path and direct small all_reduce sweeps, size by size (printed)."""
+    t, d = _small_sweeps(docs, graph, "torch"), _small_sweeps(docs, graph, "nccl")
+    if not t or not d:
+        print(f"graph={int(graph)}: needs a via=torch and a via=nccl sweep of the small sizes")
+        return
+    tr, dr = rows_of(t[-1], "all_reduce"), rows_of(d[-1], "all_reduce")
+    sizes = sorted(s for s in tr.keys() & dr.keys() if s <= SMALL_MAX)
+    if not sizes:
+        print(f"graph={int(graph)}: {t[-1].run_id} and {d[-1].run_id} share no size")
+        return
+    diff = [(tr[s]["time_s"] - dr[s]["time_s"]) * 1e6 for s in sizes]
+    t_us = statistics.fmean(tr[s]["time_s"] * 1e6 for s in sizes)
+    d_us = statistics.fmean(dr[s]["time_s"] * 1e6 for s in sizes)
+    print(
+        f"graph={int(graph)}  torch {t[-1].run_id} mean {t_us:.2f} us - nccl {d[-1].run_id} "
+        f"mean {d_us:.2f} us = {statistics.fmean(diff):.2f} us per call over {len(sizes)} "
+        f"sizes (min {min(diff):.2f}, max {max(diff):.2f}; {100 * (t_us - d_us) / t_us:.0f}% "
+        f"of the torch path's time)"
+    )
 
 
 def _small_row(doc: Document, graph: bool, nt: dict) -> None:
@@ -192,7 +253,7 @@ def _small_row(doc: Document, graph: bool, nt: dict) -> None:
         ok = mean <= 1.2 * hi
     med = statistics.median(r["time_median_s"] * 1e6 for r in small.values())
     print(
-        f"graph={int(graph)}  {doc.run_id}: mean {mean:.2f} us over {len(us)} sizes "
+        f"graph={int(graph)}  via={via_of(doc)}  {doc.run_id}: mean {mean:.2f} us over {len(us)} sizes "
         f"(min {min(us):.2f}, max {max(us):.2f}; median of the per-size medians "
         f"{med:.2f}); vs {src}: ratio {ratio:.2f} {'ok' if ok else 'ABOVE'}"
         f"  [{fr_setting(doc)}]"

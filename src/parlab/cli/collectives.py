@@ -3,13 +3,16 @@
 Three modes of one command:
 
 - sweep (default): nccl-tests' options (``-b -e -f -d -w -n``), ``--op``,
-  ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``; prints the
+  ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``, ``--via``; prints the
   nccl-tests-style table and writes a ``real-nccl`` / ``cpu-mechanism``
   document with a busbw plot beside it. Ctrl-C writes what was measured.
   The ranks run without torch's flight recorder (``TORCH_FR_BUFFER_SIZE=0``)
   and, under ``--graph``, without NCCL's graph mixing
   (``NCCL_GRAPH_MIXING_SUPPORT=0``), unless the environment sets them
   (``parlab.comm.sweep.rank_env``); the document's notes say which ran.
+  ``--via nccl`` (GPUs) issues the ops through NCCL directly (ctypes,
+  ``parlab.comm.nccl_direct``) instead of torch's c10d: NCCL's own time per
+  op, c10d's cost per call being the difference from ``--via torch``.
 - ``--fit SWEEP.json``: fits alpha and beta per op and writes the calibration
   document the planner loads (``parlab.comm.calibration.load_calibration``).
 - ``--explain MODEL --layout dp=8,tp=2``: per strategy in the layout, the
@@ -82,6 +85,12 @@ def collectives_cmd(
         "--graph",
         help="Time CUDA-graph replays of the loop (GPUs; NCCL_GRAPH_MIXING_SUPPORT=0 unless set).",
     ),
+    via: str = typer.Option(
+        "torch",
+        "--via",
+        help="Who issues the ops: torch (c10d, what training calls) or nccl (NCCL itself "
+        "through ctypes; GPUs; no barrier). The difference is c10d's cost per call.",
+    ),
     nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
     backend: str = typer.Option("auto", help="auto, nccl or gloo."),
     timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
@@ -147,6 +156,7 @@ def collectives_cmd(
         mesh=mesh,
         axis=axis,
         graph=graph,
+        via=via,
         nproc=nproc,
         backend=backend,
         timeout=timeout,
@@ -168,6 +178,7 @@ def _sweep(
     mesh: str | None,
     axis: str | None,
     graph: bool,
+    via: str,
     nproc: int | None,
     backend: str,
     timeout: float,
@@ -192,13 +203,16 @@ def _sweep(
         iters=iters,
         inplace=inplace,
         graph=graph,
+        via=via.strip().lower(),
         mesh=parse_mesh(mesh),
         axis=axis.strip().lower() if axis else None,
         nproc=n,
         backend=backend,
         timeout_s=timeout,
     )
-    resolve_backend(spec)  # bad dtype/backend/--graph combinations fail here, before launching
+    resolve_backend(
+        spec
+    )  # bad dtype/backend/--graph/--via combinations fail here, before launching
     plan = spec.plan()
     progress = Progress(
         TextColumn("{task.description}"),
@@ -242,7 +256,9 @@ def _newest_sweep(folder: Path) -> Path:
     sweeps = [e for e in entries if e.doc.workload.get("kind") == SWEEP_KIND]
     if not sweeps:
         raise ValueError(f"no collectives sweep under {folder}: run 'parlab collectives' first")
-    return sweeps[-1].path
+    # the planner predicts what training pays, through c10d: prefer --via torch sweeps
+    torch_path = [e for e in sweeps if e.doc.workload["collectives"].get("via", "torch") == "torch"]
+    return (torch_path or sweeps)[-1].path
 
 
 def _fit(source: Path, results: Path | None, as_json: bool) -> None:

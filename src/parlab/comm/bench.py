@@ -27,10 +27,27 @@ group along ``axis`` of the ``Topology`` (the whole world when no axis is
 given); every group along that axis runs at the same time, as they would in
 a real job.
 
+``via`` picks who issues the op in the check and the timed loop:
+
+* ``torch`` (default): torch.distributed's c10d API (``dist.all_reduce``,
+  ``dist.all_gather_into_tensor``, ... ``dist.batch_isend_irecv``), what
+  training code calls;
+* ``nccl`` (GPUs only): NCCL itself through ctypes (``parlab.comm.nccl_direct``):
+  one ``DirectComm`` per group, made once before the first op (its unique id
+  is broadcast over the torch group), then ``ncclAllReduce``,
+  ``ncclAllGather``, ``ncclReduceScatter``, ``ncclBroadcast``, ``ncclReduce``
+  on the current stream, the ring exchange and the all-to-all as one
+  ``ncclGroupStart``/``End`` of ``ncclSend``/``ncclRecv`` (as nccl-tests'
+  sendrecv and alltoall). Same buffers, patterns, checks, warm-up and CUDA
+  event timing; barrier has no NCCL call and is not run. The difference in
+  time per op between the two paths is c10d's cost per call. The
+  bookkeeping (barriers, the slowest-rank reductions) stays on torch.
+
 Rank 0 appends one JSON line per (op, size) to ``progress_path`` as soon as
 it is measured, so the driver can show progress and keep what was measured
-if the run is interrupted. Every rank returns ``{rank, device, host, records}``
-(the records on rank 0 only).
+if the run is interrupted. Every rank returns ``{rank, device, host, records, nccl_direct}``
+(the records on rank 0 only; ``nccl_direct``: the library and version under
+``via="nccl"``).
 """
 
 from __future__ import annotations
@@ -41,7 +58,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,8 +67,13 @@ from parlab.comm import ops as O
 from parlab.runtime.context import RankContext
 from parlab.topology import Topology
 
+if TYPE_CHECKING:
+    from parlab.comm.nccl_direct import DirectComm
+
 SAMPLES = 5
 """Timing samples per (op, size) on GPUs: chunks of the timed loop, or graph replays."""
+VIAS = ("torch", "nccl")
+"""Who issues the op under test: torch's c10d API, or NCCL directly (GPUs only)."""
 
 
 def _group(ctx: RankContext, mesh: dict[str, int] | None, axis: str | None) -> Any:
@@ -66,8 +88,16 @@ class Case:
     """Buffers, the op closure and its exact check, for one (op, size) on one rank."""
 
     def __init__(
-        self, op: str, nbytes: int, dtype: torch.dtype, inplace: bool, group: Any, dev: Any
+        self,
+        op: str,
+        nbytes: int,
+        dtype: torch.dtype,
+        inplace: bool,
+        group: Any,
+        dev: Any,
+        comm: DirectComm | None = None,
     ) -> None:
+        """``comm``: issue the op through NCCL directly (``via="nccl"``) instead of c10d."""
         self.op = op
         n = dist.get_world_size(group)
         r = dist.get_rank(group)
@@ -91,7 +121,11 @@ class Case:
             # torch's all_reduce is in place only (an out-of-place form would add a copy)
             buf = empty(total)
             self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
-            self.fn = lambda: dist.all_reduce(buf, group=group)
+            self.fn = (
+                comm.prepare("all_reduce", buf)
+                if comm is not None
+                else lambda: dist.all_reduce(buf, group=group)
+            )
             self.input, self.output = buf, buf
             self.checks = [(buf, 0, pat.total_scale(n))]
         elif op == "all_gather":
@@ -99,7 +133,11 @@ class Case:
             out = empty(total)
             inp = out.narrow(0, r * c, c) if inplace else empty(c)
             self.prepare = lambda: O.fill(inp, r * c, pat)
-            self.fn = lambda: dist.all_gather_into_tensor(out, inp, group=group)
+            self.fn = (
+                comm.prepare("all_gather", out, inp)
+                if comm is not None
+                else lambda: dist.all_gather_into_tensor(out, inp, group=group)
+            )
             self.input, self.output = inp, out
             self.checks = [(out, 0, 1)]
         elif op == "reduce_scatter":
@@ -107,7 +145,11 @@ class Case:
             inp = empty(total)
             out = inp.narrow(0, r * c, c) if inplace else empty(c)
             self.prepare = lambda: O.fill(inp, 0, pat, pat.rank_scale(r))
-            self.fn = lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+            self.fn = (
+                comm.prepare("reduce_scatter", out, inp)
+                if comm is not None
+                else lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+            )
             self.input, self.output = inp, out
             self.checks = [(out, r * c, pat.total_scale(n))]
         elif op == "all_to_all":
@@ -116,7 +158,11 @@ class Case:
             self.prepare = lambda: [
                 O.fill(inp.narrow(0, j * c, c), (r * n + j) * c, pat) for j in range(n)
             ]
-            self.fn = lambda: dist.all_to_all_single(out, inp, group=group)
+            self.fn = (
+                comm.prepare("all_to_all", out, inp)
+                if comm is not None
+                else lambda: dist.all_to_all_single(out, inp, group=group)
+            )
             self.input, self.output = inp, out
             self.checks = [(out.narrow(0, s * c, c), (s * n + r) * c, 1) for s in range(n)]
         elif op == "all_to_all_uneven":
@@ -133,8 +179,12 @@ class Case:
                     off += send[j]
 
             self.prepare = prep
-            self.fn = lambda: dist.all_to_all_single(
-                out, inp, output_split_sizes=recv, input_split_sizes=send, group=group
+            self.fn = (
+                comm.prepare("all_to_all", out, inp, recv, send)
+                if comm is not None
+                else lambda: dist.all_to_all_single(
+                    out, inp, output_split_sizes=recv, input_split_sizes=send, group=group
+                )
             )
             self.input, self.output = inp, out
             offs = [sum(recv[:s]) for s in range(n)]
@@ -145,14 +195,22 @@ class Case:
             buf = empty(total)
             root = dist.get_global_rank(group, 0)
             self.prepare = lambda: O.fill(buf, 0, pat) if r == 0 else buf.zero_()
-            self.fn = lambda: dist.broadcast(buf, src=root, group=group)
+            self.fn = (
+                comm.prepare("broadcast", buf, root=0)
+                if comm is not None
+                else lambda: dist.broadcast(buf, src=root, group=group)
+            )
             self.input, self.output = buf, buf
             self.checks = [(buf, 0, 1)]
         elif op == "reduce":
             buf = empty(total)
             root = dist.get_global_rank(group, 0)
             self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
-            self.fn = lambda: dist.reduce(buf, dst=root, group=group)
+            self.fn = (
+                comm.prepare("reduce", buf, root=0)
+                if comm is not None
+                else lambda: dist.reduce(buf, dst=root, group=group)
+            )
             self.input, self.output = buf, buf
             self.checks = [(buf, 0, pat.total_scale(n))] if r == 0 else []
         elif op == "send_recv":
@@ -169,7 +227,11 @@ class Case:
                 for w in dist.batch_isend_irecv(p2p):
                     w.wait()
 
-            self.fn = sr
+            self.fn = (
+                comm.prepare("send_recv", send, (r + 1) % n, recv, (r - 1) % n)
+                if comm is not None
+                else sr
+            )
             self.input, self.output = send, recv
             self.checks = [(recv, ((r - 1) % n) * total, 1)]
         else:
@@ -264,6 +326,7 @@ def _record(
     inplace: bool,
     graph: bool,
     method: str,
+    via: str = "torch",
 ) -> dict[str, Any]:
     mean, samples = timed[0], timed[1:]
     algbw = nbytes / mean if mean > 0 and nbytes else 0.0
@@ -280,6 +343,7 @@ def _record(
         else O.SPECS[op].inplace == "always",
         "graph": graph,
         "method": method,
+        "via": via,
         "time_s": mean,
         "time_median_s": statistics.median(samples),
         "time_min_s": min(samples),
@@ -303,11 +367,14 @@ def sweep_rank(
     iters: int = 20,
     inplace: bool = False,
     graph: bool = False,
+    via: str = "torch",
     mesh: dict[str, int] | None = None,
     axis: str | None = None,
     progress_path: str | None = None,
 ) -> dict[str, Any]:
     """Measure every (op, size): see the module docstring."""
+    if via not in VIAS:
+        raise ValueError(f"via={via!r}: use one of {', '.join(VIAS)}")
     # torch 2.13 renames the tensor forms (all_gather_single, ...); the old names are what
     # every torch parlab supports, so keep them and silence the notice
     warnings.filterwarnings(
@@ -319,9 +386,16 @@ def sweep_rank(
     elem = torch.empty((), dtype=tdtype).element_size()
     cuda = ctx.is_cuda
     records: list[dict[str, Any]] = []
+    comm = None
+    if via == "nccl":
+        from parlab.comm.nccl_direct import DirectComm
+
+        comm = DirectComm(group, device=ctx.device)
     progress = open(progress_path, "a") if progress_path and ctx.rank == 0 else None  # noqa: SIM115
     try:
         for op in ops:
+            if op == "barrier" and comm is not None:
+                continue  # NCCL has no barrier call: the sweep notes it
             if op == "barrier":
                 for _ in range(warmup):
                     dist.barrier(group=group)
@@ -339,7 +413,7 @@ def sweep_rank(
                 if nbytes == 0 or nbytes in seen:
                     continue
                 seen.add(nbytes)
-                case = Case(op, nbytes, tdtype, inplace, group, ctx.device)
+                case = Case(op, nbytes, tdtype, inplace, group, ctx.device, comm)
                 wrong = case.check()
                 ctx.sync()
                 for _ in range(warmup):
@@ -371,6 +445,7 @@ def sweep_rank(
                     inplace,
                     graph,
                     method,
+                    via,
                 )
                 records.append(rec)
                 _emit(progress, rec)
@@ -378,6 +453,11 @@ def sweep_rank(
     finally:
         if progress is not None:
             progress.close()
+    direct = None
+    if comm is not None:  # not after an error: destroying waits for work a dead peer never ends
+        ctx.sync()
+        direct = {"library": comm.lib.path, "version": ".".join(map(str, comm.version))}
+        comm.close()
     device = torch.cuda.get_device_name(ctx.device) if cuda else "cpu"
     return {
         "rank": ctx.rank,
@@ -385,6 +465,7 @@ def sweep_rank(
         "host": socket.gethostname(),
         "group_size": n,
         "records": records if ctx.rank == 0 else None,
+        "nccl_direct": direct,
     }
 
 

@@ -11,7 +11,7 @@ The document (project PAR-COLLECTIVES, task T1; evidence ``real-nccl`` on
 NCCL, ``cpu-mechanism`` on gloo):
 
 - ``workload.measurements``: one row per (op, size), the printed table:
-  ``op, size, count, type, redop, root, inplace, graph, method, time_s`` (mean
+  ``op, size, count, type, redop, root, inplace, graph, method, via, time_s`` (mean
   per op, slowest rank), ``time_median_s, time_min_s, time_max_s`` (over the
   samples), ``time_per_rank_s``, ``algbw, busbw`` (bytes/s), ``wrong``,
   ``group_size``, ``requested_bytes`` (before rounding);
@@ -21,6 +21,12 @@ NCCL, ``cpu-mechanism`` on gloo):
   link peak is unknown), ``<op>.latency`` (s, mean time at its smallest
   size), ``<op>.wrong`` (count); ``barrier.latency`` (s); ``wrong_total``;
 - ``artifacts.busbw_plot``: the busbw-vs-size PNG beside the document.
+
+``via`` (``workload.collectives.via``, ``layout.via``, every row's ``via``) says who
+issued the ops: ``torch`` (c10d, the default) or ``nccl`` (NCCL called directly through
+ctypes, ``parlab.comm.nccl_direct``; GPUs only; ``workload.nccl_direct`` names the
+library and its version). Both are ``real-nccl``; the same sizes measured both ways give
+c10d's cost per call as the difference.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from parlab.comm import ops as O
+from parlab.comm.bench import VIAS
 from parlab.comm.calibration import SWEEP_KIND
 from parlab.comm.model import link_peak
 from parlab.contract import Document, Failure, Metric, new_run_id, now_iso, write_result
@@ -111,6 +118,8 @@ class SweepSpec:
     """In-place buffers for the ops that have both forms (all_gather, reduce_scatter)."""
     graph: bool = False
     """Capture each timed loop in a CUDA graph and time its replays (nccl-tests -G); GPUs only."""
+    via: str = "torch"
+    """Who issues the ops: ``torch`` (c10d) or ``nccl`` (NCCL through ctypes; GPUs only)."""
     mesh: dict[str, int] | None = None
     """Mesh degrees (``Topology`` axes) when measuring a sub-group."""
     axis: str | None = None
@@ -133,6 +142,12 @@ class SweepSpec:
             raise UsageError(f"-n/--iters {self.iters} must be at least 1")
         if self.nproc < 1:
             raise UsageError(f"--nproc {self.nproc} is below 1: run at least one rank")
+        if self.via not in VIAS:
+            raise UsageError(f"--via {self.via!r} is not one of {', '.join(VIAS)}: pick one")
+        if self.via == "nccl" and set(self.ops) == {"barrier"}:
+            raise UsageError(
+                "--op barrier has no NCCL call to issue directly: measure it with --via torch"
+            )
         if self.axis is not None and not self.mesh:
             raise UsageError(f"--axis {self.axis} needs --mesh (e.g. --mesh dp=2,tp=4)")
         if self.mesh:
@@ -169,7 +184,8 @@ class SweepSpec:
         out = []
         for op in self.ops:
             if op == "barrier":
-                out.append((op, 0, 0))
+                if self.via == "torch":  # NCCL has no barrier call: not run with --via nccl
+                    out.append((op, 0, 0))
                 continue
             if op == "send_recv" and n < 2:
                 continue
@@ -229,6 +245,11 @@ def resolve_backend(spec: SweepSpec) -> str:
         raise UsageError(
             "--graph captures CUDA graphs and needs GPUs with NCCL: drop --graph on CPU/gloo runs"
         )
+    if spec.via == "nccl" and backend != "nccl":
+        raise UsageError(
+            "--via nccl calls NCCL directly and needs GPUs with NCCL: use --via torch on "
+            "CPU/gloo runs"
+        )
     return backend
 
 
@@ -259,6 +280,7 @@ def run_sweep(
             "iters": spec.iters,
             "inplace": spec.inplace,
             "graph": spec.graph,
+            "via": spec.via,
             "mesh": spec.mesh,
             "axis": spec.axis,
             "progress_path": str(progress),
@@ -281,9 +303,11 @@ def run_sweep(
             stop.set()
             if follower is not None:
                 follower.join(timeout=5)
+        direct = None
         if res is not None and res.ok:
             records = res.results[0]["records"]
             devices = [r["device"] for r in res.results]
+            direct = res.results[0].get("nccl_direct")
         else:
             records = _read_records(progress)
             devices = []
@@ -296,6 +320,7 @@ def run_sweep(
         command=command,
         failure=None if (res is None or res.ok) else res.failure,
         interrupted=interrupted,
+        nccl_direct=direct,
     )
     return SweepOutcome(doc=doc, records=records, interrupted=interrupted, devices=devices)
 
@@ -316,8 +341,11 @@ def build_document(
     command: str,
     failure: Failure | None = None,
     interrupted: bool = False,
+    nccl_direct: dict[str, Any] | None = None,
 ) -> Document:
-    """The T1 sweep document for ``records`` (see the module docstring)."""
+    """The T1 sweep document for ``records`` (see the module docstring).
+
+    ``nccl_direct``: the library path and version the ranks loaded for ``--via nccl``."""
     n = spec.group_size
     link_bw, link_src = link_peak(environment, _group_ranks(spec) if backend == "nccl" else None)
     if backend != "nccl":
@@ -380,6 +408,17 @@ def build_document(
         notes.append(f"sizes below one element per rank were skipped for {', '.join(skipped)}")
     if "send_recv" in spec.ops and n < 2:
         notes.append("send_recv needs 2 or more ranks: skipped")
+    if spec.via == "nccl":
+        lib = nccl_direct or {}
+        notes.append(
+            "issued by NCCL called directly (ctypes: ncclAllReduce, ncclAllGather, "
+            "ncclReduceScatter, ncclBroadcast, ncclReduce; send_recv and all_to_all as grouped "
+            "ncclSend/ncclRecv), not through torch's c10d: no work objects, events or watchdog "
+            f"per op; NCCL {lib.get('version', '?')} from {lib.get('library', '?')}; "
+            "a --via torch sweep of the same sizes gives c10d's cost per call as the difference"
+        )
+        if "barrier" in spec.ops:
+            notes.append("barrier has no NCCL call: not measured with --via nccl (use --via torch)")
     if interrupted:
         notes.append(
             f"partial: interrupted (Ctrl-C) after {len(records)} of {len(planned)} measurements"
@@ -418,6 +457,7 @@ def build_document(
         "group_size": n,
         "strategy": None,
         "backend": backend,
+        "via": spec.via,
     }
     workload = {
         "kind": SWEEP_KIND,
@@ -431,13 +471,16 @@ def build_document(
             "iters": spec.iters,
             "inplace": spec.inplace,
             "graph": spec.graph,
-            "timing": "cuda-graph replays"
-            if spec.graph
-            else ("cuda events around the timed loop" if backend == "nccl" else "perf_counter"),
+            "via": spec.via,
+            "timing": ("cuda-graph replays" if spec.graph else "cuda events around the timed loop")
+            + ("; ops issued by NCCL directly (no c10d)" if spec.via == "nccl" else "")
+            if backend == "nccl"
+            else "perf_counter",
         },
         "devices": devices,
         "link_bw": link_bw,
         "link_bw_source": link_src,
+        "nccl_direct": nccl_direct,
         "partial": interrupted or failure is not None,
         "measurements": records,
     }
