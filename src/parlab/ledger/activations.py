@@ -69,7 +69,10 @@ class ActTerm:
     """Bytes per token of the local sequence, before any TP division."""
     split: str
     """``tp``: divided by the TP degree; ``sp``: divided only with sequence parallelism;
-    ``none``: never divided (a row-parallel matmul's partial sums, whole per rank)."""
+    ``sp_in``: a column-parallel linear's input, divided with sequence parallelism only where
+    the sharded sequence is saved and re-gathered in backward (Megatron), whole where the
+    gathered sequence is saved (``sp_saves_gathered``: parlab's SP); ``none``: never divided
+    (a row-parallel matmul's partial sums, whole per rank)."""
 
 
 def _norm(spec: ModelSpec, width: int, r: int, norm_kernel: str = "fused") -> int:
@@ -114,7 +117,7 @@ def layer_terms(
     if spec.mla is not None:
         m = spec.mla
         n = spec.heads
-        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(2), split="sp"))
+        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(2), split="sp_in"))
         lat = (4 + e) * m.kv_lora_rank + e * m.kv_lora_rank
         if m.q_lora_rank:
             lat += (4 + e) * m.q_lora_rank + e * m.q_lora_rank
@@ -128,7 +131,7 @@ def layer_terms(
             )
         )
     else:
-        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(3), split="sp"))
+        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(3), split="sp_in"))
         q, kv = spec.q_dim, spec.kv_dim
         kv_in = 2 * q if kv_repeat else 2 * kv
         out.append(
@@ -176,7 +179,7 @@ def layer_terms(
                 )
             )
     else:
-        out.append(ActTerm(name="mlp_in", bytes_per_token=lin_in(mats_in), split="sp"))
+        out.append(ActTerm(name="mlp_in", bytes_per_token=lin_in(mats_in), split="sp_in"))
         out.append(
             ActTerm(name="mlp_hidden", bytes_per_token=hid * e * spec.ffn_hidden, split="tp")
         )
@@ -191,6 +194,7 @@ def layer_bytes_per_token(
     recompute: str = "none",
     r: int = 2,
     hidden: int = 0,
+    sp_saves_gathered: bool = False,
 ) -> float:
     """Bytes per (local) token one block keeps, under TP/SP and a recompute mode."""
     if recompute == "full":
@@ -199,7 +203,8 @@ def layer_bytes_per_token(
     for t in terms:
         if recompute == "selective" and t.name == "attn_scores":
             continue
-        div = tp if (t.split == "tp" or (sp and t.split == "sp")) else 1
+        sharded = sp and (t.split == "sp" or (t.split == "sp_in" and not sp_saves_gathered))
+        div = tp if (t.split == "tp" or sharded) else 1
         total += t.bytes_per_token / div
     return total
 
@@ -239,10 +244,12 @@ def head_bytes_per_token(
     tp: int,
     sp: bool,
     norm_kernel: str = "fused",
+    sp_saves_gathered: bool = False,
 ) -> float:
     """The final norm and the output projection's input (last stage)."""
-    norm = _norm(spec, spec.hidden, r, norm_kernel) + (e if autocast else r) * spec.hidden
-    return norm / (tp if sp else 1)
+    norm = _norm(spec, spec.hidden, r, norm_kernel) / (tp if sp else 1)
+    lin_in = (e if autocast else r) * spec.hidden
+    return norm + lin_in / (tp if sp and not sp_saves_gathered else 1)
 
 
 def schedule_name(name: str) -> str:

@@ -33,7 +33,10 @@ input); ZeRO-3 and FSDP gather their parameters in bf16 and run the whole
 forward in it (bf16 residual, no casts), as FSDP2's ``param_dtype`` does.
 
 Transient items (the forward/backward phase): ``activations`` (per layer from
-``parlab.ledger.activations``, times the micro-batches in flight),
+``parlab.ledger.activations``, times the micro-batches in flight; with ``sp`` the
+column-parallel linears' inputs are ``S/t`` per rank as Megatron keeps them -- saved
+sharded, re-gathered in backward -- or, with ``sp_saves_gathered=True``, the whole
+gathered sequence, as parlab's SP keeps it: on 2 gloo ranks that is exact to 0.1 %),
 ``recompute_buffer`` (full recompute: one layer's activations during its
 backward; ``op-selective``: the part of one layer's activations it recomputes,
 alive in that layer's backward, after the loss region -- counted with the block's
@@ -439,6 +442,7 @@ def predict(
     microbatches: int = 1,
     virtual_stages: int = 1,
     sp: bool = False,
+    sp_saves_gathered: bool = False,
     shard_size: int | None = None,
     offload: str = "none",
     flash: bool = True,
@@ -500,14 +504,20 @@ def predict(
                 spec, i, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
                 kv_repeat=kv_repeat, norm_kernel=norm_kernel,
             )  # fmt: skip
-            full = act.layer_bytes_per_token(terms, tp=tp, sp=sp, recompute="none", r=r)
+            g = sp_saves_gathered
+            full = act.layer_bytes_per_token(
+                terms, tp=tp, sp=sp, recompute="none", r=r, sp_saves_gathered=g
+            )
             if recompute == "op-selective":
                 saved = act.op_saved_terms(spec, i, r=r, e=e)
-                kept = act.layer_bytes_per_token(saved, tp=tp, sp=sp, recompute="none", r=r)
+                kept = act.layer_bytes_per_token(
+                    saved, tp=tp, sp=sp, recompute="none", r=r, sp_saves_gathered=g
+                )
             else:
                 kept = act.layer_bytes_per_token(
-                    terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden
-                )
+                    terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden,
+                    sp_saves_gathered=g,
+                )  # fmt: skip
             kinds[k] = (kept, full)
         return kinds[k]
 
@@ -539,7 +549,14 @@ def predict(
         last = stage == pp - 1
         head = (
             act.head_bytes_per_token(
-                spec, r=r, e=e, autocast=autocast, tp=tp, sp=sp, norm_kernel=norm_kernel
+                spec,
+                r=r,
+                e=e,
+                autocast=autocast,
+                tp=tp,
+                sp=sp,
+                norm_kernel=norm_kernel,
+                sp_saves_gathered=sp_saves_gathered,
             )
             if last
             else 0.0
@@ -652,7 +669,8 @@ def predict(
     knobs = dict(
         micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches, dtype=pol.name,
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
-        virtual_stages=virtual_stages, sp=sp, shard_size=shard_size, offload=offload,
+        virtual_stages=virtual_stages, sp=sp, sp_saves_gathered=sp_saves_gathered,
+        shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
         ddp_old_buckets=ddp_old_buckets, loss_parallel=loss_parallel,
         logits_held=logits_held, reshard_after_forward=reshard_after_forward,

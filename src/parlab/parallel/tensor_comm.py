@@ -85,7 +85,10 @@ def all_gather_dim(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     out = torch.empty((n * xt.shape[0], *xt.shape[1:]), dtype=x.dtype, device=x.device)
     _log("all_gather", out)
     dist.all_gather_into_tensor(out, xt, group=group)
-    return out.movedim(0, dim)
+    # one contiguous copy here, so the linears that consume the gathered sequence (wq, wk,
+    # wv; w1, w3) share it -- as their saved input too -- instead of each reshaping a strided
+    # view into its own copy (five saved copies of B*S*H per block on 2 gloo ranks before)
+    return out if dim == 0 else out.movedim(0, dim).contiguous()
 
 
 def reduce_scatter_dim(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:

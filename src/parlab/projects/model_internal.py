@@ -513,6 +513,8 @@ def predictions(
             pp_schedule="interleaved" if cfg.vpp > 1 else cfg.schedule,
             virtual_stages=cfg.vpp,
             norm_kernel=norm or norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            # parlab's SP saves the gathered sequence as its linears' input (tensor_comm)
+            sp_saves_gathered=cfg.sp and cfg.impl == "parlab",
             **kw,
         )
         per = led.per_rank("params")
@@ -657,6 +659,7 @@ def document(
             "mesh": {"pp": cfg.pp, "dp": 1, "cp": cfg.cp, "tp": cfg.tp},
             "strategy": cfg.name,
             "sequence_parallel": cfg.sp,
+            **({"sp_saved_input": "gathered"} if cfg.sp and cfg.impl == "parlab" else {}),
             "loss_parallel": cfg.tp > 1,
             "cp_variant": cfg.cp_variant if cfg.cp > 1 else None,
             "pp_schedule": cfg.schedule if cfg.pp > 1 else None,
