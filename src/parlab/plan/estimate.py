@@ -35,6 +35,7 @@ from typing import Any
 
 from parlab.comm.model import collective_time, hierarchical_time
 from parlab.models.spec import ModelSpec
+from parlab.plan.roofline import ComputeParts
 from parlab.plan.space import Candidate, Cluster
 
 # the ledger's collective names -> parlab.comm's op names
@@ -164,6 +165,8 @@ class StepEstimate:
     """compute + exposed comm + bubble."""
     top_items: tuple[tuple[str, float], ...]
     """The largest communication items: (description, seconds per step)."""
+    comm_hidden_s: float = 0.0
+    """Communication hidden under compute (roofline model; its contention is in compute_s)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -174,7 +177,50 @@ class StepEstimate:
             "bubble_s": self.bubble_s,
             "step_s": self.step_s,
             "top_comm_items": [{"item": d, "seconds": s} for d, s in self.top_items],
+            "comm_hidden_s": self.comm_hidden_s,
         }
+
+
+# Which compute window each mechanism's collectives hide under (``parlab.parallel``): DDP's
+# bucketed all-reduces and the ZeRO/FSDP reduce-scatters run async during backward; FSDP and
+# ZeRO-3 prefetch the next unit's all-gather during the current unit's forward/backward;
+# parlab's ZeRO-1/2 issue every all-gather after the step and each unit's forward waits for its
+# own; the context-parallel ring shifts K/V during the current block's attention. Tensor- and
+# pipeline-parallel transfers (and expert all-to-alls) sit on the critical path.
+OVERLAP_WINDOW: dict[tuple[str, str], str] = {
+    ("ddp", "all-reduce"): "backward",
+    ("zero1", "reduce-scatter"): "backward",
+    ("zero2", "reduce-scatter"): "backward",
+    ("zero3", "reduce-scatter"): "backward",
+    ("fsdp", "reduce-scatter"): "backward",
+    ("zero1", "all-gather"): "forward",
+    ("zero2", "all-gather"): "forward",
+    ("zero3", "all-gather"): "phase",
+    ("fsdp", "all-gather"): "phase",
+    ("cp", "send-recv"): "attention",
+}
+
+
+def overlap_window(item: Any) -> str | None:
+    """The compute window ``item`` hides under (``forward``, ``backward``, ``attention``), or
+    None when it is exposed in full; mechanisms not in ``OVERLAP_WINDOW`` follow the ledger's
+    ``blocking`` flag (non-blocking items hide under backward)."""
+    w = OVERLAP_WINDOW.get((item.source, item.collective))
+    if w == "phase":
+        return "forward" if item.phase == "forward" else "backward"
+    if w is not None:
+        return w
+    return None if item.blocking else "backward"
+
+
+def exposed_time(total_s: float, one_call_s: float, window_s: float) -> tuple[float, float]:
+    """(exposed, hidden) seconds of a collective of ``total_s`` hidden under ``window_s`` of
+    compute: the first or last call of a chain has nothing to hide under, the rest hides up to
+    the window. Both are in [0, total_s] and sum to it."""
+    total_s = max(0.0, total_s)
+    tail = min(total_s, max(0.0, one_call_s))
+    hidden = min(total_s - tail, max(0.0, window_s))
+    return total_s - hidden, hidden
 
 
 def estimate(
@@ -184,33 +230,70 @@ def estimate(
     cluster: Cluster,
     compute_s: float,
     overlap: float,
+    parts: ComputeParts | None = None,
+    contention: float = 0.0,
 ) -> StepEstimate:
-    """Step time from the compute time and the wire tables of stage 0 and pp-1."""
+    """Step time from the compute time and the wire tables of stage 0 and pp-1.
+
+    Without ``parts`` (the MFU model): blocking items are exposed in full and non-blocking ones
+    hide behind ``overlap`` of the backward pass (2/3 of compute). With ``parts`` (the roofline
+    model): each item hides under its mechanism's window (``overlap_window``; ``overlap`` of the
+    forward, backward or attention compute, shared by the items of that window), minus one call,
+    and compute loses ``contention`` x the hidden time.
+    """
     best: StepEstimate | None = None
     for items in wire.values():
         blocking = 0.0
         nonblocking = 0.0
+        exposed = 0.0
+        hidden_total = 0.0
         timed = []
+        if parts is not None:
+            windows = {
+                "forward": overlap * parts.forward_s,
+                "backward": overlap * parts.backward_s,
+                "attention": overlap * parts.attention_s,
+            }
         for it in items:
             t = item_time(it, cand, cluster)
             timed.append((f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source})", t))
-            if it.blocking:
+            if parts is None:
+                if it.blocking:
+                    blocking += t
+                else:
+                    nonblocking += t
+                continue
+            w = overlap_window(it)
+            if w is None:
                 blocking += t
-            else:
-                nonblocking += t
-        hidden = overlap * compute_s * 2.0 / 3.0
-        exposed = blocking + max(0.0, nonblocking - hidden)
-        bubble = (compute_s + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
-        step = compute_s + exposed + bubble
+                exposed += t
+                continue
+            nonblocking += t
+            one = t / max(1, it.count_per_step)
+            e, h = exposed_time(t, one, windows[w])
+            windows[w] -= h
+            exposed += e
+            hidden_total += h
+        if parts is None:
+            hidden = overlap * compute_s * 2.0 / 3.0
+            exposed = blocking + max(0.0, nonblocking - hidden)
+            comp = compute_s
+        else:
+            comp = compute_s + contention * hidden_total
+        # the bubble idles the per-micro-batch work, not the once-per-step optimizer
+        piped = comp if parts is None else comp - parts.step_s
+        bubble = (piped + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
+        step = comp + exposed + bubble
         timed.sort(key=lambda x: -x[1])
         est = StepEstimate(
-            compute_s=compute_s,
+            compute_s=comp,
             comm_blocking_s=blocking,
             comm_overlappable_s=nonblocking,
             comm_exposed_s=exposed,
             bubble_s=bubble,
             step_s=step,
             top_items=tuple(timed[:3]),
+            comm_hidden_s=hidden_total,
         )
         if best is None or est.step_s > best.step_s:
             best = est

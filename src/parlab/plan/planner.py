@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parlab.errors import UsageError
@@ -43,6 +43,7 @@ from parlab.plan.estimate import (
     recompute_flops_per_token,
     width_factor,
 )
+from parlab.plan.roofline import Implementation, Roofline, work
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
     RECOMPUTE,
@@ -94,6 +95,11 @@ class PlanRequest:
     gemm_width_half: float = 0.0
     """n0 of the GEMM-width efficiency f(n) = n / (n + n0), n = hidden / tp, relative to the
     MFU's own width (``parlab.plan.estimate.width_factor``); 0: a constant MFU."""
+    roofline: Roofline | None = None
+    """Per-kind efficiencies (``parlab.plan.roofline``): compute as GEMMs + causal attention +
+    memory-bound work, communication hidden per mechanism; None: FLOPs / (MFU x peak)."""
+    implementation: Implementation = field(default_factory=Implementation)
+    """The implementation the roofline's elementwise bytes are counted for."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1 or self.seq < 1:
@@ -449,16 +455,55 @@ def plan(req: PlanRequest) -> PlanResult:
 
 
 def _timed(
-    req: PlanRequest, cand: Candidate, *, peak: float, wire: dict[int, list[Any]], fpt: float
+    req: PlanRequest,
+    cand: Candidate,
+    *,
+    peak: float,
+    wire: dict[int, list[Any]],
+    fpt: float,
+    sp: bool | None = None,
 ) -> Verdict:
     """An admitted verdict: the step-time estimate and what follows from it."""
     world = req.cluster.count
-    extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute)
     th = req.throughput
     ref = th.ref_width or float(req.spec.hidden)
     eff = width_factor(req.spec.hidden / cand.tp, ref, req.gemm_width_half)
-    compute_s = (fpt + extra) * req.tokens_per_step / world / (th.achieved * eff)
-    est = estimate(cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap)
+    roof = req.roofline
+    if roof is None:
+        extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute)
+        compute_s = (fpt + extra) * req.tokens_per_step / world / (th.achieved * eff)
+        est = estimate(
+            cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap
+        )
+    else:
+        w = work(
+            req.spec,
+            seq=req.seq,
+            micro_batch=cand.micro_batch,
+            microbatches=cand.microbatches,
+            tp=cand.tp,
+            pp=cand.pp,
+            cp=cand.cp,
+            dp=cand.dp,
+            strategy=cand.strategy,
+            recompute=cand.recompute,
+            sp=cand.tp > 1 if sp is None else sp,
+            dtype=req.dtype,
+            impl=req.implementation,
+        )
+        gpu = req.cluster.gpu
+        parts = w.parts(
+            replace(roof, gemm=min(1.0, roof.gemm * eff)), th.peak_flops, float(gpu.memory_bw)
+        )
+        est = estimate(
+            cand,
+            wire=wire,
+            cluster=req.cluster,
+            compute_s=parts.total_s,
+            overlap=req.overlap,
+            parts=parts,
+            contention=roof.contention,
+        )
     tps = req.tokens_per_step / est.step_s / world
     return Verdict(
         cand=cand,
@@ -524,7 +569,7 @@ def evaluate(req: PlanRequest, cand: Candidate, *, sp: bool | None = None) -> Ve
         for st in sorted({0, cand.pp - 1})
     }
     fpt, _ = flops_per_token(spec, req.seq)
-    v = _timed(req, cand, peak=float(ledger.peak_bytes), wire=wire, fpt=fpt)
+    v = _timed(req, cand, peak=float(ledger.peak_bytes), wire=wire, fpt=fpt, sp=sp)
     if ledger.peak_bytes > req.usable_memory:
         return Verdict(
             cand=cand,

@@ -1,0 +1,301 @@
+"""Fit the roofline's efficiencies on measured training documents, in stated steps.
+
+A measured run (a ``real-training`` document of PAR-TRAINING-STATE or PAR-MODEL-INTERNAL)
+is rebuilt as a planner request (``run_request``: its model, batch, sequence, layout,
+dtype policy, implementation and cluster) and predicted by ``parlab.plan.planner.evaluate``
+under a ``Roofline``. ``fit_steps`` fits the efficiencies one step at a time, each on the
+runs its selector picks, with the earlier steps' values held (``parlab.plan.roofline.
+fit_roofline``; three rounds, because exposed communication depends on compute). The steps
+the lab uses (``LAB_STEPS``):
+
+1. ``gemm``, ``attention``, ``memory``: the one-GPU runs (no communication, no bubble):
+   short sequences (GEMM-heavy), 32k sequences (attention-heavy), two implementations
+   (their elementwise bytes differ by ``parlab.plan.roofline.ELEMENTWISE``);
+2. ``ring_attention``: the context-parallel ring runs;
+3. ``contention``: the data-parallel training runs (DDP, ZeRO, FSDP) of Llama-style models
+   in the current implementation, without recompute or compile.
+
+Nothing here crosses a wire or imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from parlab.errors import UsageError
+from parlab.plan.estimate import StepEstimate, Throughput
+from parlab.plan.roofline import FitRow, Implementation, Roofline, fit_roofline, work
+
+_STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
+
+
+def knobs(doc: Any) -> dict[str, Any]:
+    """The layout's knobs (training-state documents) merged over its top level (model-internal)."""
+    lay = doc.layout or {}
+    return {**lay, **(lay.get("knobs") or {})}
+
+
+def implementation_of(doc: Any) -> Implementation:
+    """What the run's document records of its implementation: ``norm_kernel`` (absent: the
+    reference model before it fused RMSNorm and RoPE, ``explicit``) and ``compile``."""
+    k = knobs(doc)
+    if k.get("compile"):
+        return Implementation(norm_kernel="compiled")
+    return Implementation(norm_kernel=str(k.get("norm_kernel") or "explicit"))
+
+
+def group_of(doc: Any) -> str:
+    """Runs that repeat one configuration: the run id without its time stamp, and the knobs
+    that change the work (implementation, recompute, resharding)."""
+    k = knobs(doc)
+    parts = [
+        _STAMP.sub("", doc.run_id),
+        implementation_of(doc).norm_kernel,
+        str(k.get("recompute") or "none"),
+        "keep" if k.get("reshard_after_forward") is False else "",
+    ]
+    return "/".join(p for p in parts if p)
+
+
+def unmodelled(doc: Any) -> str:
+    """Why the planner's model does not describe this run ("" when it does)."""
+    k = knobs(doc)
+    mesh = (doc.layout or {}).get("mesh") or {}
+    model = doc.workload.get("model")
+    name = str(
+        doc.workload.get("preset") or (model.get("name") if isinstance(model, dict) else model)
+    )
+    if k.get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1:
+        return "DTensor TP: host-bound per-op dispatch (not modelled)"
+    if doc.project == "PAR-TRAINING-STATE" and k.get("recompute") == "selective":
+        return (
+            "runtime's selective = op-level SAC under a dispatch mode; "
+            "planner's = Megatron's attention core"
+        )
+    if name.startswith("gpt2"):
+        return "shape outside the fit (hidden 1600, head dim 64, seq 1024)"
+    return ""
+
+
+def run_request(
+    doc: Any,
+    *,
+    roofline: Roofline | None = None,
+    mfu: float = 0.40,
+    calibration: Any = None,
+) -> tuple[Any, Any, bool] | None:
+    """(request, candidate, sequence parallel) reproducing one training run, or None when its
+    document lacks the model, sequence or batch."""
+    from parlab.models import get_spec
+    from parlab.plan.planner import PlanRequest
+    from parlab.plan.space import Candidate, make_cluster
+
+    w, lay = doc.workload, doc.layout
+    model = w.get("model")
+    if not model or not w.get("seq") or not w.get("global_batch"):
+        return None
+    spec = get_spec(
+        str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model))
+    )
+    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
+    if not gpus:
+        return None
+    world = int(lay["world_size"])
+    cluster = make_cluster(
+        gpus=f"{world}x{gpus[0]['name']}",
+        gpus_per_node=max(1, len(gpus)),
+        calibration=calibration,
+    )
+    mesh = lay.get("mesh") or {}
+    k = knobs(doc)
+    strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
+    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
+        strategy = "ddp"
+    tp, pp, cp = int(mesh.get("tp", 1)), int(mesh.get("pp", 1)), int(mesh.get("cp", 1))
+    dp = int(mesh.get("dp", world // (tp * pp * cp)))
+    mb = int(w.get("micro_batch") or 1)
+    gb = int(w["global_batch"])
+    vpp = int(lay.get("vpp") or 1)
+    schedule = "-"
+    if pp > 1:
+        from parlab.ledger.activations import schedule_name
+
+        try:
+            schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
+        except ValueError:
+            return None
+    # training-state runs keep float32 parameters under autocast (or FSDP's bf16 gathers);
+    # model-internal runs hold bf16 parameters and optimizer states
+    if (k.get("dtype") or w.get("dtype")) == "fp32":
+        dtype = "fp32"
+    elif w.get("dtype") == "bf16":
+        dtype = "bf16"
+    else:
+        dtype = "bf16-mixed"
+    peak = cluster.gpu.peak("bf16") or 0.0
+    req = PlanRequest(
+        spec=spec,
+        cluster=cluster,
+        global_batch=gb,
+        seq=int(w["seq"]),
+        throughput=Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True),
+        dtype=dtype,
+        optimizer="adamw-fused",
+        roofline=roofline,
+        implementation=implementation_of(doc),
+    )
+    cand = Candidate(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=1,
+        strategy=strategy,
+        micro_batch=mb,
+        microbatches=max(1, gb // (dp * mb)),
+        recompute=str(k.get("recompute") or "none"),
+        schedule=schedule,
+        vpp=vpp if schedule == "interleaved" else 1,
+    )
+    sp = bool(k.get("sequence_parallel", tp > 1))
+    return req, cand, sp
+
+
+def predict(doc: Any, roofline: Roofline, *, calibration: Any = None) -> StepEstimate | None:
+    """The planner's step estimate of one measured run under ``roofline``."""
+    from parlab.plan.planner import evaluate
+
+    made = run_request(doc, roofline=roofline, calibration=calibration)
+    if made is None:
+        return None
+    req, cand, sp = made
+    return evaluate(req, cand, sp=sp).estimate
+
+
+def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow | None:
+    """The run as ``fit_roofline`` reads it, with its communication as predicted at
+    ``roofline``."""
+    made = run_request(doc, roofline=roofline, calibration=calibration)
+    if made is None:
+        return None
+    req, cand, sp = made
+    est = predict(doc, roofline, calibration=calibration)
+    measured = doc.metric("step_time")
+    if est is None or not measured:
+        return None
+    w = work(
+        req.spec,
+        seq=req.seq,
+        micro_batch=cand.micro_batch,
+        microbatches=cand.microbatches,
+        tp=cand.tp,
+        pp=cand.pp,
+        cp=cand.cp,
+        dp=cand.dp,
+        strategy=cand.strategy,
+        recompute=cand.recompute,
+        sp=sp,
+        dtype=req.dtype,
+        impl=req.implementation,
+    )
+    return FitRow(
+        work=w,
+        measured_s=float(measured),
+        other_s=est.step_s - est.compute_s,  # exposed communication and bubble
+        hidden_s=est.comm_hidden_s,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One calibration step: which efficiencies, fitted on which runs."""
+
+    free: tuple[str, ...]
+    """The efficiencies it fits (``parlab.plan.roofline.EFFICIENCIES``)."""
+    runs: str
+    """The runs it uses, in words."""
+    select: Callable[[Any], bool]
+    """Picks those runs from the documents."""
+
+
+def _world(doc: Any) -> int:
+    return int((doc.layout or {}).get("world_size") or 1)
+
+
+def _is_llama_dp_run(doc: Any) -> bool:
+    k = knobs(doc)
+    model = doc.workload.get("model")
+    llama = isinstance(model, dict) and model.get("position") == "rope"
+    return (
+        doc.project == "PAR-TRAINING-STATE"
+        and llama
+        and implementation_of(doc).norm_kernel == "fused"
+        and str(k.get("recompute") or "none") == "none"
+        and _world(doc) > 1
+    )
+
+
+LAB_STEPS: tuple[Step, ...] = (
+    Step(
+        free=("gemm", "attention", "memory"),
+        runs="one-GPU runs (no communication; seq 4096 and 32768; both implementations)",
+        select=lambda d: _world(d) == 1,
+    ),
+    Step(
+        free=("ring_attention",),
+        runs="context-parallel ring runs",
+        select=lambda d: int(((d.layout or {}).get("mesh") or {}).get("cp", 1)) > 1,
+    ),
+    Step(
+        free=("contention",),
+        runs="data-parallel runs of Llama-style models, current implementation, no recompute "
+        "or compile",
+        select=_is_llama_dp_run,
+    ),
+)
+
+
+def fit_steps(
+    docs: Sequence[Any],
+    steps: Sequence[Step] = LAB_STEPS,
+    *,
+    calibration: Any = None,
+    rounds: int = 3,
+) -> tuple[Roofline, list[tuple[Step, list[str]]]]:
+    """The roofline fitted step by step, and the run ids each step used.
+
+    ``UsageError`` when a step has no run or its runs cannot determine its efficiencies.
+    """
+    if not docs:
+        raise UsageError("no measured training run to fit the roofline on")
+    roof = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    peak = hbm = 0.0
+    used: list[tuple[Step, list[str]]] = []
+    for step in steps:
+        chosen = [d for d in docs if step.select(d) and not unmodelled(d)]
+        if not chosen:
+            raise UsageError(f"no run to fit {', '.join(step.free)} on: needs {step.runs}")
+        for _ in range(rounds):
+            rows = []
+            for d in chosen:
+                row = fit_row(d, roof, calibration=calibration)
+                if row is not None:
+                    rows.append(row)
+                    made = run_request(d, calibration=calibration)
+                    assert made is not None
+                    gpu = made[0].cluster.gpu
+                    peak, hbm = float(gpu.peak("bf16") or 0.0), float(gpu.memory_bw)
+            roof = fit_roofline(
+                rows,
+                peak_flops=peak,
+                hbm_bw=hbm,
+                fixed=roof,
+                free=step.free,
+                source="fitted",
+            )
+        used.append((step, [d.run_id for d in chosen]))
+    label = "; ".join(f"{', '.join(s.free)} on {len(ids)} {s.runs}" for s, ids in used)
+    return replace(roof, source=f"fitted: {label}"), used

@@ -1,0 +1,384 @@
+"""The planner's compute time per rank, as a roofline of four kinds of work.
+
+One training step of one rank (its pipeline stage, its tensor/context shard, all its
+micro-batches) is split into work that runs at different speeds:
+
+- **GEMMs**: ``6 N`` FLOPs per token (PaLM's count, ``parlab.models.flops``) over the stage's
+  parameters and its ``1/tp`` share, at ``gemm`` x the catalog's dense bf16 peak. Full
+  recompute adds one forward (``2 N``).
+- **Attention core**: with a flash kernel (``attention_kernel="flash"``) only the causal half of
+  the score matrix is computed: ``6 L H Q T`` FLOPs per token, half of the ``12 L H Q T`` that
+  PaLM counts, at ``attention`` x peak (``ring_attention`` x peak when cp > 1: parlab's ring runs
+  flash blocks and merges them). With the materialised kernel (``"math"``: scores through a
+  batched GEMM and a fused softmax, as Megatron did in 2022) the whole square is computed at the
+  GEMM efficiency and the softmax reads and writes every score (``MATH_SOFTMAX_BYTES``).
+  Recompute adds the forward share (one third) again: selective (Megatron's: the attention
+  core) and full alike.
+- **Elementwise work** (memory-bound): norms, rotary embedding, activation, residual adds,
+  the attention layout copy, the cross-entropy over the vocabulary, the mixed-precision casts
+  and the optimizer step, as bytes moved / (``memory`` x the catalog's HBM bandwidth). The
+  bytes per element of each op come from counting the memory passes of the implementation
+  (``ELEMENTWISE``): ``fused`` (``F.rms_norm``, RoPE as one complex multiply), ``explicit``
+  (float32 RMSNorm and RoPE written out op by op: the reference model before it fused them,
+  and torch's decomposition on the CPU) and ``compiled`` (``torch.compile`` fuses each group
+  into one read and one write). Under tensor parallelism the norms and residual adds run on
+  every token of every rank unless sequence parallelism splits them.
+
+The efficiencies (``Roofline``) are not guessed: ``fit_roofline`` fits them by least squares
+(relative error) on stated measured runs, and the caller says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from parlab.errors import UsageError
+from parlab.models.spec import ModelSpec
+
+NORM_KERNELS = ("fused", "explicit", "compiled")
+"""Implementations of the elementwise ops (``composite`` reads as ``explicit``)."""
+ATTENTION_KERNELS = ("flash", "math")
+"""Attention core kernels: flash (causal half, never materialised) or materialised scores."""
+
+# Bytes moved per element, forward + backward, bf16 activations (2 B), float32 math where the
+# reference model upcasts. Counted op by op from parlab.models.reference:
+#   norm: fused F.rms_norm: fwd read x, write y (4); bwd read x, dy, write dx (6).
+#         explicit: x.float (2+4), pow (4+4), mean (4), mul rsqrt (4+4), type_as (4+2),
+#         * weight (2+2) = 36 forward; autograd replays each op's backward at about twice that.
+#   residual add: fwd read 2, write 1 (6); bwd the two branches' gradients summed (6).
+#   rope (per q and k element): fused complex multiply: float (2+4), mul (4+4+table), type_as
+#         (4+2) = 20 each way; explicit: float, four muls, sub, add, stack, type_as (~84 forward,
+#         twice that backward).
+#   swiglu (per FFN element): silu (2+2), mul (4+2) forward; bwd mul (6+4), silu (4+2).
+#   gelu (per FFN element): fwd 2+2, bwd 4+2.
+#   attention layout (per q element): the output's transpose-reshape copy each way (4+4).
+#   compiled: each fused group reads its inputs once and writes once.
+ELEMENTWISE: dict[str, dict[str, float]] = {
+    "fused": {"norm": 10, "residual": 12, "rope": 40, "swiglu": 26, "gelu": 10, "layout": 8},
+    "explicit": {"norm": 108, "residual": 12, "rope": 252, "swiglu": 26, "gelu": 10, "layout": 8},
+    "compiled": {"norm": 10, "residual": 6, "rope": 8, "swiglu": 16, "gelu": 8, "layout": 8},
+}
+LOSS_BYTES_PER_LOGIT = 40.0
+"""Cross-entropy on float32 logits: upcast (2+4), log-softmax with its two reductions (16),
+backward (12) and the cast of the gradient back (4+2)."""
+MATH_SOFTMAX_BYTES = 20.0
+"""Per score element of a materialised attention: scale-mask-softmax and dropout forward
+(2+2, 2+2+1 mask), their backward (2+1+2, 2+2+2)."""
+FP32_STREAM_BYTES = {"norm": 10.0, "residual": 10.0, "cast": 12.0}
+"""Extra bytes per hidden element when autocast runs over float32 parameters (DDP, ZeRO-1/2):
+the embedding's float32 output makes the residual stream float32, so each norm reads and
+writes 4-byte elements (+4 forward, +6 backward), each residual add reads and writes them
+(+4, +6), and every linear that reads a norm's output casts it to bf16 again (4+2 forward and
+2+4 backward; autocast caches weights, not activations)."""
+CAST_BYTES_PER_PARAM = 12.0
+"""Mixed precision with float32 parameters: each micro-batch casts the weights to bf16 (4+2)
+and the bf16 weight gradients back to float32 (2+4)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline:
+    """Achieved fractions of the catalog's peaks, per kind of work."""
+
+    gemm: float
+    """Fraction of the dense bf16 peak reached by the matmuls."""
+    attention: float
+    """Fraction of the peak reached by the causal flash attention core (on its causal FLOPs)."""
+    ring_attention: float
+    """The same for parlab's context-parallel ring (flash blocks and their merges)."""
+    memory: float
+    """Fraction of the catalog's HBM bandwidth reached by the elementwise kernels."""
+    contention: float = 0.0
+    """Fraction of the time of a collective hidden under compute that compute loses (the
+    collective's kernels take SMs and memory bandwidth from it)."""
+    source: str = ""
+    """Where the numbers come from (the runs they were fitted on)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gemm", "attention", "ring_attention", "memory"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise UsageError(f"roofline {name} = {v}: give a fraction in (0, 1]")
+        if not 0.0 <= self.contention <= 1.0:
+            raise UsageError(f"roofline contention = {self.contention}: give a fraction in [0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Implementation:
+    """How the run's model and training loop are implemented (what its documents record)."""
+
+    norm_kernel: str = "fused"
+    """``fused``, ``explicit`` (or ``composite``) or ``compiled`` (``torch.compile``)."""
+    attention_kernel: str = "flash"
+    """``flash`` (causal half, never materialised) or ``math`` (materialised scores)."""
+
+    def __post_init__(self) -> None:
+        if self.norm_kernel == "composite":
+            object.__setattr__(self, "norm_kernel", "explicit")
+        if self.norm_kernel not in NORM_KERNELS:
+            raise UsageError(
+                f"norm kernel {self.norm_kernel!r}: use one of {', '.join(NORM_KERNELS)}"
+            )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise UsageError(
+                f"attention kernel {self.attention_kernel!r}: use one of "
+                f"{', '.join(ATTENTION_KERNELS)}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Work:
+    """The work of one rank's step, before efficiencies: FLOPs and bytes."""
+
+    gemm_flops: float
+    """Matmul FLOPs (recompute included)."""
+    attention_flops: float
+    """Flash attention core FLOPs (causal half; recompute included); 0 for ``math``."""
+    ring: bool
+    """Whether the attention core runs as the context-parallel ring."""
+    elementwise_bytes: float
+    """Bytes of the per-token elementwise ops and the loss."""
+    step_bytes: float
+    """Bytes of the per-parameter work: casts per micro-batch and the optimizer step."""
+    forward_fraction: float
+    """Share of the compute that is forward (the rest is backward and the optimizer)."""
+
+    def parts(self, roof: Roofline, peak_flops: float, hbm_bw: float) -> ComputeParts:
+        """Seconds of each kind at ``roof``'s efficiencies."""
+        attn_eff = roof.ring_attention if self.ring else roof.attention
+        return ComputeParts(
+            gemm_s=self.gemm_flops / (roof.gemm * peak_flops),
+            attention_s=self.attention_flops / (attn_eff * peak_flops),
+            elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
+            step_s=self.step_bytes / (roof.memory * hbm_bw),
+            forward_fraction=self.forward_fraction,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeParts:
+    """Compute seconds of one rank's step, by kind."""
+
+    gemm_s: float
+    """Matmuls."""
+    attention_s: float
+    """The attention core."""
+    elementwise_s: float
+    """Per-token memory-bound ops and the loss."""
+    step_s: float
+    """Casts and the optimizer step."""
+    forward_fraction: float
+    """Share of the per-token compute that is forward."""
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.step_s
+
+    @property
+    def per_token_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.elementwise_s
+
+    @property
+    def forward_s(self) -> float:
+        return self.per_token_s * self.forward_fraction
+
+    @property
+    def backward_s(self) -> float:
+        return self.per_token_s * (1.0 - self.forward_fraction)
+
+
+def causal_attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """Training FLOPs per token of the causal attention core under a flash kernel:
+    ``6 L H Q T``, half of PaLM's ``12 L H Q T`` (keys after the query are never computed)."""
+    from parlab.models.flops import attention_head_dim
+
+    return 6.0 * spec.layers * spec.heads * attention_head_dim(spec) * seq
+
+
+def elementwise_bytes_per_token(
+    spec: ModelSpec,
+    *,
+    impl: Implementation,
+    tp: int = 1,
+    sp: bool = False,
+    fp32_stream: bool = False,
+) -> float:
+    """Bytes the elementwise ops of every block move per token, forward + backward, on one
+    tensor-parallel rank (norms and residual adds are split only by sequence parallelism);
+    ``fp32_stream``: autocast over float32 parameters (``FP32_STREAM_BYTES``)."""
+    t = ELEMENTWISE[impl.norm_kernel]
+    h, f = spec.hidden, spec.ffn_hidden
+    q_width = spec.heads * spec.d_head
+    rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
+    act = t["swiglu"] if spec.activation == "swiglu" else t["gelu"]
+    replicated = 2 * (t["norm"] + t["residual"]) * h
+    split = t["rope"] * rot + act * f + t["layout"] * q_width
+    if fp32_stream:
+        readers = 3 + (2 if spec.activation == "swiglu" else 1)  # q, k, v; w1 (and w3)
+        x = FP32_STREAM_BYTES
+        replicated += (2 * x["norm"] + 2 * x["residual"] + readers * x["cast"]) * h
+    per_layer = replicated / (tp if sp else 1) + split / tp
+    return per_layer * spec.layers
+
+
+def work(
+    spec: ModelSpec,
+    *,
+    seq: int,
+    micro_batch: int,
+    microbatches: int,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    dp: int = 1,
+    strategy: str = "ddp",
+    recompute: str = "none",
+    sp: bool = False,
+    dtype: str = "bf16-mixed",
+    impl: Implementation | None = None,
+) -> Work:
+    """FLOPs and bytes of one rank's step (the last pipeline stage: the output and the loss)."""
+    from parlab.ledger import dtype_policy
+
+    impl = impl or Implementation()
+    pol = dtype_policy(dtype)
+    tokens = micro_batch * seq / cp * microbatches  # this rank's tokens per step
+    blocks = spec.num_params(embedding=False) - spec.output_params()
+    out = spec.output_params() or spec.vocab_size * spec.hidden  # tied: still a matmul
+    n_stage = (blocks / pp + out) / tp
+    rc_fwd = {"none": 0.0, "selective": 0.0, "full": 1.0}[recompute]
+    gemm = (6.0 + 2.0 * rc_fwd) * n_stage * tokens
+    attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
+    rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
+    # autocast over float32 parameters keeps a float32 residual stream; FSDP and ZeRO-3 gather
+    # their parameters in bf16, so theirs is bf16
+    fp32_stream = pol.autocast and strategy in ("ddp", "zero1", "zero2")
+    ew = elementwise_bytes_per_token(spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream)
+    ew *= tokens / pp
+    ew *= 1.0 + rc_fwd / 3.0  # full recompute replays the forward's elementwise ops
+    ew += LOSS_BYTES_PER_LOGIT * spec.vocab_size / tp * tokens
+    attention_flops = 0.0
+    if impl.attention_kernel == "flash":
+        attention_flops = attn_core * (1.0 + rc_attn / 3.0)
+    else:  # materialised: the whole square at GEMM speed, and every score through the softmax
+        gemm += 2.0 * attn_core * (1.0 + rc_attn / 3.0)
+        scores = spec.layers / pp * spec.heads / tp * seq * tokens
+        ew += MATH_SOFTMAX_BYTES * scores * (1.0 + rc_attn / 2.0)
+    # per parameter: mixed-precision casts every micro-batch, then the optimizer step
+    params = spec.num_params() / (tp * pp)
+    cast = CAST_BYTES_PER_PARAM * params * microbatches if pol.autocast else 0.0
+    master = pol.master_bytes or pol.param_bytes
+    opt_params = params / dp if strategy in ("zero1", "zero2", "zero3", "fsdp") else params
+    # fused AdamW: read grad, both states, the master; write both states, the master (and the
+    # bf16 copy where a separate master exists)
+    opt = opt_params * (
+        pol.grad_bytes
+        + 4 * pol.state_bytes
+        + 2 * master
+        + (pol.param_bytes if pol.master_bytes else 0)
+    )
+    fwd = (2.0 + 2.0 * rc_fwd) / (6.0 + 2.0 * rc_fwd)
+    return Work(
+        gemm_flops=gemm,
+        attention_flops=attention_flops,
+        ring=cp > 1,
+        elementwise_bytes=ew,
+        step_bytes=cast + opt,
+        forward_fraction=fwd,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitRow:
+    """One measured run as ``fit_roofline`` reads it."""
+
+    work: Work
+    """The run's work (``work`` with its layout and implementation)."""
+    measured_s: float
+    """Its measured step time."""
+    other_s: float
+    """Seconds the planner predicts outside compute: exposed communication and bubble."""
+    hidden_s: float = 0.0
+    """Communication the planner hides under its compute (what contention scales)."""
+
+
+EFFICIENCIES = ("gemm", "attention", "ring_attention", "memory", "contention")
+
+
+def _coefficients(row: FitRow, peak_flops: float, hbm_bw: float) -> dict[str, float]:
+    unit = row.work.parts(
+        Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
+    )
+    ring = row.work.ring
+    return {
+        "gemm": unit.gemm_s,
+        "attention": 0.0 if ring else unit.attention_s,
+        "ring_attention": unit.attention_s if ring else 0.0,
+        "memory": unit.elementwise_s + unit.step_s,
+        "contention": row.hidden_s,
+    }
+
+
+def fit_roofline(
+    rows: Sequence[FitRow],
+    *,
+    peak_flops: float,
+    hbm_bw: float,
+    fixed: Roofline | None = None,
+    free: Sequence[str] = ("gemm", "attention", "memory"),
+    source: str = "",
+) -> Roofline:
+    """Efficiencies fitted by least squares on relative error over measured runs.
+
+    Step time is linear in the inverse efficiencies (and in the contention), so the fit is one
+    weighted linear least squares over the ``free`` ones; the others keep ``fixed``'s values.
+    A memory efficiency fitted above 1 (the byte counts already at or over what the kernels
+    move) is held at 1, the catalog's bandwidth, and the rest refitted. ``UsageError`` when the
+    runs cannot determine them (fewer runs than free terms, or an efficiency outside (0, 1]).
+    """
+    import numpy as np
+
+    bad = [k for k in free if k not in EFFICIENCIES]
+    if bad:
+        raise UsageError(f"cannot fit {', '.join(bad)}: fit some of {', '.join(EFFICIENCIES)}")
+    if len(rows) < len(free):
+        raise UsageError(f"{len(rows)} runs cannot fit {len(free)} efficiencies: give more runs")
+    base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    coefs = [_coefficients(r, peak_flops, hbm_bw) for r in rows]
+
+    def solve(names: Sequence[str], at: Roofline) -> dict[str, float]:
+        a, b = [], []
+        for r, c in zip(rows, coefs, strict=True):
+            known = sum(
+                v * getattr(at, k) if k == "contention" else v / getattr(at, k)
+                for k, v in c.items()
+                if k not in names
+            )
+            a.append([c[k] / r.measured_s for k in names])
+            b.append((r.measured_s - r.other_s - known) / r.measured_s)
+        x, *_ = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)
+        return dict(zip(names, (float(v) for v in x), strict=True))
+
+    names = list(free)
+    sol = solve(names, base)
+    if "memory" in sol and 0.0 < sol["memory"] < 1.0:  # inverse efficiency below 1: over 100 %
+        base = replace(base, memory=1.0)
+        names.remove("memory")
+        sol = solve(names, base)
+    values = {k: getattr(base, k) for k in EFFICIENCIES}
+    for k, v in sol.items():
+        if k == "contention":
+            if not 0.0 <= v <= 1.0:
+                raise UsageError(
+                    f"the runs fit a contention of {v:.3g}, outside [0, 1]: the hidden "
+                    "communication does not explain their time"
+                )
+            values[k] = v
+            continue
+        if v < 1.0:
+            raise UsageError(
+                f"the runs fit a {k} efficiency of {1 / v if v > 0 else float('inf'):.3g}, "
+                "outside (0, 1]: give runs where that work matters"
+            )
+        values[k] = 1.0 / v
+    return Roofline(**values, source=source)
