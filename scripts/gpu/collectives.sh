@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # PAR-COLLECTIVES (issue 4, T1) GPU evidence: env precheck, the full sweep of every op,
-# the small-message all_reduce sweep with and without CUDA graphs, a bf16 sweep, the
-# alpha-beta fit (calibration), the T1 tables from it, and the comparison with nccl-tests.
+# the small-message all_reduce sweep with and without CUDA graphs, the same small sweep and
+# the 64 MiB - 1 GiB all_reduce issued by NCCL called directly (--via nccl: no c10d), a bf16
+# sweep, the alpha-beta fit (calibration), the T1 tables from it, and the comparison with
+# nccl-tests (per path, with c10d's cost per call as the difference).
 #
 #   scripts/gpu/collectives.sh OUT_DIR
 #
 # Run from the repository root. With 2+ GPUs: every op 8 B - 8 GiB (x2), fp32, 5 warm-up +
-# 20 timed iterations per size (nccl-tests' defaults); about 1.5-2 min on 2xH200 in all
+# 20 timed iterations per size (nccl-tests' defaults); about 2-2.5 min on 2xH200 in all
 # (each parlab command pays ~10 s of torchrun + NCCL start-up). Without GPUs: the same
 # commands at tiny sizes on gloo CPU ranks (a dry run). A step that fails is reported and
 # the rest still run; the script exits non-zero at the end if any failed.
 # Documents (and the busbw plots beside them) go to OUT_DIR/results, logs to OUT_DIR.
+#
+#   COLLECTIVES_ONLY=small  only the small all_reduce sweeps (torch and direct, eager and
+#                           graph, and the flight-recorder run) and the comparison: ~70 s
+#   COLLECTIVES_VIA_NCCL=0  leave out the --via nccl steps (default 1: run them; each is
+#                           bounded by a 60 s SIGINT, since the direct path has no watchdog)
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu/collectives.sh OUT_DIR}
 mkdir -p "$OUT/results"
@@ -59,6 +66,11 @@ if [ "$ONLY" != small ]; then
   run full "${P[@]}" collectives --op all "${FULL[@]}" --nproc 2 --results "$RES"
   FULL_DOC=$(newest 'collectives-2*.json')
   echo "== full sweep: ${FULL_DOC:-none} after $(( $(date +%s) - t0 )) s"
+  # 2b. large all_reduce issued by NCCL directly: the busbw c10d reaches, against NCCL's own
+  if [ "${COLLECTIVES_VIA_NCCL:-1}" = 1 ] && [ "$NGPU" -ge 2 ]; then
+    run big-nccl timeout -s INT -k 15 60 "${P[@]}" collectives --op all_reduce -b 64MiB -e 1GiB \
+      -f 2 -w 5 -n 20 --via nccl --nproc 2 --results "$RES"
+  fi
 fi
 
 # 3. small all_reduce: host launch included (as nccl-tests without -G), then CUDA-graph replays.
@@ -71,6 +83,18 @@ if [ "$NGPU" -ge 2 ]; then
     --results "$RES"
   run small-fr env TORCH_FR_BUFFER_SIZE=2000 "${P[@]}" collectives --op all_reduce "${SMALL[@]}" \
     --nproc 2 --results "$RES"
+fi
+# 3b. the same small all_reduce issued by NCCL called directly (ctypes, no c10d): NCCL's own
+#     time per op, eager and in a CUDA graph; step 3 minus this is c10d's cost per call
+VIA_NCCL=${COLLECTIVES_VIA_NCCL:-1}
+DIRECT=(timeout -s INT -k 15 60)  # no c10d watchdog on this path: the shell bounds it
+if [ "$VIA_NCCL" = 1 ] && [ "$NGPU" -ge 2 ]; then
+  run small-nccl "${DIRECT[@]}" "${P[@]}" collectives --op all_reduce "${SMALL[@]}" --via nccl \
+    --nproc 2 --results "$RES"
+  run small-nccl-graph "${DIRECT[@]}" "${P[@]}" collectives --op all_reduce "${SMALL[@]}" \
+    --via nccl --graph --nproc 2 --results "$RES"
+elif [ "$VIA_NCCL" = 1 ]; then
+  echo "== small-nccl: skipped (--via nccl calls NCCL directly: needs 2 GPUs; this is a CPU dry run)"
 fi
 if [ "$ONLY" = small ]; then
   run vs-reference "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES"
@@ -102,7 +126,7 @@ echo "== parlab evidence done after $(( $(date +%s) - t0 )) s"
 #    nccl-tests is installed here) against nccl-tests run on this machine with NVLS off
 run vs-reference "$PY" benchmarks/collectives_vs_nccl_tests.py "$RES"
 NT_LOGS=()
-left() { echo $(( 170 - ($(date +%s) - t0) )); }  # seconds left of the 3-minute budget
+left() { echo $(( 210 - ($(date +%s) - t0) )); }  # seconds left of the 3.5-minute budget
 if [ "$NGPU" -ge 2 ]; then
   for b in all_reduce_perf all_gather_perf reduce_scatter_perf alltoall_perf broadcast_perf \
            reduce_perf sendrecv_perf; do

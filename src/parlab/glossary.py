@@ -200,6 +200,22 @@ TERMS: list[Term] = [
         group=G_COMM,
     ),
     Term(
+        name="c10d",
+        aliases=("processgroupnccl", "process group", "torch.distributed", "pynccl", "--via"),
+        meaning="torch.distributed's collective layer: dist.all_reduce goes through the "
+        "ProcessGroup and its NCCL backend (ProcessGroupNCCL), which adds a work object, CUDA "
+        "events, the flight recorder and a watchdog thread (timeouts) around each NCCL call. "
+        "For small messages this host work costs about as much as the op itself; calling NCCL "
+        "directly skips it, and loses the timeout detection (benchmarks/"
+        "collectives_small_probe.py times each layer).",
+        elsewhere="NCCL called from C (nccl-tests) or Python ctypes (vLLM's pynccl, parlab's "
+        "parlab.comm.nccl_direct); torch's functional collectives and DTensor also go through "
+        "c10d.",
+        measure="parlab collectives --op all_reduce -b 8 -e 256KiB --via torch|nccl (the "
+        "difference is c10d's cost per call)",
+        group=G_COMM,
+    ),
+    Term(
         name="TP",
         aliases=(
             "tensor parallel",

@@ -123,17 +123,24 @@ def _mapped_nccl(maps: Path = Path("/proc/self/maps")) -> str | None:
     return None
 
 
+def check_library_env(environ: dict[str, str] | None = None) -> None:
+    """``UsageError`` when ``PARLAB_NCCL_LIBRARY`` is set and names no file (the driver
+    checks this before launching; discovery itself runs on the ranks, after CUDA init)."""
+    env = os.environ if environ is None else environ
+    given = env.get(LIBRARY_ENV)
+    if given and not os.path.isfile(given):
+        raise UsageError(
+            f"NCCL library not found: {LIBRARY_ENV}={given} is not a file; "
+            f"set {LIBRARY_ENV}=/path/libnccl.so.2 (needs GPUs)"
+        )
+
+
 def find_library(environ: dict[str, str] | None = None) -> str:
     """The NCCL library to load (see the module docstring); ``UsageError`` if there is none."""
     env = os.environ if environ is None else environ
-    given = env.get(LIBRARY_ENV)
-    if given:
-        if not os.path.isfile(given):
-            raise UsageError(
-                f"NCCL library not found: {LIBRARY_ENV}={given} is not a file; "
-                f"set {LIBRARY_ENV}=/path/libnccl.so.2 (needs GPUs)"
-            )
-        return given
+    check_library_env(env)
+    if env.get(LIBRARY_ENV):
+        return env[LIBRARY_ENV]
     found = _mapped_nccl() or ctypes.util.find_library("nccl")
     if not found:
         raise UsageError(
@@ -257,38 +264,52 @@ class DirectComm:
     def __init__(
         self, group: Any = None, *, device: torch.device | None = None, library: str | None = None
     ) -> None:
-        import torch.distributed as dist
-
         if not torch.cuda.is_available():
             raise UsageError(
                 "NCCL called directly needs GPUs: this machine has no CUDA device "
                 "(use the torch path, --via torch)"
             )
+        dev = torch.device(device) if device is not None else torch.device("cuda")
+        if dev.type != "cuda":
+            raise UsageError(f"NCCL called directly needs a CUDA device, not {dev}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        lib = load_library(library)
+        self._attach(group, dev, lib, _raw_stream_fn(dev.index))
+
+    def _attach(self, group: Any, device: torch.device, lib: NcclLibrary, stream: Any) -> None:
+        """Join every rank of ``group`` in one NCCL communicator made through ``lib``.
+
+        ``stream``: a zero-argument function returning the ``cudaStream_t`` to enqueue on.
+        (``__init__`` passes the real library and the current CUDA stream; the CPU tests
+        pass a stand-in library and a CPU device, so this is the one set-up path.)
+        """
+        import torch.distributed as dist
+
         self.group = group if group is not None else dist.group.WORLD
         """The torch process group whose ranks this communicator spans."""
         self.rank = dist.get_rank(self.group)
         """This rank within the group (= the NCCL rank)."""
         self.size = dist.get_world_size(self.group)
         """Ranks in the group."""
-        self.device = torch.device(device) if device is not None else torch.device("cuda")
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        if self.device.type != "cuda":
-            raise UsageError(f"NCCL called directly needs a CUDA device, not {self.device}")
-        self.lib = load_library(library)
+        self.device = device
+        """This rank's device: every tensor passed must live there."""
+        self.lib = lib
         """The bound NCCL library."""
-        self._nccl = self.lib.lib
-        self._stream = _raw_stream_fn(self.device.index)
+        self._nccl = lib.lib
+        self._stream = stream
+        self._comm: int | None = None
         first = dist.get_global_rank(self.group, 0)
-        payload: list[bytes | None] = [self.lib.unique_id() if self.rank == 0 else None]
+        payload: list[bytes | None] = [lib.unique_id() if self.rank == 0 else None]
         on_gpu = dist.get_backend(self.group) == "nccl"
         dist.broadcast_object_list(
-            payload, src=first, group=self.group, device=self.device if on_gpu else None
+            payload, src=first, group=self.group, device=device if on_gpu else None
         )
         uid = payload[0]
         assert isinstance(uid, bytes), "the unique id did not arrive"
-        with torch.cuda.device(self.device):
-            self._comm: int | None = self.lib.comm_init_rank(self.size, uid, self.rank)
+        ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with ctx:
+            self._comm = lib.comm_init_rank(self.size, uid, self.rank)
 
     @property
     def version(self) -> tuple[int, int, int]:
@@ -345,10 +366,10 @@ class DirectComm:
 
         return call
 
-    def prepare(self, op: str, *args: Any, **kwargs: Any) -> Callable[[], None]:
-        """Validate once; a zero-argument call that enqueues ``op`` on the current stream.
+    def prepare(self, call: str, /, *args: Any, **kwargs: Any) -> Callable[[], None]:
+        """Validate once; a zero-argument call that enqueues ``call`` on the current stream.
 
-        ``op`` is a method name below (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+        ``call`` is a method name below (``all_reduce``, ``all_gather``, ``reduce_scatter``,
         ``broadcast``, ``reduce``, ``send``, ``recv``, ``send_recv``, ``all_to_all``) and
         the arguments are that method's. Each call costs the ctypes call and the stream
         lookup only (what a timed loop should repeat); the tensors must stay alive.
@@ -364,11 +385,11 @@ class DirectComm:
             "send_recv": self._send_recv,
             "all_to_all": self._all_to_all,
         }
-        if op not in builders:
-            raise ValueError(f"no NCCL call {op!r}: use one of {', '.join(builders)}")
+        if call not in builders:
+            raise ValueError(f"no NCCL call {call!r}: use one of {', '.join(builders)}")
         if self._comm is None:
             raise RuntimeError("DirectComm is closed")
-        return builders[op](*args, **kwargs)
+        return builders[call](*args, **kwargs)
 
     @contextlib.contextmanager
     def grouped(self) -> Iterator[None]:

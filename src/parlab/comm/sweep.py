@@ -250,6 +250,10 @@ def resolve_backend(spec: SweepSpec) -> str:
             "--via nccl calls NCCL directly and needs GPUs with NCCL: use --via torch on "
             "CPU/gloo runs"
         )
+    if spec.via == "nccl":
+        from parlab.comm.nccl_direct import check_library_env
+
+        check_library_env()
     return backend
 
 
