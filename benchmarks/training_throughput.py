@@ -49,10 +49,14 @@ def main(argv: list[str]) -> int:
     entries, _ = read_results(folder)
     # training runs only: the profile documents of the same project (``parlab profile``) time
     # profiled steps and carry no throughput
+    # and the training runs made under ``parlab profile run`` (knob ``profiled``) time steps the
+    # profiler recorded
     docs = [
         e.doc
         for e in entries
-        if e.doc.project == PROJECT and not e.doc.run_id.startswith("profile-")
+        if e.doc.project == PROJECT
+        and not e.doc.run_id.startswith("profile-")
+        and not e.doc.layout.get("knobs", {}).get("profiled")
     ]
     if not docs:
         print(f"no {PROJECT} documents under {folder}")

@@ -186,6 +186,27 @@ def test_runner_profiles_an_unchanged_script(tmp_path: Path) -> None:
     assert s.comm_bytes == [(16 * 16 + 16) * 4] * 2
 
 
+def _train_rank_profiled(ctx: Any, out: str) -> list[str]:
+    from parlab.projects.training_state import TrainConfig, train_rank
+
+    os.environ[ENV_DIR] = out
+    os.environ[ENV_SCHEDULE] = "1,1,2"
+    cfg = TrainConfig(strategy="fsdp", model="tiny", seq=32, warmup=2, steps=2)
+    train_rank(ctx, **cfg.to_json())
+    return sorted(p.name for p in Path(out).iterdir())
+
+
+def test_parlab_train_loop_profiles_under_parlab_profile_run(tmp_path: Path) -> None:
+    """``parlab profile run -- parlab train ...``: the training loop steps the profiler, so
+    every rank writes its trace, and the analysis sees the profiled steps."""
+    out = tmp_path / "traces"
+    names = run_ranks(_train_rank_profiled, 2, str(out), timeout=120)
+    assert names[0] == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    s = summarize(analyze_folder(out))
+    assert s.steps == [2, 3]
+    assert s.comm_bytes[0] > 0  # FSDP's all-gathers and reduce-scatters were recorded
+
+
 def test_maybe_profile_is_a_no_op_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_DIR, raising=False)
     with maybe_profile(None) as prof:

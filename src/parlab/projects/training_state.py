@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     from parlab.models import get_spec
     from parlab.models.reference import build_model
     from parlab.parallel.fsdp import apply_compile, apply_recompute
+    from parlab.profile.capture import maybe_profile
     from parlab.runtime import meters
 
     spec = get_spec(cfg["model"])
@@ -279,7 +281,9 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     )
     losses: list[torch.Tensor] = []
     timer = meters.StepTimer(dev)
-    with mem:
+    # a no-op unless ``parlab profile run -- parlab train ...`` asked for traces
+    prof = maybe_profile(ctx, label=f"train-{cfg['strategy']}", project=PROJECT)
+    with mem, prof:
         model = build_model(spec, device=dev, dtype=torch.float32, seed=cfg["seed"])
         apply_recompute(model, cfg["recompute"])
         if cfg["compile"]:
@@ -311,6 +315,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             losses.append(loss.detach())
             if warmup <= step < metered_step:
                 timer.mark()
+            prof.step()
         step_times = timer.step_times()
         peak = mem.peak_bytes()
     mem.release_cap()
@@ -444,6 +449,8 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
             # torch DDP: the first step's buckets are released before the second step
             **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
+            # under ``parlab profile run``: the profiled steps' times include the profiler's
+            **({"profiled": True} if os.environ.get("PARLAB_PROFILE_DIR") else {}),
         },
     }
 
