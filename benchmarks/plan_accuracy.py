@@ -90,142 +90,169 @@ def gpu_runs(root: Path) -> list[Any]:
     ]
 
 
-def run_request(doc: Any, mfu: float) -> tuple[Any, Any, bool] | None:
-    """(request, candidate, sp) reproducing one training run, or None when it cannot."""
-    from parlab.models import get_spec
-    from parlab.plan.estimate import Throughput
-    from parlab.plan.planner import PlanRequest
-    from parlab.plan.space import Candidate, make_cluster
+def collectives_calibration(root: Path) -> Any:
+    """The measured NCCL alpha-beta calibration under ``root`` fitting the most ops (the
+    planner's intra-node link for the runs' communication), or None."""
+    from parlab.comm.calibration import load_calibration
 
-    w, lay = doc.workload, doc.layout
-    model = w.get("model")
-    if not model or not w.get("seq") or not w.get("global_batch"):
-        return None
-    # training-state documents carry the spec and its preset; model-internal ones the preset
-    spec = get_spec(
-        str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model))
-    )
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
-    world = int(lay["world_size"])
-    cluster = make_cluster(gpus=f"{world}x{gpus[0]['name']}", gpus_per_node=max(1, len(gpus)))
-    mesh = lay.get("mesh") or {}
-    knobs = lay.get("knobs") or {}
-    strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
-    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
-        strategy = "ddp"
-    dp = int(mesh.get("dp", world // (mesh.get("tp", 1) * mesh.get("pp", 1) * mesh.get("cp", 1))))
-    mb = int(w.get("micro_batch") or 1)
-    gb = int(w["global_batch"])
-    pp = int(mesh.get("pp", 1))
-    vpp = int(lay.get("vpp") or 1)
-    schedule = "-"
-    if pp > 1:
-        from parlab.ledger.activations import schedule_name
-
+    best = None
+    for path in sorted((root / "PAR-COLLECTIVES").glob("collectives-calibration-*.json")):
         try:
-            schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
-        except ValueError:
-            return None
-    peak = cluster.gpu.peak("bf16") or 0.0
-    req = PlanRequest(
-        spec=spec,
-        cluster=cluster,
-        global_batch=gb,
-        seq=int(w["seq"]),
-        throughput=Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True),
-        dtype="fp32" if knobs.get("dtype") == "fp32" else "bf16-mixed",
-        optimizer="adamw-fused",
-    )
-    cand = Candidate(
-        dp=dp,
-        tp=int(mesh.get("tp", 1)),
-        pp=int(mesh.get("pp", 1)),
-        cp=int(mesh.get("cp", 1)),
-        ep=1,
-        strategy=strategy,
-        micro_batch=mb,
-        microbatches=max(1, gb // (dp * mb)),
-        recompute=str(knobs.get("recompute") or "none"),
-        schedule=schedule,
-        vpp=vpp if schedule == "interleaved" else 1,
-    )
-    sp = lay.get("sequence_parallel", knobs.get("sequence_parallel", cand.tp > 1))
-    return req, cand, bool(sp)
+            cal = load_calibration(path)
+        except (ValueError, OSError):
+            continue
+        if cal.evidence_level == "real-nccl" and (best is None or len(cal.ops) > len(best.ops)):
+            best = cal
+    return best
 
 
-def step_rows(docs: list[Any]) -> list[dict[str, Any]]:
-    """Per document: measured step time, the planner's at the assumed MFU and at the other
-    runs' median MFU (leave-one-out), and the peak it recorded (or the planner's)."""
+def mfu_model_rows(
+    docs: list[Any], cal: Any
+) -> dict[str, tuple[float | None, float | None, float | None]]:
+    """run id -> (step time at the assumed MFU, at the median MFU of the other runs of its
+    workload, the planner's peak memory): the planner's MFU model, before the roofline."""
+    from parlab.plan.calibrate import run_request
     from parlab.plan.estimate import measured_throughput
     from parlab.plan.planner import DEFAULT_MFU, evaluate
 
+    def key(d: Any) -> str:
+        return (
+            f"{d.workload.get('preset')}|{d.workload.get('seq')}|{d.workload.get('global_batch')}"
+        )
+
     by_workload: dict[str, list[Any]] = {}
     for d in docs:
-        key = f"{d.workload.get('preset')}|{d.workload.get('seq')}|{d.workload.get('global_batch')}"
-        by_workload.setdefault(key, []).append(d)
-    rows: list[dict[str, Any]] = []
+        by_workload.setdefault(key(d), []).append(d)
+    out: dict[str, tuple[float | None, float | None, float | None]] = {}
     for d in docs:
-        made = run_request(d, DEFAULT_MFU)
+        made = run_request(d, mfu=DEFAULT_MFU, calibration=cal)
         if made is None:
-            rows.append({"doc": d, "layout": None})
             continue
         req, cand, sp = made
-        meas = d.metric("step_time")
         v = evaluate(req, cand, sp=sp)
-        pred = v.estimate.step_s if v.estimate else None
-        key = f"{d.workload.get('preset')}|{d.workload.get('seq')}|{d.workload.get('global_batch')}"
         others = []
-        for o in by_workload[key]:
-            # its mfu metric, else its tokens/s x FLOPs per token / peak
+        for o in by_workload[key(d)]:
             if o is not d:
                 with contextlib.suppress(ValueError):
                     others.append(measured_throughput(o, 1.0).mfu)
         loo = None
         if others:
-            req2, _, _ = run_request(d, float(statistics.median(others)))  # type: ignore[misc]
-            v2 = evaluate(req2, cand, sp=sp)
+            made2 = run_request(d, mfu=float(statistics.median(others)), calibration=cal)
+            assert made2 is not None
+            v2 = evaluate(made2[0], made2[1], sp=sp)
             loo = v2.estimate.step_s if v2.estimate else None
-        pm = d.predictions.get("peak_memory")
-        rows.append(
-            {
-                "doc": d,
-                "layout": cand.name,
-                "step": meas,
-                "pred": pred,
-                "loo": loo,
-                "loo_mfu": float(statistics.median(others)) if others else None,
-                "peak": d.metric("peak_memory"),
-                "peak_pred": pm.value if pm is not None else v.peak_bytes,
-            }
-        )
-    return rows
+        out[d.run_id] = (v.estimate.step_s if v.estimate else None, loo, v.peak_bytes)
+    return out
+
+
+def roofline_rows(docs: list[Any], cal: Any) -> dict[str, Any]:
+    """The roofline fitted on its calibration runs (``parlab.plan.calibrate.LAB_STEPS``), every
+    run's prediction, and for each calibration run its leave-one-group-out prediction (the
+    steps refitted without every repeat of that run's configuration)."""
+    from parlab.errors import UsageError
+    from parlab.plan.calibrate import fit_steps, group_of, predict
+
+    roof, used = fit_steps(docs, calibration=cal)
+    calibrating = {rid: ", ".join(step.free) for step, ids in used for rid in ids}
+    pred = {}
+    for d in docs:
+        e = predict(d, roof, calibration=cal)
+        pred[d.run_id] = e.step_s if e else None
+    loo: dict[str, float | None] = {}
+    groups: dict[str, list[Any]] = {}
+    for d in docs:
+        if d.run_id in calibrating:
+            groups.setdefault(group_of(d), []).append(d)
+    for g, members in groups.items():
+        rest = [d for d in docs if group_of(d) != g]
+        try:
+            roof_g, _ = fit_steps(rest, calibration=cal)
+        except UsageError:
+            roof_g = None
+        for d in members:
+            e = predict(d, roof_g, calibration=cal) if roof_g is not None else None
+            loo[d.run_id] = e.step_s if e else None
+    return {"roof": roof, "used": used, "calibrating": calibrating, "pred": pred, "loo": loo}
 
 
 def table_gpu_runs(root: Path) -> None:
+    from parlab.plan.calibrate import implementation_of, unmodelled
+
     docs = gpu_runs(root)
     print(f"== 1. measured GPU training runs under {root}: {len(docs)}")
     if not docs:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
+    cal = collectives_calibration(root)
+    old = mfu_model_rows(docs, cal)
+    rf = roofline_rows(docs, cal)
     head = (
-        f"{'run':<44}{'layout':<24}{'step meas':>10}{'pred@0.40':>10}{'err':>9}"
-        f"{'pred@LOO':>10}{'err':>9}{'<10%':>6}{'peak meas':>11}{'ledger':>10}{'err':>8}{'<5%':>5}"
+        f"{'run':<44}{'impl':<9}{'step meas':>10}{'MFU LOO':>9}{'err':>9}{'roofline':>9}{'err':>9}"
+        f"{'LOO':>9}{'<10%':>5}{'peak meas':>10}{'ledger':>9}{'err':>8}{'<5%':>5}"
+        "  calibrates / not modelled"
     )
     print(head)
     print("-" * len(head))
-    for r in step_rows(docs):
-        d = r["doc"]
-        if r["layout"] is None:
-            print(f"{d.run_id:<44}cannot rebuild its layout from the document")
-            continue
-        meas, pred, loo = r["step"], r["pred"], r["loo"]
-        peak_meas, peak_pred = r["peak"], r["peak_pred"]
+    counts = {"all": [0, 0, 0], "current": [0, 0, 0], "modelled": [0, 0, 0]}
+    mem_ok = 0
+    for d in docs:
+        meas = d.metric("step_time")
+        impl = implementation_of(d).norm_kernel
+        _, mfu_loo, planner_peak = old.get(d.run_id, (None, None, None))
+        pred = rf["pred"].get(d.run_id)
+        cal_of = rf["calibrating"].get(d.run_id, "")
+        loo = rf["loo"].get(d.run_id) if cal_of else None
+        out_of_sample = loo if cal_of else pred
+        why = unmodelled(d)
+        pm = d.predictions.get("peak_memory")
+        peak_meas = d.metric("peak_memory")
+        peak_pred = pm.value if pm is not None else planner_peak
+        ok = within(out_of_sample, meas, STEP_TARGET) == "yes"
+        old_ok = within(mfu_loo, meas, STEP_TARGET) == "yes"
+        mem_ok += within(peak_pred, peak_meas, MEMORY_TARGET) == "yes"
+        for name, member in (
+            ("all", True),
+            ("current", impl != "explicit"),
+            ("modelled", not why),
+        ):
+            if member:
+                counts[name][0] += 1
+                counts[name][1] += ok
+                counts[name][2] += old_ok
+        note = f"cal: {cal_of}" if cal_of else why
         print(
-            f"{d.run_id:<44}{r['layout'][:23]:<24}{meas:>10.3f}{pred or 0:>10.3f}{pct(pred, meas):>9}"
-            f"{(loo or 0):>10.3f}{pct(loo, meas):>9}{within(loo, meas, STEP_TARGET):>6}"
-            f"{(peak_meas or 0) / 1e9:>10.2f}G{(peak_pred or 0) / 1e9:>9.2f}G"
+            f"{d.run_id[:43]:<44}{impl:<9}{meas:>10.3f}{mfu_loo or 0:>9.3f}{pct(mfu_loo, meas):>9}"
+            f"{pred or 0:>9.3f}{pct(pred, meas):>9}{pct(loo, meas) if cal_of else '-':>9}"
+            f"{'yes' if ok else 'NO':>5}"
+            f"{(peak_meas or 0) / 1e9:>9.2f}G{(peak_pred or 0) / 1e9:>8.2f}G"
             f"{pct(peak_pred, peak_meas):>8}{within(peak_pred, peak_meas, MEMORY_TARGET):>5}"
+            f"  {note}"
         )
+    roof = rf["roof"]
+    print()
+    print(
+        f"roofline: GEMM {roof.gemm:.3f}, attention {roof.attention:.3f}, ring attention "
+        f"{roof.ring_attention:.3f} of the bf16 peak; elementwise at {roof.memory:.3f} of the "
+        f"catalog HBM bandwidth; contention {roof.contention:.3f} of the hidden communication "
+        f"time. Communication: {cal.label if cal else 'catalog links (no calibration found)'}."
+    )
+    for step, ids in rf["used"]:
+        print(f"  {', '.join(step.free)} fitted on {len(ids)} {step.runs}: {', '.join(ids)}")
+    print(
+        "<10%: the out-of-sample prediction -- the roofline's for runs outside the calibration, "
+        "the LOO column (every step refitted without all repeats of the run's configuration) for "
+        "calibration runs. MFU LOO: the previous model, FLOPs / (median MFU of the other runs of "
+        "the workload x peak). ledger: the peak the run recorded before it started (the planner's "
+        "ledger call where it recorded none)."
+    )
+    for name, label in (
+        ("all", "all runs"),
+        ("current", "current implementation (fused or compiled)"),
+        ("modelled", "runs the model describes (no 'not modelled' note)"),
+    ):
+        n, ok, old_ok = counts[name]
+        print(f"step time within 10 %, {label}: roofline {ok}/{n}; MFU model (LOO) {old_ok}/{n}")
+    print(f"peak memory within 5 %: {mem_ok}/{len(docs)}")
 
 
 def megatron_spec(name: str, heads: int, hidden: int, layers: int) -> Any:
@@ -248,17 +275,37 @@ def megatron_spec(name: str, heads: int, hidden: int, layers: int) -> Any:
     )
 
 
+# Megatron-LM as the paper ran it: fused LayerNorm, bias-GeLU and scale-mask-softmax kernels,
+# attention scores materialised (no flash attention in 2022).
+MEGATRON_IMPL = ("fused", "math")
+
+
 def megatron_rows(
-    mfu: float | dict[str, float], half: float = 0.0
+    mfu: float | dict[str, float],
+    half: float = 0.0,
+    gemm: dict[str, float] | None = None,
+    only: tuple[str, str] | None = None,
 ) -> list[tuple[str, str, float, float | None, Any]]:
-    """(model, mode, published s, predicted s, verdict) of the eight Table 5 rows."""
+    """(model, mode, published s, predicted s, verdict) of the eight Table 5 rows.
+
+    ``gemm``: per model, the roofline's GEMM efficiency at the model's full width (the
+    attention core materialised at GEMM speed, softmax and elementwise bytes at the A100's
+    catalog bandwidth); None: the MFU model. ``only``: one (model, mode) row.
+    """
     from parlab.plan.estimate import Throughput
     from parlab.plan.planner import PlanRequest, evaluate
+    from parlab.plan.roofline import Implementation, Roofline
     from parlab.plan.space import Candidate, make_cluster
 
     out = []
     for name, (heads, hidden, layers, tp, pp, gpus, gb) in CONFIGS.items():
+        if only is not None and only[0] != name:
+            continue
         m = mfu[name] if isinstance(mfu, dict) else mfu
+        roof = None
+        if gemm is not None:
+            g = gemm[name]
+            roof = Roofline(gemm=g, attention=g, ring_attention=g, memory=1.0, source="Table 5")
         spec = megatron_spec(name, heads, hidden, layers)
         cluster = make_cluster(gpus=f"{gpus}xA100-80GB", gpus_per_node=8, inter_node_bw=25e9)
         peak = cluster.gpu.peak("bf16") or 0.0
@@ -271,8 +318,15 @@ def megatron_rows(
             dtype="bf16-master",
             optimizer="adam",
             gemm_width_half=half,
+            roofline=roof,
+            implementation=Implementation(
+                norm_kernel=MEGATRON_IMPL[0], attention_kernel=MEGATRON_IMPL[1]
+            ),
         )
         for i, (rc, sp) in enumerate((("full", False), ("selective", True))):
+            label = "full recompute" if rc == "full" else "selective + SP"
+            if only is not None and only[1] != label:
+                continue
             cand = Candidate(
                 dp=1,
                 tp=tp,
@@ -287,7 +341,6 @@ def megatron_rows(
             )
             v = evaluate(req, cand, sp=sp)
             pred = v.estimate.step_s if v.estimate else None
-            label = "full recompute" if rc == "full" else "selective + SP"
             out.append((name, label, PUBLISHED[name][i], pred, v))
     return out
 
@@ -302,6 +355,30 @@ def implied_mfu(v: Any, published: float, used: float) -> float:
     b = e.bubble_s / (e.compute_s + e.comm_blocking_s) if e.compute_s else 0.0
     c1 = e.compute_s * used
     return c1 * (1 + b) / (published - e.comm_exposed_s - e.comm_blocking_s * b)
+
+
+def implied_gemm(name: str, label: str, published: float) -> float:
+    """The roofline GEMM efficiency (at tp's width, no width scaling) at which the planner's
+    prediction of one Table 5 row equals the published time (bisection; time falls as it rises)."""
+    lo, hi = 0.05, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        pred = megatron_rows(0.4, gemm={name: mid}, only=(name, label))[0][3] or 0.0
+        lo, hi = (mid, hi) if pred > published else (lo, mid)
+    return (lo + hi) / 2
+
+
+def megatron_roofline() -> dict[str, Any]:
+    """The roofline with eff(n) = E n / (n + n0), n = hidden / tp, E and n0 fitted on 22B and
+    175B selective + SP, predicting the other six rows."""
+    width = {k: CONFIGS[k][1] / CONFIGS[k][3] for k in CONFIGS}
+    y1 = implied_gemm("22B", "selective + SP", PUBLISHED["22B"][1])
+    y2 = implied_gemm("175B", "selective + SP", PUBLISHED["175B"][1])
+    n1, n2 = width["22B"], width["175B"]
+    n0 = n1 * n2 * (y2 - y1) / (y1 * n2 - y2 * n1)
+    top = y1 * (n1 + n0) / n1
+    at_full = {k: min(1.0, top * CONFIGS[k][1] / (CONFIGS[k][1] + n0)) for k in CONFIGS}
+    return {"rows": megatron_rows(0.4, half=n0, gemm=at_full), "top": top, "n0": n0}
 
 
 def megatron_results() -> dict[str, Any]:
@@ -326,7 +403,7 @@ def megatron_results() -> dict[str, Any]:
     two = megatron_rows(at_full, half=n0)
     return {
         "base": base, "one": one, "two": two, "implied": implied, "cal_mfu": cal_mfu,
-        "top": top, "n0": n0,
+        "top": top, "n0": n0, "roofline": megatron_roofline(),
     }  # fmt: skip
 
 
@@ -336,14 +413,16 @@ def table_megatron() -> None:
     res = megatron_results()
     base, one, two, implied = res["base"], res["one"], res["two"], res["implied"]
     cal_mfu, top, n0 = res["cal_mfu"], res["top"], res["n0"]
+    rl = res["roofline"]
     head = (
         f"{'model':<6}{'mode':<16}{'published':>10}{'@0.40':>8}{'err':>8}{'@1pt':>8}{'err':>8}"
-        f"{'<10%':>5}{'@width':>8}{'err':>8}{'<10%':>5}{'implied MFU':>12}  exposed comm / bubble"
+        f"{'<10%':>5}{'@width':>8}{'err':>8}{'<10%':>5}{'roofline':>9}{'err':>8}{'<10%':>5}"
+        f"{'implied MFU':>12}  exposed comm / bubble"
     )
     print(head)
     print("-" * len(head))
     for i, (name, label, pub, pred, _v) in enumerate(base):
-        p1, p2 = one[i][3], two[i][3]
+        p1, p2, p3 = one[i][3], two[i][3], rl["rows"][i][3]
         e = one[i][4].estimate
         is_cal1 = (name, label) == ("22B", "selective + SP")
         is_cal2 = is_cal1 or (name, label) == ("175B", "selective + SP")
@@ -351,6 +430,7 @@ def table_megatron() -> None:
             f"{name:<6}{label:<16}{pub:>10.2f}{pred or 0:>8.2f}{pct(pred, pub):>8}"
             f"{p1 or 0:>8.2f}{pct(p1, pub):>8}{'cal' if is_cal1 else within(p1, pub, STEP_TARGET):>5}"
             f"{p2 or 0:>8.2f}{pct(p2, pub):>8}{'cal' if is_cal2 else within(p2, pub, STEP_TARGET):>5}"
+            f"{p3 or 0:>9.2f}{pct(p3, pub):>8}{'cal' if is_cal2 else within(p3, pub, STEP_TARGET):>5}"
             f"{implied[i]:>12.3f}  {e.comm_exposed_s:.2f} s / {e.bubble_s:.2f} s"
         )
     print(
@@ -358,6 +438,13 @@ def table_megatron() -> None:
         f"selective + SP alone. @width: eff(n) = {top:.3f} n / (n + {n0:.0f}), n = hidden / tp, "
         "fitted on 22B and 175B selective + SP ('cal' rows), predicting the other six "
         f"(the planner's --gemm-width-half {n0:.0f})."
+    )
+    print(
+        f"roofline: the planner's roofline (parlab.plan.roofline) for Megatron-LM as run in 2022 "
+        f"(fused LayerNorm/GeLU/softmax kernels, attention scores materialised: the whole square "
+        f"at GEMM speed and every score through the softmax at the A100's catalog HBM bandwidth), "
+        f"GEMM efficiency E n / (n + n0) = {rl['top']:.3f} n / (n + {rl['n0']:.0f}) fitted on the "
+        "same two 'cal' rows."
     )
     print(
         "implied MFU: the compute efficiency at which the planner's model (its communication "
