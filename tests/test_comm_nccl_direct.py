@@ -542,3 +542,186 @@ def test_gpu_direct_comm_reductions_exact(monkeypatch: pytest.MonkeyPatch) -> No
         assert out["send_recv"] == [float(1 - r)] * 2
         if r == 1:
             assert out["reduce"] == [3.0] * 4
+
+
+# --- the ctypes layer against a compiled stand-in library --------------------------------
+
+STUB_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct { char name[24]; int n; int64_t v[8]; } Rec;
+static Rec log_[64];
+static int count_ = 0;
+static void rec(const char* name, int n, const int64_t* v) {
+  if (count_ >= 64) return;
+  strncpy(log_[count_].name, name, 23);
+  log_[count_].n = n;
+  memcpy(log_[count_].v, v, n * sizeof(int64_t));
+  count_++;
+}
+int stub_count(void) { return count_; }
+void stub_reset(void) { count_ = 0; }
+const char* stub_name(int i) { return log_[i].name; }
+int64_t stub_value(int i, int k) { return log_[i].v[k]; }
+#define P(x) ((int64_t)(intptr_t)(x))
+int ncclGetVersion(int* v) { *v = 22809; return 0; }
+const char* ncclGetErrorString(int r) { return r == 4 ? "invalid argument (stub)" : "stub error"; }
+int ncclGetUniqueId(ncclUniqueId* id) {
+  for (int i = 0; i < 128; i++) id->internal[i] = (char)(i * 3 + 1);
+  return 0;
+}
+int ncclCommInitRank(void** comm, int nranks, ncclUniqueId id, int rank) {
+  for (int i = 0; i < 128; i++) if (id.internal[i] != (char)(i * 3 + 1)) return 4;
+  int64_t v[2] = {nranks, rank};
+  rec("ncclCommInitRank", 2, v);
+  *comm = (void*)0xC0FFEE;
+  return 0;
+}
+int ncclCommDestroy(void* c) { int64_t v[1] = {P(c)}; rec("ncclCommDestroy", 1, v); return 0; }
+int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, void* c, void* st) {
+  int64_t v[7] = {P(s), P(r), (int64_t)n, t, op, P(c), P(st)};
+  rec("ncclAllReduce", 7, v); return 0;
+}
+int ncclAllGather(const void* s, void* r, size_t n, int t, void* c, void* st) {
+  int64_t v[6] = {P(s), P(r), (int64_t)n, t, P(c), P(st)};
+  rec("ncclAllGather", 6, v); return 0;
+}
+int ncclReduceScatter(const void* s, void* r, size_t n, int t, int op, void* c, void* st) {
+  int64_t v[7] = {P(s), P(r), (int64_t)n, t, op, P(c), P(st)};
+  rec("ncclReduceScatter", 7, v); return 0;
+}
+int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, void* c, void* st) {
+  int64_t v[7] = {P(s), P(r), (int64_t)n, t, root, P(c), P(st)};
+  rec("ncclBroadcast", 7, v); return 0;
+}
+int ncclReduce(const void* s, void* r, size_t n, int t, int op, int root, void* c, void* st) {
+  int64_t v[8] = {P(s), P(r), (int64_t)n, t, op, root, P(c), P(st)};
+  rec("ncclReduce", 8, v); return 0;
+}
+int ncclSend(const void* s, size_t n, int t, int peer, void* c, void* st) {
+  int64_t v[6] = {P(s), (int64_t)n, t, peer, P(c), P(st)};
+  rec("ncclSend", 6, v); return 0;
+}
+int ncclRecv(void* r, size_t n, int t, int peer, void* c, void* st) {
+  int64_t v[6] = {P(r), (int64_t)n, t, peer, P(c), P(st)};
+  rec("ncclRecv", 6, v); return 0;
+}
+int ncclGroupStart(void) { rec("ncclGroupStart", 0, 0); return 0; }
+int ncclGroupEnd(void) { rec("ncclGroupEnd", 0, 0); return 3; }
+"""
+"""A libnccl with NCCL's C signatures that logs its arguments (ncclGroupEnd fails with 3)."""
+
+
+@pytest.fixture(scope="module")
+def stub_library(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libnccl")
+    folder = tmp_path_factory.mktemp("stub")
+    (folder / "stub.c").write_text(STUB_C)
+    lib = folder / "libnccl.so.2"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(folder / "stub.c")],
+        check=True,
+        capture_output=True,
+    )
+    return str(lib)
+
+
+ARITY = {
+    "ncclCommInitRank": 2,
+    "ncclCommDestroy": 1,
+    "ncclGroupStart": 0,
+    "ncclGroupEnd": 0,
+    "ncclAllGather": 6,
+    "ncclSend": 6,
+    "ncclRecv": 6,
+    "ncclReduce": 8,
+}
+"""Arguments the stub logs per call (the others: 7)."""
+
+
+def _log(lib: N.NcclLibrary) -> list[tuple[str, list[int]]]:
+    """The stub's call log since the last read, as (name, arguments); then clear it."""
+    c = lib.lib
+    c.stub_name.restype = ctypes.c_char_p
+    c.stub_value.restype = ctypes.c_int64
+    out = []
+    for i in range(c.stub_count()):
+        name = c.stub_name(i).decode()
+        out.append((name, [c.stub_value(i, k) for k in range(ARITY.get(name, 7))]))
+    c.stub_reset()
+    return out
+
+
+def test_library_binding_passes_the_unique_id_by_value_and_checks_results(
+    stub_library: str,
+) -> None:
+    lib = N.NcclLibrary(stub_library)
+    assert lib.version == (2, 28, 9)
+    uid = lib.unique_id()
+    assert uid == bytes((i * 3 + 1) % 256 for i in range(N.UNIQUE_ID_BYTES))
+    assert lib.comm_init_rank(4, uid, 3) == HANDLE
+    assert _log(lib) == [("ncclCommInitRank", [4, 3])]
+    with pytest.raises(RuntimeError, match=r"ncclCommInitRank failed: invalid argument \(stub\)"):
+        lib.comm_init_rank(4, bytes(N.UNIQUE_ID_BYTES), 3)  # the stub rejects a foreign id
+
+
+def _stub_calls(ctx: RankContext, path: str) -> list[tuple[str, list[int]]]:
+    lib = N.NcclLibrary(path)
+    comm = REAL_DIRECT_COMM.__new__(REAL_DIRECT_COMM)
+    comm._attach(None, ctx.device, lib, lambda: STREAM)
+    _log(lib)
+    f = torch.zeros(6)
+    h = torch.zeros(3, dtype=torch.bfloat16)
+    i8 = torch.zeros(6, dtype=torch.int8)
+    comm.all_reduce(f, op="max")
+    comm.all_reduce(f, torch.zeros(6), op="avg")
+    comm.all_gather(i8, i8[:6])
+    comm.reduce_scatter(h, torch.zeros(3, dtype=torch.bfloat16), op="min")
+    comm.broadcast(h, root=0)
+    comm.reduce(f, root=0, op="prod")
+    try:
+        comm.send_recv(f, 0, torch.zeros(6), 0)
+    except RuntimeError as e:  # the stub's ncclGroupEnd returns ncclInternalError (3)
+        assert "ncclGroupEnd failed: stub error (ncclResult_t 3)" in str(e)
+    else:
+        raise AssertionError("a failing ncclGroupEnd was not reported")
+    calls = _log(lib)
+    ptrs = {"f": f.data_ptr(), "h": h.data_ptr(), "i8": i8.data_ptr()}
+    comm.close()
+    return [*calls, ("ptrs", [ptrs["f"], ptrs["h"], ptrs["i8"]])]
+
+
+@pytest.mark.timeout(30)
+def test_every_call_reaches_the_c_signature_in_order(stub_library: str) -> None:
+    [calls] = run_ranks(_stub_calls, 1, stub_library, timeout=25)
+    f, h, i8 = calls.pop()[1]
+    names = [n for n, _ in calls]
+    assert names == [
+        "ncclAllReduce",
+        "ncclAllReduce",
+        "ncclAllGather",
+        "ncclReduceScatter",
+        "ncclBroadcast",
+        "ncclReduce",
+        "ncclGroupStart",
+        "ncclSend",
+        "ncclRecv",
+        "ncclGroupEnd",
+    ]
+    args = [v for _, v in calls]
+    # (send, recv, count, ncclDataType_t, ncclRedOp_t / root, ..., comm, stream)
+    assert args[0] == [f, f, 6, 7, 2, HANDLE, STREAM]  # in place, fp32, max
+    assert args[1][0] == f and args[1][1] != f and args[1][2:] == [6, 7, 4, HANDLE, STREAM]
+    assert args[2] == [i8, i8, 6, 0, HANDLE, STREAM]  # all_gather: sendcount = 6 / 1 rank
+    assert args[3][1] == h and args[3][2:] == [3, 9, 3, HANDLE, STREAM]  # recvcount, bf16, min
+    assert args[4] == [h, h, 3, 9, 0, HANDLE, STREAM]  # broadcast root 0
+    assert args[5] == [f, f, 6, 7, 1, 0, HANDLE, STREAM]  # reduce: prod, root 0
+    assert args[7] == [f, 6, 7, 0, HANDLE, STREAM]  # send to peer 0
+    assert args[8][1:] == [6, 7, 0, HANDLE, STREAM]  # recv from peer 0
