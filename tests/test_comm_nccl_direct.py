@@ -725,3 +725,78 @@ def test_every_call_reaches_the_c_signature_in_order(stub_library: str) -> None:
     assert args[5] == [f, f, 6, 7, 1, 0, HANDLE, STREAM]  # reduce: prod, root 0
     assert args[7] == [f, 6, 7, 0, HANDLE, STREAM]  # send to peer 0
     assert args[8][1:] == [6, 7, 0, HANDLE, STREAM]  # recv from peer 0
+
+
+# --- the comparison with nccl-tests reports each path -----------------------------------
+
+
+def _sweep_doc(via: str, us_per_op: float) -> Any:
+    """A small all_reduce sweep document of one path, every size taking ``us_per_op``."""
+    from parlab.comm.sweep import SweepSpec, build_document
+
+    spec = SweepSpec(ops=("all_reduce",), minbytes=8, maxbytes=64, via=via, nproc=2)
+    t = us_per_op * 1e-6
+    recs = [
+        {
+            "op": "all_reduce",
+            "size": s,
+            "requested_bytes": s,
+            "count": s // 4,
+            "type": "float",
+            "redop": "sum",
+            "root": -1,
+            "inplace": True,
+            "graph": False,
+            "method": "cuda-events",
+            "via": via,
+            "time_s": t,
+            "time_median_s": t,
+            "time_min_s": t,
+            "time_max_s": t,
+            "samples": 5,
+            "time_per_rank_s": [t, t],
+            "algbw": s / t,
+            "busbw": s / t,
+            "wrong": 0,
+            "group_size": 2,
+        }
+        for s in spec.sizes
+    ]
+    from parlab.hardware.env import snapshot
+
+    return build_document(
+        spec,
+        recs,
+        backend="nccl",
+        environment=snapshot(),
+        devices=["GPU", "GPU"],
+        command="parlab collectives (test)",
+        nccl_direct={"library": "/x/libnccl.so.2", "version": "2.28.9"} if via == "nccl" else None,
+    )
+
+
+def test_vs_nccl_tests_reports_each_path_and_c10d_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+    import sys
+
+    from parlab.contract import write_result
+
+    torch_doc, direct_doc = _sweep_doc("torch", 38.0), _sweep_doc("nccl", 22.0)
+    assert direct_doc.layout["via"] == "nccl" and direct_doc.evidence_level == "real-nccl"
+    assert any("NCCL called directly" in n for n in direct_doc.notes)
+    assert "NCCL directly" in direct_doc.workload["collectives"]["timing"]
+    for doc in (torch_doc, direct_doc):
+        write_result(doc, tmp_path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "collectives_vs_nccl_tests.py"
+    spec = importlib.util.spec_from_file_location("collectives_vs_nccl_tests", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", ["collectives_vs_nccl_tests.py", str(tmp_path)])
+    mod.main()
+    out = capsys.readouterr().out
+    assert f"graph=0  via=torch  {torch_doc.run_id}: mean 38.00 us" in out
+    assert f"graph=0  via=nccl  {direct_doc.run_id}: mean 22.00 us" in out
+    assert "= 16.00 us per call over 4 sizes" in out  # 38 - 22, size by size
