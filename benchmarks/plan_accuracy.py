@@ -231,7 +231,8 @@ def table_gpu_runs(root: Path) -> None:
     roof = rf["roof"]
     print()
     print(
-        f"roofline: GEMM {roof.gemm:.3f}, attention {roof.attention:.3f}, ring attention "
+        f"roofline: GEMM {roof.gemm:.3f} at width {roof.gemm_width:.0f} (width law n / (n + "
+        f"{roof.gemm_width_half:.0f})), attention {roof.attention:.3f}, ring attention "
         f"{roof.ring_attention:.3f} of the bf16 peak; elementwise at {roof.memory:.3f} of the "
         f"catalog HBM bandwidth; contention {roof.contention:.3f} of the hidden communication "
         f"time. Communication: {cal.label if cal else 'catalog links (no calibration found)'}."
@@ -305,7 +306,15 @@ def megatron_rows(
         roof = None
         if gemm is not None:
             g = gemm[name]
-            roof = Roofline(gemm=g, attention=g, ring_attention=g, memory=1.0, source="Table 5")
+            roof = Roofline(
+                gemm=g,
+                attention=g,
+                ring_attention=g,
+                memory=1.0,
+                gemm_width=hidden if half else 0.0,
+                gemm_width_half=half,
+                source="Table 5",
+            )
         spec = megatron_spec(name, heads, hidden, layers)
         cluster = make_cluster(gpus=f"{gpus}xA100-80GB", gpus_per_node=8, inter_node_bw=25e9)
         peak = cluster.gpu.peak("bf16") or 0.0

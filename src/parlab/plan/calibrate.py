@@ -12,8 +12,9 @@ the lab uses (``LAB_STEPS``):
    short sequences (GEMM-heavy), 32k sequences (attention-heavy), two implementations
    (their elementwise bytes differ by ``parlab.plan.roofline.ELEMENTWISE``);
 2. ``ring_attention``: the context-parallel ring runs;
-3. ``contention``: the data-parallel training runs (DDP, ZeRO, FSDP) of Llama-style models
-   in the current implementation, without recompute or compile.
+3. ``contention`` and the GEMM width law's ``gemm_width_half``: the data-parallel training
+   runs (DDP, ZeRO, FSDP) of Llama-style models in the current implementation, without
+   recompute or compile (two widths: the 1.3B's 2048 and the 8B's 4096).
 
 Nothing here crosses a wire or imports torch.
 """
@@ -221,6 +222,19 @@ class Step:
     """Picks those runs from the documents."""
 
 
+def _width(doc: Any) -> float:
+    """The run's per-GPU GEMM width, hidden / tp."""
+    model = doc.workload.get("model")
+    mesh = (doc.layout or {}).get("mesh") or {}
+    if isinstance(model, dict) and model.get("hidden"):
+        hidden = float(model["hidden"])
+    else:
+        from parlab.models import get_spec
+
+        hidden = float(get_spec(str(doc.workload.get("preset") or model)).hidden)
+    return hidden / int(mesh.get("tp", 1))
+
+
 def _world(doc: Any) -> int:
     return int((doc.layout or {}).get("world_size") or 1)
 
@@ -250,9 +264,9 @@ LAB_STEPS: tuple[Step, ...] = (
         select=lambda d: int(((d.layout or {}).get("mesh") or {}).get("cp", 1)) > 1,
     ),
     Step(
-        free=("contention",),
-        runs="data-parallel runs of Llama-style models, current implementation, no recompute "
-        "or compile",
+        free=("contention", "gemm_width_half"),
+        runs="data-parallel runs of Llama-style models (hidden 2048 and 4096), current "
+        "implementation, no recompute or compile",
         select=_is_llama_dp_run,
     ),
 )
@@ -278,6 +292,9 @@ def fit_steps(
         chosen = [d for d in docs if step.select(d) and not unmodelled(d)]
         if not chosen:
             raise UsageError(f"no run to fit {', '.join(step.free)} on: needs {step.runs}")
+        if "gemm" in step.free:  # the GEMM efficiency belongs to these runs' width
+            widths = sorted(_width(d) for d in chosen)
+            roof = replace(roof, gemm_width=widths[len(widths) // 2])
         for _ in range(rounds):
             rows = []
             for d in chosen:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.errors import UsageError
@@ -97,7 +97,8 @@ class PlanRequest:
     MFU's own width (``parlab.plan.estimate.width_factor``); 0: a constant MFU."""
     roofline: Roofline | None = None
     """Per-kind efficiencies (``parlab.plan.roofline``): compute as GEMMs + causal attention +
-    memory-bound work, communication hidden per mechanism; None: FLOPs / (MFU x peak)."""
+    memory-bound work, communication hidden per mechanism; None: FLOPs / (MFU x peak). It
+    carries its own GEMM width law (``gemm_width_half`` above is the MFU model's)."""
     implementation: Implementation = field(default_factory=Implementation)
     """The implementation the roofline's elementwise bytes are counted for."""
 
@@ -491,10 +492,7 @@ def _timed(
             dtype=req.dtype,
             impl=req.implementation,
         )
-        gpu = req.cluster.gpu
-        parts = w.parts(
-            replace(roof, gemm=min(1.0, roof.gemm * eff)), th.peak_flops, float(gpu.memory_bw)
-        )
+        parts = w.parts(roof, th.peak_flops, float(req.cluster.gpu.memory_bw))
         est = estimate(
             cand,
             wire=wire,

@@ -91,6 +91,11 @@ class Roofline:
     contention: float = 0.0
     """Fraction of the time of a collective hidden under compute that compute loses (the
     collective's kernels take SMs and memory bandwidth from it)."""
+    gemm_width: float = 0.0
+    """Per-GPU GEMM width (hidden / tp) at which ``gemm`` was measured; 0: every width."""
+    gemm_width_half: float = 0.0
+    """n0 of the width law f(n) = n / (n + n0): narrower matrices run further from peak;
+    0: the same GEMM efficiency at every width."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
@@ -101,6 +106,19 @@ class Roofline:
                 raise UsageError(f"roofline {name} = {v}: give a fraction in (0, 1]")
         if not 0.0 <= self.contention <= 1.0:
             raise UsageError(f"roofline contention = {self.contention}: give a fraction in [0, 1]")
+        if self.gemm_width < 0 or self.gemm_width_half < 0:
+            raise UsageError("roofline GEMM width and its half: give 0 (off) or more")
+
+    def width_factor(self, width: float) -> float:
+        """GEMM efficiency at ``width`` relative to ``gemm``'s own: f(width) / f(gemm_width)."""
+        n0, ref = self.gemm_width_half, self.gemm_width
+        if n0 <= 0 or ref <= 0 or width <= 0:
+            return 1.0
+        return (width / (width + n0)) / (ref / (ref + n0))
+
+    def gemm_at(self, width: float) -> float:
+        """GEMM efficiency at per-GPU width ``width`` (never above 1)."""
+        return min(1.0, self.gemm * self.width_factor(width))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,12 +160,14 @@ class Work:
     """Bytes of the per-parameter work: casts per micro-batch and the optimizer step."""
     forward_fraction: float
     """Share of the compute that is forward (the rest is backward and the optimizer)."""
+    gemm_width: float = 0.0
+    """Per-GPU GEMM width, hidden / tp."""
 
     def parts(self, roof: Roofline, peak_flops: float, hbm_bw: float) -> ComputeParts:
         """Seconds of each kind at ``roof``'s efficiencies."""
         attn_eff = roof.ring_attention if self.ring else roof.attention
         return ComputeParts(
-            gemm_s=self.gemm_flops / (roof.gemm * peak_flops),
+            gemm_s=self.gemm_flops / (roof.gemm_at(self.gemm_width) * peak_flops),
             attention_s=self.attention_flops / (attn_eff * peak_flops),
             elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
             step_s=self.step_bytes / (roof.memory * hbm_bw),
@@ -285,6 +305,7 @@ def work(
         elementwise_bytes=ew,
         step_bytes=cast + opt,
         forward_fraction=fwd,
+        gemm_width=spec.hidden / tp,
     )
 
 
@@ -303,20 +324,30 @@ class FitRow:
 
 
 EFFICIENCIES = ("gemm", "attention", "ring_attention", "memory", "contention")
+WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
+"""The n0 values ``fit_roofline`` tries when it fits the GEMM width law."""
 
 
-def _coefficients(row: FitRow, peak_flops: float, hbm_bw: float) -> dict[str, float]:
+def _coefficients(
+    row: FitRow, peak_flops: float, hbm_bw: float, base: Roofline
+) -> dict[str, float]:
     unit = row.work.parts(
         Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
     )
     ring = row.work.ring
     return {
-        "gemm": unit.gemm_s,
+        "gemm": unit.gemm_s / base.width_factor(row.work.gemm_width),
         "attention": 0.0 if ring else unit.attention_s,
         "ring_attention": unit.attention_s if ring else 0.0,
         "memory": unit.elementwise_s + unit.step_s,
         "contention": row.hidden_s,
     }
+
+
+def _predicted(row: FitRow, roof: Roofline, peak_flops: float, hbm_bw: float) -> float:
+    """The row's step time at ``roof`` (its other seconds held)."""
+    parts = row.work.parts(roof, peak_flops, hbm_bw)
+    return parts.total_s + row.other_s + roof.contention * row.hidden_s
 
 
 def fit_roofline(
@@ -332,19 +363,45 @@ def fit_roofline(
 
     Step time is linear in the inverse efficiencies (and in the contention), so the fit is one
     weighted linear least squares over the ``free`` ones; the others keep ``fixed``'s values.
+    ``gemm_width_half`` among ``free``: the width law's n0 is searched over ``WIDTH_HALVES``
+    (the least squares above for each) and the best kept.
     A memory efficiency fitted above 1 (the byte counts already at or over what the kernels
     move) is held at 1, the catalog's bandwidth, and the rest refitted. ``UsageError`` when the
     runs cannot determine them (fewer runs than free terms, or an efficiency outside (0, 1]).
     """
     import numpy as np
 
+    if "gemm_width_half" in free:
+        rest = tuple(k for k in free if k != "gemm_width_half")
+        base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+        best: tuple[float, Roofline] | None = None
+        for n0 in WIDTH_HALVES:
+            try:
+                r = fit_roofline(
+                    rows,
+                    peak_flops=peak_flops,
+                    hbm_bw=hbm_bw,
+                    fixed=replace(base, gemm_width_half=n0),
+                    free=rest,
+                    source=source,
+                )
+            except UsageError:
+                continue
+            err = sum(
+                (_predicted(row, r, peak_flops, hbm_bw) / row.measured_s - 1.0) ** 2 for row in rows
+            )
+            if best is None or err < best[0]:
+                best = (err, r)
+        if best is None:
+            raise UsageError("no GEMM width law fits these runs: give runs of several widths")
+        return best[1]
     bad = [k for k in free if k not in EFFICIENCIES]
     if bad:
         raise UsageError(f"cannot fit {', '.join(bad)}: fit some of {', '.join(EFFICIENCIES)}")
     if len(rows) < len(free):
         raise UsageError(f"{len(rows)} runs cannot fit {len(free)} efficiencies: give more runs")
     base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
-    coefs = [_coefficients(r, peak_flops, hbm_bw) for r in rows]
+    coefs = [_coefficients(r, peak_flops, hbm_bw, base) for r in rows]
 
     def solve(names: Sequence[str], at: Roofline) -> dict[str, float]:
         a, b = [], []
@@ -381,4 +438,4 @@ def fit_roofline(
                 "outside (0, 1]: give runs where that work matters"
             )
         values[k] = 1.0 / v
-    return Roofline(**values, source=source)
+    return replace(base, **values, source=source)
