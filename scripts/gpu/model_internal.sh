@@ -52,7 +52,10 @@ echo "model_internal.sh: $GPUS GPU(s), preset $PRESET, output $OUT" | tee "$OUT/
 LAYOUTS=$!
 
 # parlab's ring attention vs torch's context_parallel (GPU only; CPU reports "unsupported")
-timeout 40 "$PY" -c '
+# MI_ONLY="tp2-sp ...": only those runs (each with its one-rank baseline), no CP agreement check
+ONLY_ARGS=()
+for n in ${MI_ONLY:-}; do ONLY_ARGS+=(--only "$n"); done
+[ -n "${MI_ONLY:-}" ] || timeout 40 "$PY" -c '
 import json, sys
 from parlab.runtime.launch import LaunchConfig, launch
 r = launch("parlab.parallel.context:torch_cp_agreement", {"seq": 8192},
@@ -60,13 +63,14 @@ r = launch("parlab.parallel.context:torch_cp_agreement", {"seq": 8192},
 print(json.dumps({"ok": r.ok, "ranks": r.results,
                   "failure": r.failure.message if r.failure else None}, indent=1))
 ' > "$OUT/cp-vs-torch-context-parallel.json" 2>>"$OUT/model-internal.log" || true
-cat "$OUT/cp-vs-torch-context-parallel.json" | tee -a "$OUT/model-internal.log"
+[ -f "$OUT/cp-vs-torch-context-parallel.json" ] && tee -a "$OUT/model-internal.log" < "$OUT/cp-vs-torch-context-parallel.json"
 
 # every run isolated in one launch: a run that fails (out of memory included) is that run's
 # failure document; runs that would not fit in --budget seconds are skipped (documents say so)
 status=0
 timeout 230 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
-  --timeout 75 --budget 200 2>&1 | tee -a "$OUT/model-internal.log" || status=$?
+  --timeout 75 --budget 200 ${ONLY_ARGS[@]+"${ONLY_ARGS[@]}"} 2>&1 | tee -a "$OUT/model-internal.log" \
+  || status=$?
 echo "parlab project model-internal exited with status $status" | tee -a "$OUT/model-internal.log"
 if [ -f "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" ]; then
   cp "$OUT/results/PAR-MODEL-INTERNAL/model-internal.md" "$OUT/model-internal.md"

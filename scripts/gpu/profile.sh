@@ -28,11 +28,13 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_av
 if [ "$NGPU" -ge 2 ]; then
   BIG=(--model 1.3b --batch 2 --seq 4096 --nproc 2 --backend nccl)
   TP=(--model 1.3b --batch 2 --seq 2048 --nproc 2 --backend nccl)
+  TRAIN=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 3 --timeout 90)
   BUCKETS=1,25,250
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks"
   BIG=(--model tiny --batch 2 --seq 64 --nproc 2 --backend gloo)
   TP=(--model tiny --batch 2 --seq 64 --nproc 2 --backend gloo)
+  TRAIN=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 3 --steps 3 --timeout 60)
   BUCKETS=0.01,0.1,1
 fi
 
@@ -44,10 +46,22 @@ if [ "${SKIP_DDP:-0}" != 1 ]; then
   echo "ddp sweep done after $(( $(date +%s) - t0 )) s"
 fi
 
-# 2. FSDP2: prefetch and reshard_after_forward
-"${PARLAB[@]}" profile fsdp "${BIG[@]}" --trace-dir "$TR/fsdp" --results "$RES" \
-  2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-fsdp.log"
-echo "fsdp done after $(( $(date +%s) - t0 )) s"
+# 2. FSDP2: prefetch and reshard_after_forward (skipped when SKIP_FSDP=1)
+if [ "${SKIP_FSDP:-0}" != 1 ]; then
+  "${PARLAB[@]}" profile fsdp "${BIG[@]}" --trace-dir "$TR/fsdp" --results "$RES" \
+    2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-fsdp.log"
+  echo "fsdp done after $(( $(date +%s) - t0 )) s"
+fi
+
+# 2b. PROFILE_TRAIN="fsdp ddp ...": parlab train's own loop (the runs of PAR-TRAINING-STATE,
+# 1.3B, micro-batch 2 x 4096, bf16) under parlab profile run, steps 2-3 of 3 warm-up + 3
+for s in ${PROFILE_TRAIN:-}; do
+  "${PARLAB[@]}" profile run --nproc "${TRAIN_NPROC:-2}" --schedule 1,1,2 --trace-dir "$TR/train-$s" \
+    --results "$RES" --project PAR-TRAINING-STATE -- \
+    parlab train --strategy "$s" "${TRAIN[@]}" --results "$RES" \
+    2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-train-$s.log"
+  echo "train $s done after $(( $(date +%s) - t0 )) s"
+done
 
 # 3. TP without and with sequence parallelism (skipped when SKIP_TP=1)
 if [ "${SKIP_TP:-0}" != 1 ]; then
