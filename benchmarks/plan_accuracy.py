@@ -90,22 +90,6 @@ def gpu_runs(root: Path) -> list[Any]:
     ]
 
 
-def collectives_calibration(root: Path) -> Any:
-    """The measured NCCL alpha-beta calibration under ``root`` fitting the most ops (the
-    planner's intra-node link for the runs' communication), or None."""
-    from parlab.comm.calibration import load_calibration
-
-    best = None
-    for path in sorted((root / "PAR-COLLECTIVES").glob("collectives-calibration-*.json")):
-        try:
-            cal = load_calibration(path)
-        except (ValueError, OSError):
-            continue
-        if cal.evidence_level == "real-nccl" and (best is None or len(cal.ops) > len(best.ops)):
-            best = cal
-    return best
-
-
 def mfu_model_rows(
     docs: list[Any], cal: Any
 ) -> dict[str, tuple[float | None, float | None, float | None]]:
@@ -183,6 +167,8 @@ def table_gpu_runs(root: Path) -> None:
     if not docs:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
+    from parlab.plan.calibrate import collectives_calibration
+
     cal = collectives_calibration(root)
     old = mfu_model_rows(docs, cal)
     rf = roofline_rows(docs, cal)

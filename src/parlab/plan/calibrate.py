@@ -272,6 +272,24 @@ LAB_STEPS: tuple[Step, ...] = (
 )
 
 
+def collectives_calibration(root: Any) -> Any:
+    """The measured (``real-nccl``) alpha-beta calibration under ``root``/PAR-COLLECTIVES that
+    fits the most ops, or None: the runs' intra-node links, as measured beside them."""
+    from pathlib import Path
+
+    from parlab.comm.calibration import load_calibration
+
+    best = None
+    for path in sorted((Path(root) / "PAR-COLLECTIVES").glob("collectives-calibration-*.json")):
+        try:
+            cal = load_calibration(path)
+        except (ValueError, OSError):
+            continue
+        if cal.evidence_level == "real-nccl" and (best is None or len(cal.ops) > len(best.ops)):
+            best = cal
+    return best
+
+
 def fit_steps(
     docs: Sequence[Any],
     steps: Sequence[Step] = LAB_STEPS,

@@ -1,0 +1,355 @@
+"""The planner's roofline compute model, its overlap windows and its calibration."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from parlab.errors import UsageError
+from parlab.models import flops, get_spec
+from parlab.models.spec import ModelSpec
+from parlab.plan import calibrate
+from parlab.plan.estimate import Throughput, estimate, exposed_time, overlap_window
+from parlab.plan.planner import PlanRequest, evaluate, plan
+from parlab.plan.roofline import (
+    ELEMENTWISE,
+    LOSS_BYTES_PER_LOGIT,
+    FitRow,
+    Implementation,
+    Roofline,
+    causal_attention_flops_per_token,
+    elementwise_bytes_per_token,
+    fit_roofline,
+    work,
+)
+from parlab.plan.space import Candidate, make_cluster
+
+PEAK, BW = 1e15, 4e12
+UNIT = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+
+
+def tiny() -> ModelSpec:
+    return ModelSpec(
+        name="tiny",
+        vocab_size=10,
+        hidden=8,
+        layers=1,
+        heads=2,
+        ffn_hidden=16,
+        activation="swiglu",
+        norm="rmsnorm",
+        position="rope",
+        tied_embeddings=False,
+        max_seq_len=64,
+        source="test",
+    )
+
+
+def test_causal_flash_attention_counts_half_of_palms_attention_flops() -> None:
+    spec = get_spec("1.3b")
+    for seq in (1024, 4096, 32768):
+        palm = flops.training_flops_per_token(spec, seq) - 6 * spec.num_active_params(
+            embedding=False
+        )
+        assert causal_attention_flops_per_token(spec, seq) == pytest.approx(palm / 2)
+
+
+def test_elementwise_term_is_bytes_over_bandwidth_on_a_hand_counted_model() -> None:
+    spec = tiny()
+    t = ELEMENTWISE["fused"]
+    # per token and layer: two norms and two residual adds over hidden 8, RoPE over q and k
+    # (8 + 8), SwiGLU over ffn 16, the attention layout copy over q (8); then the loss over
+    # vocab 10
+    per_token = 2 * (t["norm"] + t["residual"]) * 8 + t["rope"] * 16 + t["swiglu"] * 16
+    per_token += t["layout"] * 8
+    assert elementwise_bytes_per_token(spec, impl=Implementation()) == per_token
+    w = work(spec, seq=32, micro_batch=2, microbatches=3, dtype="bf16")
+    tokens = 32 * 2 * 3
+    assert w.elementwise_bytes == pytest.approx((per_token + LOSS_BYTES_PER_LOGIT * 10) * tokens)
+    roof = replace(UNIT, memory=0.5)
+    parts = w.parts(roof, PEAK, BW)
+    assert parts.elementwise_s == pytest.approx(w.elementwise_bytes / (0.5 * BW))
+    # bf16 parameters: no casts; fused AdamW reads grad, both states, the param and writes
+    # the param and both states: 2 + 4 x 2 + 2 x 2 = 14 bytes per parameter
+    assert w.step_bytes == pytest.approx(14 * spec.num_params())
+    assert parts.step_s == pytest.approx(w.step_bytes / (0.5 * BW))
+
+
+def test_implementations_order_the_elementwise_bytes() -> None:
+    spec = get_spec("1.3b")
+    by = {
+        k: elementwise_bytes_per_token(spec, impl=Implementation(norm_kernel=k))
+        for k in ELEMENTWISE
+    }
+    assert by["explicit"] > by["fused"] > by["compiled"]
+    # the CPU's composite decomposition reads as explicit
+    assert Implementation(norm_kernel="composite").norm_kernel == "explicit"
+    # tensor parallelism splits RoPE/SwiGLU; only sequence parallelism splits norms and adds
+    one = elementwise_bytes_per_token(spec, impl=Implementation())
+    tp2 = elementwise_bytes_per_token(spec, impl=Implementation(), tp=2)
+    sp2 = elementwise_bytes_per_token(spec, impl=Implementation(), tp=2, sp=True)
+    assert sp2 == pytest.approx(one / 2)
+    assert one / 2 < tp2 < one
+    # autocast over float32 parameters keeps a float32 residual stream: more bytes
+    assert elementwise_bytes_per_token(spec, impl=Implementation(), fp32_stream=True) > one
+    with pytest.raises(UsageError, match="norm kernel"):
+        Implementation(norm_kernel="magic")
+
+
+def test_flash_work_is_causal_and_math_work_is_the_whole_square() -> None:
+    spec = get_spec("1.3b")
+    flash = work(spec, seq=4096, micro_batch=1, microbatches=1)
+    math = work(
+        spec, seq=4096, micro_batch=1, microbatches=1, impl=Implementation(attention_kernel="math")
+    )
+    core = causal_attention_flops_per_token(spec, 4096) * 4096
+    assert flash.attention_flops == pytest.approx(core)
+    assert math.attention_flops == 0.0
+    assert math.gemm_flops - flash.gemm_flops == pytest.approx(2 * core)
+    assert math.elementwise_bytes > flash.elementwise_bytes  # every score through the softmax
+    # selective recompute replays the attention core's forward (one third of it)
+    sel = work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="selective")
+    assert sel.attention_flops == pytest.approx(core * 4 / 3)
+    assert sel.gemm_flops == flash.gemm_flops
+    # full recompute replays the whole forward: 8N instead of 6N
+    full = work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="full")
+    assert full.gemm_flops == pytest.approx(flash.gemm_flops * 8 / 6)
+    # context parallelism: half the tokens per rank, the ring's efficiency
+    cp = work(spec, seq=4096, micro_batch=1, microbatches=1, cp=2)
+    assert cp.ring and cp.attention_flops == pytest.approx(core / 2)
+    assert cp.parts(replace(UNIT, ring_attention=0.25), PEAK, BW).attention_s == pytest.approx(
+        core / 2 / (0.25 * PEAK)
+    )
+
+
+def test_sharded_optimizers_step_on_a_shard_and_float32_parameters_cast() -> None:
+    spec = get_spec("1.3b")
+    kw = {"seq": 4096, "micro_batch": 1, "microbatches": 4, "dp": 2, "dtype": "bf16-mixed"}
+    ddp = work(spec, strategy="ddp", **kw)
+    z3 = work(spec, strategy="zero3", **kw)
+    n = spec.num_params()
+    casts = 12 * n * 4  # weights to bf16 and gradients back, every micro-batch
+    assert ddp.step_bytes == pytest.approx(casts + 28 * n)
+    assert z3.step_bytes == pytest.approx(casts + 28 * n / 2)
+    # DDP's autocast over float32 parameters keeps a float32 residual stream; ZeRO-3 gathers bf16
+    assert ddp.elementwise_bytes > z3.elementwise_bytes
+
+
+def test_gemm_width_law() -> None:
+    roof = replace(UNIT, gemm=0.5, gemm_width=2048, gemm_width_half=1000)
+    assert roof.gemm_at(2048) == pytest.approx(0.5)
+    assert roof.gemm_at(1024) < 0.5 < roof.gemm_at(4096) <= 1.0
+    assert replace(UNIT, gemm=0.9, gemm_width=64, gemm_width_half=1000).gemm_at(1e6) == 1.0
+    assert replace(roof, gemm_width_half=0).gemm_at(10) == 0.5
+    with pytest.raises(UsageError, match="gemm"):
+        Roofline(gemm=1.5, attention=0.5, ring_attention=0.5, memory=0.5)
+    with pytest.raises(UsageError, match="contention"):
+        replace(UNIT, contention=2.0)
+
+
+def test_overlap_never_exposes_negative_or_more_than_the_collective() -> None:
+    rng = random.Random(0)
+    for _ in range(2000):
+        total = rng.uniform(0, 1)
+        one = rng.uniform(-0.1, 1.5) * total
+        window = rng.uniform(-0.5, 2)
+        exposed, hidden = exposed_time(total, one, window)
+        assert 0.0 <= exposed <= total + 1e-12
+        assert 0.0 <= hidden <= max(0.0, window) + 1e-12
+        assert exposed + hidden == pytest.approx(total)
+        assert exposed >= min(total, max(0.0, one)) - 1e-12  # one call is never hidden
+
+
+def test_overlap_windows_follow_the_mechanisms() -> None:
+    def item(
+        source: str, collective: str, phase: str = "backward", blocking: bool = True
+    ) -> object:
+        return SimpleNamespace(source=source, collective=collective, phase=phase, blocking=blocking)
+
+    assert overlap_window(item("ddp", "all-reduce", blocking=False)) == "backward"
+    assert overlap_window(item("fsdp", "all-gather", "forward")) == "forward"
+    assert overlap_window(item("zero3", "all-gather", "backward")) == "backward"
+    assert overlap_window(item("zero1", "reduce-scatter", "after-backward")) == "backward"
+    assert overlap_window(item("zero2", "all-gather", "optimizer-step")) == "forward"
+    assert overlap_window(item("cp", "send-recv", "forward")) == "attention"
+    assert overlap_window(item("tp", "all-reduce", "forward")) is None
+    assert overlap_window(item("pp", "send-recv", "forward")) is None
+
+
+def _ddp_request(roof: Roofline | None) -> tuple[PlanRequest, Candidate]:
+    cluster = make_cluster(gpus="2xH200", gpus_per_node=2)
+    peak = cluster.gpu.peak("bf16") or 0.0
+    req = PlanRequest(
+        spec=get_spec("1.3b"),
+        cluster=cluster,
+        global_batch=4,
+        seq=4096,
+        throughput=Throughput(mfu=0.4, peak_flops=peak, source="test", assumed=True),
+        roofline=roof,
+    )
+    cand = Candidate(dp=2, tp=1, pp=1, cp=1, ep=1, strategy="ddp", micro_batch=2, microbatches=1,
+                     recompute="none", schedule="-")  # fmt: skip
+    return req, cand
+
+
+def test_estimate_with_parts_bounds_exposure_and_adds_contention() -> None:
+    roof = Roofline(gemm=0.5, attention=0.5, ring_attention=0.2, memory=1.0)
+    req, cand = _ddp_request(roof)
+    base = evaluate(req, cand).estimate
+    assert base is not None
+    total = base.comm_overlappable_s + base.comm_blocking_s
+    assert base.comm_blocking_s <= base.comm_exposed_s <= total
+    assert base.comm_hidden_s == pytest.approx(total - base.comm_exposed_s)
+    slowed = evaluate(replace(req, roofline=replace(roof, contention=0.5)), cand).estimate
+    assert slowed is not None
+    assert slowed.compute_s - base.compute_s == pytest.approx(0.5 * base.comm_hidden_s)
+    assert slowed.step_s == pytest.approx(base.step_s + 0.5 * base.comm_hidden_s)
+    # no overlap at all: everything exposed, nothing hidden, no contention
+    none = evaluate(
+        replace(req, overlap=0.0, roofline=replace(roof, contention=0.5)), cand
+    ).estimate
+    assert none is not None
+    assert none.comm_hidden_s == 0.0 and none.comm_exposed_s == pytest.approx(total)
+
+
+def test_estimate_without_parts_is_the_mfu_model() -> None:
+    req, cand = _ddp_request(None)
+    v = evaluate(req, cand)
+    assert v.estimate is not None
+    from parlab.plan.estimate import flops_per_token
+
+    fpt, _ = flops_per_token(req.spec, req.seq)
+    assert v.estimate.compute_s == pytest.approx(fpt * 4 * 4096 / 2 / req.throughput.achieved)
+    wire = {0: []}
+    e = estimate(cand, wire=wire, cluster=req.cluster, compute_s=1.0, overlap=1.0)
+    assert e.step_s == 1.0 and e.comm_hidden_s == 0.0
+
+
+def _rows(truth: Roofline, bw: float = BW) -> list[FitRow]:
+    """Runs whose times ``truth`` made (elementwise work at ``bw``), 10 ms outside compute."""
+    spec = get_spec("1.3b")
+    rows = []
+    for seq, mb, m, nk in ((4096, 2, 1, "fused"), (4096, 1, 8, "explicit"), (32768, 1, 1, "fused"),
+                           (8192, 1, 2, "explicit"), (16384, 1, 1, "compiled")):  # fmt: skip
+        w = work(spec, seq=seq, micro_batch=mb, microbatches=m, dtype="bf16",
+                 impl=Implementation(norm_kernel=nk))  # fmt: skip
+        rows.append(
+            FitRow(work=w, measured_s=w.parts(truth, PEAK, bw).total_s + 0.01, other_s=0.01)
+        )
+    return rows
+
+
+def test_fit_recovers_the_efficiencies_that_made_the_times() -> None:
+    truth = Roofline(gemm=0.6, attention=0.45, ring_attention=1.0, memory=0.8)
+    got = fit_roofline(
+        _rows(truth), peak_flops=PEAK, hbm_bw=BW, free=("gemm", "attention", "memory")
+    )
+    assert (got.gemm, got.attention, got.memory) == pytest.approx((0.6, 0.45, 0.8), rel=1e-6)
+    # a memory efficiency over 1 is held at the catalog's bandwidth and the rest refitted
+    fast = _rows(replace(truth, memory=1.0), bw=1.25 * BW)  # bytes moved faster than the catalog
+    held = fit_roofline(fast, peak_flops=PEAK, hbm_bw=BW, free=("gemm", "attention", "memory"))
+    assert held.memory == 1.0 and 0 < held.gemm <= 1 and 0 < held.attention <= 1
+    with pytest.raises(UsageError, match="cannot fit"):
+        fit_roofline(
+            _rows(truth)[:2], peak_flops=PEAK, hbm_bw=BW, free=("gemm", "attention", "memory")
+        )
+
+
+def test_fit_finds_the_width_law_and_the_contention() -> None:
+    truth = Roofline(gemm=0.55, attention=0.5, ring_attention=1.0, memory=1.0, contention=0.4,
+                     gemm_width=2048, gemm_width_half=1000)  # fmt: skip
+    rows = []
+    for name in ("1.3b", "llama3.1-8b"):
+        w = work(get_spec(name), seq=4096, micro_batch=1, microbatches=1, dtype="bf16")
+        for hidden_s in (0.0, 0.05):
+            t = w.parts(truth, PEAK, BW).total_s + 0.4 * hidden_s
+            rows.append(FitRow(work=w, measured_s=t, other_s=0.0, hidden_s=hidden_s))
+    got = fit_roofline(rows, peak_flops=PEAK, hbm_bw=BW, fixed=replace(truth, contention=0.0,
+                       gemm_width_half=0.0), free=("contention", "gemm_width_half"))  # fmt: skip
+    assert got.contention == pytest.approx(0.4, abs=1e-6)
+    assert got.gemm_width_half == 1000.0
+
+
+def test_planner_keeps_its_admission_and_pure_data_parallel_top_under_the_roofline() -> None:
+    cluster = make_cluster(gpus="8xH100")
+    peak = cluster.gpu.peak("bf16") or 0.0
+    req = PlanRequest(spec=get_spec("1.3b"), cluster=cluster, global_batch=64, seq=4096,
+                      throughput=Throughput(mfu=0.4, peak_flops=peak, source="t", assumed=True),
+                      strategies=("ddp", "fsdp"), recompute=("none",))  # fmt: skip
+    roof = Roofline(gemm=0.54, attention=0.53, ring_attention=0.22, memory=1.0, contention=0.5,
+                    gemm_width=2048, gemm_width_half=1325)  # fmt: skip
+    a, b = plan(req), plan(replace(req, roofline=roof))
+    # admission is memory and layout: the same candidates either way
+    assert {v.cand.name for v in a.ranked} == {v.cand.name for v in b.ranked}
+    assert [v.kind for v in a.rejected] == [v.kind for v in b.rejected]
+    # a 1.3B model on 8 GPUs: pure data parallelism stays on top, model parallelism below
+    for res in (a, b):
+        top = res.top
+        assert top is not None
+        assert (top.cand.dp, top.cand.tp, top.cand.pp, top.cand.cp) == (8, 1, 1, 1)
+
+    # the roofline sees FSDP's bf16 stream and sharded step (as the 2-GPU runs measured):
+    # FSDP's best beats DDP's; the MFU model, one FLOP rate for both, ranks DDP first
+    def best(res: object, strategy: str) -> float:
+        return min(v.estimate.step_s for v in res.ranked  # type: ignore[attr-defined]
+                   if v.cand.strategy == strategy and v.estimate is not None)  # fmt: skip
+
+    assert best(b, "fsdp") < best(b, "ddp")
+    assert best(a, "ddp") < best(a, "fsdp")
+
+
+def doc(run_id: str, **layout: object) -> SimpleNamespace:
+    return SimpleNamespace(
+        run_id=run_id,
+        project=layout.pop("project", "PAR-MODEL-INTERNAL"),
+        layout={"world_size": 2, "mesh": {"tp": 2}, **layout},
+        workload={"preset": "1.3b", "model": "1.3b"},
+    )
+
+
+def test_documents_say_their_implementation_and_what_is_not_modelled() -> None:
+    old = doc("mi-tp2-20261130T143151-b36795", implementation="parlab")
+    new = doc("mi-tp2-20261130T164154-a29547", implementation="parlab", norm_kernel="fused")
+    compiled = doc("train-fsdp-1.3b-20261130T154713-3dcdd8", project="PAR-TRAINING-STATE",
+                   knobs={"compile": True, "norm_kernel": "fused"})  # fmt: skip
+    assert calibrate.implementation_of(old).norm_kernel == "explicit"
+    assert calibrate.implementation_of(new).norm_kernel == "fused"
+    assert calibrate.implementation_of(compiled).norm_kernel == "compiled"
+    assert calibrate.group_of(old) == "mi-tp2/explicit/none"
+    assert calibrate.group_of(new) == "mi-tp2/fused/none"
+    assert calibrate.unmodelled(new) == ""
+    dtensor = doc("mi-tp2-dtensor-20261130T164154-da538b", implementation="torch")
+    assert "host-bound" in calibrate.unmodelled(dtensor)
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+@pytest.mark.skipif(not (RESULTS / "PAR-MODEL-INTERNAL").is_dir(), reason="no GPU results")
+def test_lab_calibration_fits_physical_efficiencies_and_predicts_its_runs() -> None:
+    from parlab.contract import read_results
+
+    entries, _ = read_results(RESULTS)
+    docs = [
+        e.doc for e in entries
+        if e.doc.evidence_level == "real-training" and e.doc.status == "ok"
+        and e.doc.project in ("PAR-TRAINING-STATE", "PAR-MODEL-INTERNAL")
+        and e.doc.role != "decision" and e.doc.metric("step_time")
+        and "profiled_run_id" not in e.doc.workload
+    ]  # fmt: skip
+    cal = calibrate.collectives_calibration(RESULTS)
+    roof, used = calibrate.fit_steps(docs, calibration=cal)
+    for k in ("gemm", "attention", "ring_attention", "memory"):
+        assert 0.0 < getattr(roof, k) <= 1.0
+    assert 0.0 <= roof.contention <= 1.0
+    assert [s.free for s, _ in used] == [s.free for s in calibrate.LAB_STEPS]
+    single = [d for d in docs if d.run_id in used[0][1]]
+    assert single
+    for d in single:  # the one-GPU runs have no communication: compute alone
+        e = calibrate.predict(d, roof, calibration=cal)
+        assert e is not None and e.comm_exposed_s == 0.0
+        assert e.step_s == pytest.approx(d.metric("step_time"), rel=0.10)
