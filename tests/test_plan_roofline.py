@@ -353,3 +353,25 @@ def test_lab_calibration_fits_physical_efficiencies_and_predicts_its_runs() -> N
         e = calibrate.predict(d, roof, calibration=cal)
         assert e is not None and e.comm_exposed_s == 0.0
         assert e.step_s == pytest.approx(d.metric("step_time"), rel=0.10)
+
+
+@pytest.mark.skipif(not (RESULTS / "PAR-MODEL-INTERNAL").is_dir(), reason="no GPU results")
+def test_cli_roofline_option_fits_on_the_results_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from tests.test_plan import run_cli
+
+    args = ["plan", "--model", "1.3b", "--gpus", "2xH200", "--gpus-per-node", "2",
+            "--global-batch", "4", "--seq", "4096", "--results", str(tmp_path)]  # fmt: skip
+    assert run_cli([*args, "--roofline", str(RESULTS), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert any("compute (roofline" in n for n in js["notes"])
+    # the measured 2xH200 runs: FSDP and ZeRO-3 were the fastest non-compiled layouts
+    assert js["chosen"].split()[0] in ("fsdp", "zero3")
+    [path] = (tmp_path / "PAR-TRAINING-STATE").glob("plan-*.json")
+    data = json.loads(path.read_text())
+    assert any(r.startswith("mi-single-") for r in data["decision"]["rests_on"])
+    assert run_cli([*args, "--roofline", str(tmp_path / "nothing")]) == 2
+    assert "not a results folder" in capsys.readouterr().err

@@ -162,6 +162,13 @@ def plan_cmd(
         help="n0 of the GEMM-width efficiency n/(n+n0), n = hidden/tp (0: constant MFU; "
         "benchmarks/plan_accuracy.py fits about 700 on Megatron's A100 runs).",
     ),
+    roofline: Path | None = typer.Option(
+        None,
+        help="A results folder: fit the roofline (GEMM, attention, memory-bound work, overlap "
+        "contention) on its measured GPU training runs and time candidates with it instead of "
+        "one MFU (parlab.plan.calibrate; its NCCL calibration sets the links unless "
+        "--calibration does).",
+    ),
     project: str | None = typer.Option(None, help="Project of the document (default: by top)."),
     top: int = typer.Option(10, help="Rows of the ranking table."),
     results: Path | None = typer.Option(None, "--results", help="Results folder."),
@@ -185,6 +192,14 @@ def plan_cmd(
         env_doc = contract.read_document(env)
         rests_on.append(env_doc.run_id)
     cal = load_calibration(calibration) if calibration is not None else None
+    roof = None
+    if roofline is not None:
+        from parlab.plan.calibrate import collectives_calibration, lab_roofline
+
+        if cal is None:
+            cal = collectives_calibration(roofline)
+        roof, fitted_on = lab_roofline(roofline, calibration=cal)
+        rests_on.extend(fitted_on)
     if cal is not None:
         rests_on.append(cal.run_id)
     from parlab.plan.space import make_cluster
@@ -219,6 +234,7 @@ def plan_cmd(
         memory_reserve=memory_reserve,
         max_exposed_comm=max_exposed_comm,
         gemm_width_half=gemm_width_half,
+        roofline=roof,
     )
     result = plan(req)
     doc = plan_document(
@@ -292,13 +308,19 @@ def print_plan(result, path: Path, top: int) -> None:  # type: ignore[no-untyped
     if best is not None:
         e = best.estimate
         console.print(f"[bold]Top choice: {best.cand.name}[/bold]")
-        console.print(
-            f"  compute {e.compute_s:.3f} s = {req.tokens_per_step:,} tokens x "
-            f"{result.flops_per_token / 1e9:.3g} GFLOP/token"
-            + (f" (+ {best.cand.recompute} recompute)" if best.cand.recompute != "none" else "")
-            + f" / {c.count} GPUs / {req.throughput.achieved / 1e12:.0f} TFLOP/s "
-            f"({req.throughput.source})"
-        )
+        if req.roofline is None:
+            console.print(
+                f"  compute {e.compute_s:.3f} s = {req.tokens_per_step:,} tokens x "
+                f"{result.flops_per_token / 1e9:.3g} GFLOP/token"
+                + (f" (+ {best.cand.recompute} recompute)" if best.cand.recompute != "none" else "")
+                + f" / {c.count} GPUs / {req.throughput.achieved / 1e12:.0f} TFLOP/s "
+                f"({req.throughput.source})"
+            )
+        else:
+            console.print(
+                f"  compute {e.compute_s:.3f} s per GPU (roofline: GEMMs, attention, memory-bound "
+                f"work, slowed by the {e.comm_hidden_s:.3f} s of communication hidden under it; see notes)"
+            )
         console.print(
             f"  communication: {e.comm_blocking_s:.3f} s blocking + {e.comm_overlappable_s:.3f} s "
             f"overlappable -> {e.comm_exposed_s:.3f} s exposed; largest: "

@@ -334,3 +334,34 @@ def fit_steps(
         used.append((step, [d.run_id for d in chosen]))
     label = "; ".join(f"{', '.join(s.free)} on {len(ids)} {s.runs}" for s, ids in used)
     return replace(roof, source=f"fitted: {label}"), used
+
+
+def training_runs(root: Any) -> list[Any]:
+    """The measured GPU training runs under ``root`` the roofline can be fitted on: successful
+    ``real-training`` documents of PAR-TRAINING-STATE and PAR-MODEL-INTERNAL with a step time
+    (profiled runs left out: the profiler's overhead is in their step time)."""
+    from pathlib import Path
+
+    from parlab.contract import read_results
+
+    if not Path(root).is_dir():
+        raise UsageError(f"{root} is not a results folder: give the folder the GPU runs wrote")
+    entries, _ = read_results(Path(root))
+    return [
+        e.doc
+        for e in entries
+        if e.doc.evidence_level == "real-training"
+        and e.doc.project in ("PAR-TRAINING-STATE", "PAR-MODEL-INTERNAL")
+        and e.doc.status == "ok"
+        and e.doc.role != "decision"
+        and e.doc.metric("step_time")
+        and "profiled_run_id" not in e.doc.workload
+    ]
+
+
+def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[str]]:
+    """The roofline fitted by ``LAB_STEPS`` on the training runs under ``root``, and the run
+    ids it rests on."""
+    docs = training_runs(root)
+    roof, used = fit_steps(docs, calibration=calibration)
+    return roof, [rid for _, ids in used for rid in ids]

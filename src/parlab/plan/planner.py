@@ -415,33 +415,68 @@ def plan(req: PlanRequest) -> PlanResult:
         if v.peak_bytes < best_mem:
             pareto.append(v)
             best_mem = v.peak_bytes
-    notes = [
-        f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
-        f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
-        "recompute: full adds one forward (2N + 4LHQT), selective the attention core's forward "
-        "(4LHQT)",
-        (
-            f"GEMM width: efficiency x f(hidden/tp) / f({req.throughput.ref_width or req.spec.hidden:g}),"
-            f" f(n) = n / (n + {req.gemm_width_half:g})"
-            if req.gemm_width_half
-            else "GEMM width: not modelled (the same MFU at every tp)"
-        ),
-        f"communication: the ledger's wire table timed by parlab.comm's alpha-beta model; "
+    comm_note = (
+        "communication: the ledger's wire table timed by parlab.comm's alpha-beta model; "
         f"intra-node {cluster.intra.source}"
         + (
             f" (calibration {cluster.calibration.label} where fitted)"
             if cluster.calibration
             else ""
         )
-        + f"; inter-node {cluster.inter.source}",
-        f"overlap: non-blocking items hide behind {100 * req.overlap:.0f} % of the backward "
-        "pass (2/3 of compute); blocking items are exposed in full",
-        "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+        + f"; inter-node {cluster.inter.source}"
+    )
+    tail = [
         f"memory: the ledger's peak ({req.dtype}, {req.optimizer}) against "
         f"{_gb(req.usable_memory)} usable per GPU (catalog {cluster.gpu.name} "
         f"{_gb(cluster.gpu.memory_bytes)} x (1 - reserve {req.memory_reserve:g}))",
         "sequence parallelism on whenever tp > 1; fsdp-hybrid is not searched",
     ]
+    roof = req.roofline
+    if roof is None:
+        notes = [
+            f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
+            f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
+            "recompute: full adds one forward (2N + 4LHQT), selective the attention core's "
+            "forward (4LHQT)",
+            (
+                f"GEMM width: efficiency x f(hidden/tp) / "
+                f"f({req.throughput.ref_width or req.spec.hidden:g}), "
+                f"f(n) = n / (n + {req.gemm_width_half:g})"
+                if req.gemm_width_half
+                else "GEMM width: not modelled (the same MFU at every tp)"
+            ),
+            comm_note,
+            f"overlap: non-blocking items hide behind {100 * req.overlap:.0f} % of the backward "
+            "pass (2/3 of compute); blocking items are exposed in full",
+            "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+            *tail,
+        ]
+    else:
+        impl = req.implementation
+        notes = [
+            f"compute (roofline, parlab.plan.roofline): GEMMs 6N per token at {roof.gemm:.3f} of "
+            f"the bf16 peak at width {roof.gemm_width:g}, x f(hidden/tp) / f(width), f(n) = "
+            f"n / (n + {roof.gemm_width_half:g}); the attention core "
+            + (
+                f"(causal flash: 6LHQT per token) at {roof.attention:.3f} ({roof.ring_attention:.3f}"
+                " as the context-parallel ring)"
+                if impl.attention_kernel == "flash"
+                else "materialised (12LHQT at GEMM speed, every score through the softmax)"
+            )
+            + f"; elementwise ops ({impl.norm_kernel}), the loss, casts and the optimizer step as "
+            f"bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s catalog HBM) "
+            f"-- {roof.source or 'efficiencies as given'}",
+            "recompute: full replays the forward (GEMMs, attention, elementwise), selective the "
+            "attention core's forward (Megatron's)",
+            comm_note,
+            f"overlap: each collective hides under its mechanism's window (DDP/ZeRO/FSDP gradient "
+            f"collectives under backward, FSDP/ZeRO-3 gathers under their phase, ZeRO-1/2 gathers "
+            f"under forward, the CP ring under attention; {100 * req.overlap:.0f} % of each), one "
+            f"call exposed; TP, PP and EP transfers exposed in full; compute loses "
+            f"{roof.contention:.3f} x the hidden time (contention)",
+            "bubble: (per-micro-batch compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+            *tail,
+        ]
     return PlanResult(
         request=req,
         ranked=ranked,
