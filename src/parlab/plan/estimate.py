@@ -1,29 +1,43 @@
 """Predicted step time of one candidate: compute + exposed communication + pipeline bubble.
 
-- **Compute** = training FLOPs of the global batch / world size / achieved
+Two compute models (``parlab.plan.planner.PlanRequest.roofline`` picks):
+
+- **MFU** (the default): training FLOPs of the global batch / world size / achieved
   FLOP/s per GPU. FLOPs per token come from ``parlab.models.flops``
   (``6 N + 12 L H Q T``, PaLM's counting). Full recompute adds one forward
-  (``2 N + 4 L H Q T``); selective recompute the attention core's forward
-  again (``4 L H Q T``).
-  Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU either
-  measured (from a training document) or assumed, and labelled which.
+  (``2 N + 4 L H Q T``); selective recompute the attention core's forward again
+  (``4 L H Q T``). Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU
+  either measured (from a training document) or assumed, and labelled which.
   Optionally (``gemm_width_half`` n0 > 0) the MFU belongs to one per-GPU GEMM
   width (hidden / tp of the run it was measured on; the planned model at tp 1
   when assumed) and other widths scale it by f(n) / f(n_ref), f(n) = n/(n+n0):
   tensor parallelism narrows every matmul and narrow matmuls run further from
   peak. Off by default (a constant MFU).
-- **Communication**: every item of the ledger's wire table
-  (``parlab.ledger.traffic.traffic``, the one definition of what crosses the
-  wire) is timed with ``parlab.comm.model``: the flat alpha-beta formula when
-  its group sits inside one node (the calibration's fitted link for that op
-  where given), ``hierarchical_time`` when it spans nodes. Items the table
-  marks blocking are exposed in full; non-blocking ones (DDP buckets, ZeRO-2/
-  FSDP reduce-scatters) overlap the backward pass (2/3 of compute) up to
-  ``overlap`` of it, and only the excess is exposed. Pipeline stages 0 and
-  pp-1 are both timed and the slower one counts.
-- **Bubble**: (compute + exposed blocking comm) x (pp - 1) / (v x m) for m
-  micro-batches and v virtual stages (GPipe and 1F1B alike; interleaving
-  divides by v).
+- **Roofline** (``parlab.plan.roofline``): GEMMs, the causal flash-attention core and the
+  memory-bound work (elementwise ops of the recorded implementation, loss, casts,
+  optimizer step) each at its own efficiency, fitted on measured runs
+  (``parlab.plan.calibrate``).
+
+**Communication**: every item of the ledger's wire table
+(``parlab.ledger.traffic.traffic``, the one definition of what crosses the
+wire) is timed with ``parlab.comm.model``: the flat alpha-beta formula when
+its group sits inside one node (the calibration's fitted link for that op
+where given), ``hierarchical_time`` when it spans nodes. Pipeline stages 0 and
+pp-1 are both timed and the slower one counts. Overlap:
+
+- MFU model: items the table marks blocking are exposed in full; non-blocking ones
+  (DDP buckets, ZeRO-2/FSDP reduce-scatters) overlap the backward pass (2/3 of
+  compute) up to ``overlap`` of it, and only the excess is exposed.
+- Roofline: each item hides under its mechanism's window (``OVERLAP_WINDOW``: backward
+  for gradient collectives, the prefetched phase for FSDP/ZeRO-3 gathers, the next
+  forward for ZeRO-1/2's post-step gathers, the attention for the CP ring), ``overlap``
+  of that window's compute shared by its items, minus one call of each chain (nothing to
+  hide the first or last under); TP/PP/EP transfers are exposed in full. Compute loses
+  ``contention`` x the hidden time (``exposed_time`` keeps both in [0, the item's time]).
+
+**Bubble**: (compute + exposed blocking comm) x (pp - 1) / (v x m) for m
+micro-batches and v virtual stages (GPipe and 1F1B alike; interleaving
+divides by v); under the roofline the once-per-step optimizer work is not in it.
 
 Nothing here crosses a wire: it predicts what will.
 """

@@ -17,7 +17,8 @@ Admission, in order (the first failing check is the reason, with its ``kind``):
 5. ``comm`` -- exposed communication over ``max_exposed_comm`` of the step.
 
 Each admitted candidate gets a predicted step time
-(``parlab.plan.estimate``), tokens/s per GPU, MFU and memory headroom. The
+(``parlab.plan.estimate``: one MFU, or the roofline of ``parlab.plan.roofline`` when the
+request carries one), tokens/s per GPU, MFU and memory headroom. The
 ranking is by tokens/s per GPU (ties: less memory, then name); the Pareto
 front is every admitted candidate that no other beats on both throughput and
 peak memory.

@@ -263,7 +263,7 @@ def work(
     impl = impl or Implementation()
     pol = dtype_policy(dtype)
     tokens = micro_batch * seq / cp * microbatches  # this rank's tokens per step
-    blocks = spec.num_params(embedding=False) - spec.output_params()
+    blocks = spec.num_active_params(embedding=False) - spec.output_params()  # MoE: top-k experts
     out = spec.output_params() or spec.vocab_size * spec.hidden  # tied: still a matmul
     n_stage = (blocks / pp + out) / tp
     rc_fwd = {"none": 0.0, "selective": 0.0, "full": 1.0}[recompute]
