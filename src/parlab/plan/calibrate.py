@@ -76,8 +76,17 @@ def unmodelled(doc: Any) -> str:
             "runtime's selective = op-level SAC under a dispatch mode; "
             "planner's = Megatron's attention core"
         )
-    if name.startswith("gpt2"):
-        return "shape outside the fit (hidden 1600, head dim 64, seq 1024)"
+    try:
+        from parlab.models import get_spec
+
+        spec = get_spec(name)
+    except ValueError:
+        return ""
+    if spec.vocab_size % 64:
+        return (
+            f"vocab {spec.vocab_size} not a multiple of 64: unaligned output GEMM, and head dim "
+            f"{spec.d_head} (not modelled)"
+        )
     return ""
 
 
@@ -310,6 +319,15 @@ def fit_steps(
         chosen = [d for d in docs if step.select(d) and not unmodelled(d)]
         if not chosen:
             raise UsageError(f"no run to fit {', '.join(step.free)} on: needs {step.runs}")
+        names = {
+            str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
+            for d in chosen
+        }
+        if len(names) > 1:
+            raise UsageError(
+                f"the runs to fit {', '.join(step.free)} on ran on {', '.join(sorted(names))}: "
+                "fit one GPU model at a time"
+            )
         if "gemm" in step.free:  # the GEMM efficiency belongs to these runs' width
             widths = sorted(_width(d) for d in chosen)
             roof = replace(roof, gemm_width=widths[len(widths) // 2])
