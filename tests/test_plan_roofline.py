@@ -118,6 +118,8 @@ def test_flash_work_is_causal_and_math_work_is_the_whole_square() -> None:
     # full recompute replays the whole forward: 8N instead of 6N
     full = work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="full")
     assert full.gemm_flops == pytest.approx(flash.gemm_flops * 8 / 6)
+    with pytest.raises(UsageError, match="recompute"):
+        work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="sometimes")
     # context parallelism: half the tokens per rank, the ring's efficiency
     cp = work(spec, seq=4096, micro_batch=1, microbatches=1, cp=2)
     assert cp.ring and cp.attention_flops == pytest.approx(core / 2)

@@ -266,7 +266,9 @@ def work(
     blocks = spec.num_active_params(embedding=False) - spec.output_params()  # MoE: top-k experts
     out = spec.output_params() or spec.vocab_size * spec.hidden  # tied: still a matmul
     n_stage = (blocks / pp + out) / tp
-    rc_fwd = {"none": 0.0, "selective": 0.0, "full": 1.0}[recompute]
+    if recompute not in ("none", "selective", "full"):
+        raise UsageError(f"recompute {recompute!r}: use none, selective or full")
+    rc_fwd = 1.0 if recompute == "full" else 0.0
     gemm = (6.0 + 2.0 * rc_fwd) * n_stage * tokens
     attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
     rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
