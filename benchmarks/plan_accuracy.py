@@ -85,22 +85,10 @@ def within(pred: float | None, meas: float | None, target: float) -> str:
 
 
 def gpu_runs(root: Path) -> list[Any]:
-    from parlab.contract import read_results
+    """The measured GPU training runs (``parlab.plan.calibrate.training_runs``)."""
+    from parlab.plan.calibrate import training_runs
 
-    if not root.is_dir():
-        return []
-    entries, _ = read_results(root)
-    return [
-        e.doc
-        for e in entries
-        if e.doc.evidence_level == "real-training"
-        and e.doc.project in ("PAR-TRAINING-STATE", "PAR-MODEL-INTERNAL")
-        and e.doc.status == "ok"
-        and e.doc.role != "decision"
-        and e.doc.metric("step_time")
-        # profiled runs: their step time carries the profiler's overhead
-        and "profiled_run_id" not in e.doc.workload
-    ]
+    return training_runs(root) if root.is_dir() else []
 
 
 def mfu_model_rows(

@@ -333,16 +333,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 @pytest.mark.skipif(not (RESULTS / "PAR-MODEL-INTERNAL").is_dir(), reason="no GPU results")
 def test_lab_calibration_fits_physical_efficiencies_and_predicts_its_runs() -> None:
-    from parlab.contract import read_results
-
-    entries, _ = read_results(RESULTS)
-    docs = [
-        e.doc for e in entries
-        if e.doc.evidence_level == "real-training" and e.doc.status == "ok"
-        and e.doc.project in ("PAR-TRAINING-STATE", "PAR-MODEL-INTERNAL")
-        and e.doc.role != "decision" and e.doc.metric("step_time")
-        and "profiled_run_id" not in e.doc.workload
-    ]  # fmt: skip
+    docs = calibrate.training_runs(RESULTS)
+    assert not any(calibrate.knobs(d).get("profiled") for d in docs)
     cal = calibrate.collectives_calibration(RESULTS)
     roof, used = calibrate.fit_steps(docs, calibration=cal)
     for k in ("gemm", "attention", "ring_attention", "memory"):

@@ -357,7 +357,8 @@ def fit_steps(
 def training_runs(root: Any) -> list[Any]:
     """The measured GPU training runs under ``root`` the roofline can be fitted on: successful
     ``real-training`` documents of PAR-TRAINING-STATE and PAR-MODEL-INTERNAL with a step time
-    (profiled runs left out: the profiler's overhead is in their step time)."""
+    (profiled runs left out -- ``profiled_run_id`` or the ``profiled`` knob: the profiler's
+    overhead is in their step time). ``UsageError`` when ``root`` is not a folder."""
     from pathlib import Path
 
     from parlab.contract import read_results
@@ -374,6 +375,7 @@ def training_runs(root: Any) -> list[Any]:
         and e.doc.role != "decision"
         and e.doc.metric("step_time")
         and "profiled_run_id" not in e.doc.workload
+        and not knobs(e.doc).get("profiled")
     ]
 
 
