@@ -67,14 +67,23 @@ def reference(global_batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def check_equal(results: list[dict], nproc: int) -> None:
-    ref_losses, ref_params = reference(MICRO * nproc)
+def check_equal(
+    results: list[dict],
+    nproc: int,
+    ref: tuple[list[float], dict[str, torch.Tensor]] | None = None,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> None:
+    """Every rank's losses and final (fp32) parameters equal the reference's (default: plain
+    SGD in one process on the whole batch)."""
+    ref_losses, ref_params = ref or reference(MICRO * nproc)
     for r in results:
         assert r["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
         assert set(r["params"]) == set(ref_params)
         for name, p in r["params"].items():
             torch.testing.assert_close(
-                torch.from_numpy(p), ref_params[name], rtol=1e-4, atol=1e-6, msg=name
+                torch.from_numpy(p), ref_params[name], rtol=rtol, atol=atol, msg=name
             )
 
 
@@ -257,3 +266,62 @@ def test_zero12_overlap_reduce_scatter_with_backward_and_gather_with_forward(sta
         assert r["reduced_in_backward_0"] == r["reduced_in_backward_1"] == n
         assert r["gathers_after_step_0"] == r["gathers_after_step_1"] == n
         assert r["gathers_after_forward"] == 0
+
+
+@functools.cache
+def reference_bf16_master(nproc: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the bf16-master recipe with plain SGD, data parallelism unsharded: each of
+    ``nproc`` slices of the global batch gives its bf16 gradients; their average is taken in
+    bf16 (each divided by ``nproc``, then summed, as the ranks' reduce-scatter does); the fp32
+    master copy steps on it cast to fp32 and is cast back into the bf16 parameters."""
+    from parlab.data import rank_batch
+
+    spec = get_spec("tiny")
+    model = build_model(spec, seed=0)
+    master = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.to(torch.bfloat16)
+    params = dict(model.named_parameters())
+    data = SyntheticTokens(vocab_size=spec.vocab_size, seq=SEQ, seed=0)
+    losses = []
+    for step in range(WARMUP + STEPS + 1):  # + the metered step
+        batch = data.global_batch(step, MICRO * nproc)
+        total: dict[str, torch.Tensor] = {}
+        step_loss = 0.0
+        for r in range(nproc):
+            b = rank_batch(batch, r, nproc)
+            loss = F.cross_entropy(model(b.inputs).flatten(0, 1).float(), b.labels.flatten())
+            grads = torch.autograd.grad(loss, list(params.values()))
+            for n, g in zip(params, grads, strict=True):
+                g = g / nproc
+                total[n] = g if n not in total else total[n] + g
+            step_loss += loss.item() / nproc
+        with torch.no_grad():
+            for n, p in params.items():
+                master[n] -= LR * total[n].float()
+                p.copy_(master[n])
+        losses.append(step_loss)
+    return losses, master
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_bf16_master_zero_equals_single_process_recipe(strategy: str) -> None:
+    """ZeRO-1/2 with bf16 parameters and fp32 master shards on 2 ranks: the fp32 masters and
+    the losses equal one process running the same recipe over the same batch slices; then,
+    with AdamW, every rank holds exactly the ledger's bf16-master state items and moves the
+    ledger's bytes (bf16 on the wire)."""
+    cfg = cfg_for(strategy, 2, dtype="bf16-master")
+    results = run_ranks(train_rank, 2, return_params=True, **cfg.to_json())
+    check_equal(results, 2, reference_bf16_master(2), rtol=1e-5, atol=1e-7)
+    cfg = cfg_for(strategy, 2, dtype="bf16-master", optimizer="adamw", lr=1e-3)
+    results = run_ranks(train_rank, 2, **cfg.to_json())
+    preds, _ = ledger_predictions(cfg, "gloo")
+    for r in results:
+        for item in ("params", "grads", "optimizer", "master_params", "master_grads"):
+            assert r["state_bytes"][item] == preds[f"state_bytes.{item}"].value, item
+        assert r["state_bytes"]["master_params"] > 0 and r["state_bytes"]["master_grads"] > 0
+        assert r["comm_bytes_per_step"] == preds["comm_bytes_per_step"].value
+
+
+def test_bf16_master_is_refused_outside_zero12() -> None:
+    with pytest.raises(ValueError, match="zero1 or zero2"):
+        cfg_for("fsdp", 2, dtype="bf16-master")

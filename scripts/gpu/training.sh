@@ -47,6 +47,11 @@ parlab() {
 for s in ${TRAIN_STRATEGIES:-ddp zero1 zero2 zero3 fsdp}; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
+# TRAIN_MASTER="zero1 zero2": those ZeRO stages again with --dtype bf16-master (bf16 params and
+# grads, fp32 master shards: DeepSpeed's bf16 recipe), the same shape
+for s in ${TRAIN_MASTER:-}; do
+  parlab train --strategy "$s" "${BIG[@]/bf16/bf16-master}"
+done
 if [ "${TRAIN_SIZES:-1}" = 1 ]; then
   if [ "${TRAIN_8B:-1}" = 1 ]; then
     parlab train --strategy fsdp "${SECOND[@]}"

@@ -71,7 +71,11 @@ def train_cmd(
         None, "--global-batch", help="Sequences per step over all ranks (nproc must divide it)."
     ),
     seq: int = typer.Option(128, help="Tokens per sequence."),
-    dtype: str = typer.Option("fp32", help="Compute dtype: fp32 or bf16 (states stay fp32)."),
+    dtype: str = typer.Option(
+        "fp32",
+        help="fp32; bf16 (bf16 compute, states stay fp32); bf16-master (zero1/zero2: bf16 "
+        "params and grads, fp32 master shards, as DeepSpeed's bf16).",
+    ),
     recompute: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile each block."),
     optimizer: str = typer.Option("adamw", help="adamw (fused on CUDA) or sgd."),

@@ -22,6 +22,8 @@ item               bytes per rank (P: parameters this rank's stage holds after T
                    in torch's default AdamW; parlab's meters skip them too).
 ``master_params``  fp32 master copy where the dtype policy keeps one (``bf16-master``),
                    sharded like the optimizer states.
+``master_grads``   its fp32 gradient: the reduced gradient cast for the optimizer step
+                   (``bf16-master``; optimizer phase only), sharded like the master.
 =================  =========================================================================
 
 N is the shard count: ``dp`` (``fsdp-hybrid``: ``shard_size``); routed experts
@@ -534,6 +536,9 @@ def predict(
         row["grads"] = g_el * pol.grad_bytes
         row["optimizer"] = n_states * o_el * pol.state_bytes
         row["master_params"] = o_el * pol.master_bytes
+        # the fp32 copy of the reduced gradient the optimizer steps the master with (from the
+        # end of backward to zero_grad: the optimizer phase)
+        row["master_grads"] = o_el * pol.master_bytes
         row["ddp_buckets"] = (
             sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and not bucket_view else 0
         )
@@ -633,7 +638,11 @@ def predict(
                 dev["backward_transient"] + head_grads + dev["reduce_buffers"] + late,
             )
         )
-        opt = (0 if grads_resident else dev["grads"]) + dev["optimizer_temporaries"]
+        opt = (
+            (0 if grads_resident else dev["grads"])
+            + dev["optimizer_temporaries"]
+            + dev["master_grads"]
+        )
         peaks.append(resident + max(fb, opt))
         phases.append("forward-backward" if fb >= opt else "optimizer-step")
         for k, v in row.items():
@@ -644,9 +653,8 @@ def predict(
                 tuple(n_states * c * pol.state_bytes for c in chunks)
             )
             if pol.master_bytes:
-                detail.setdefault("master_params", []).append(
-                    tuple(c * pol.master_bytes for c in chunks)
-                )
+                for k in ("master_params", "master_grads"):
+                    detail.setdefault(k, []).append(tuple(c * pol.master_bytes for c in chunks))
 
     host = _offloaded(offload)
     ledger_items = tuple(
@@ -692,9 +700,12 @@ def predict(
 
 def _offloaded(offload: str) -> set[str]:
     if offload == "optimizer":
-        return {"optimizer", "master_params", "optimizer_temporaries"}
+        return {"optimizer", "master_params", "master_grads", "optimizer_temporaries"}
     if offload == "params":
-        return {"params", "grads", "optimizer", "master_params", "optimizer_temporaries"}
+        return {
+            "params", "grads", "optimizer", "master_params", "master_grads",
+            "optimizer_temporaries",
+        }  # fmt: skip
     return set()
 
 
@@ -733,6 +744,7 @@ _KIND = {
     "gather_buffers": "buffer",
     "reduce_buffers": "buffer",
     "optimizer_temporaries": "optimizer-step",
+    "master_grads": "optimizer-step",
     "allocator_overhead": "overhead",
 }
 
@@ -741,6 +753,7 @@ _FORMULA = {
     "grads": "gradient elements x grad bytes (zero1: full flat; zero2/3, fsdp: shards)",
     "optimizer": "optimizer states per element x state bytes, on what the optimizer steps",
     "master_params": "fp32 master copy of what the optimizer steps (bf16-master)",
+    "master_grads": "fp32 copy of the reduced gradient the master is stepped with (bf16-master)",
     "ddp_buckets": "DDP gradient buckets (dp > 1): a copy of every gradient (bucket_view=False)",
     "ddp_old_buckets": "torch DDP over NCCL: first-iteration buckets held by the process group "
     "through the second iteration's forward/backward (P x grad bytes)",

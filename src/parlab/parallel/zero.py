@@ -32,6 +32,13 @@ ZeRO-1/2's all-gathers are all issued right after the optimizer step; each unit'
 forward pre-hook waits for its own, so the gathers of later units overlap the forward of
 earlier ones (``wait_parameters`` waits for all of them).
 
+ZeRO-1/2 with ``param_dtype`` (bf16; DeepSpeed's bf16 recipe, the ledger's ``bf16-master``):
+the model's parameters, its gradients and both collectives are in that dtype (half the
+bytes of the fp32 form on the wire), and each rank keeps an fp32 *master* copy of its
+shard, which the optimizer steps on an fp32 copy of the reduced gradient shard; after
+the step the master shard is cast into the rank's chunk of the unit's buffer and
+all-gathered. No autocast: the forward runs in the parameters' dtype.
+
 Payload of each collective = the unit's padded flat buffer (``padded x
 element size``). Gradients are divided by N before the sum (an average).
 
@@ -91,9 +98,17 @@ class ZeroDataParallel:
         stage: int,
         naive: bool = False,
         compute_dtype: torch.dtype | None = None,
+        param_dtype: torch.dtype | None = None,
     ) -> None:
         if stage not in (1, 2, 3):
             raise UsageError(f"ZeRO stage {stage} does not exist: use 1, 2 or 3")
+        if param_dtype is not None and (stage == 3 or naive):
+            raise UsageError(
+                "bf16 parameters with an fp32 master shard are parlab's ZeRO-1/2 recipe: use "
+                "zero1 or zero2 (zero3 gathers in the compute dtype from fp32 shards already)"
+            )
+        # ZeRO-1/2, bf16-master: parameters and gradients in this dtype, fp32 master shards
+        self.param_dtype = param_dtype
         dist = torch.distributed
         self.module = model
         self.group = group
@@ -138,6 +153,13 @@ class ZeroDataParallel:
                 u.bind(full)
                 resize_storage(full, 0)
                 self.full.append(full)
+            elif param_dtype is not None:
+                # bf16-master: the optimizer steps an fp32 master copy of the shard; the model
+                # computes with the unit's buffer in param_dtype (our chunk refreshed per step)
+                full = flat.to(param_dtype)
+                self.shards.append(nn.Parameter(flat[u.shard_slice()].clone()))
+                self.full.append(full)
+                u.bind(full)
             else:
                 # The shard is a view of the full buffer: the optimizer updates it in place and
                 # the all-gather fills the other chunks around it.
@@ -145,6 +167,8 @@ class ZeroDataParallel:
                 self.full.append(flat)
                 u.bind(flat)
             self.full_grad.append(None)
+        # bf16-master ZeRO-2: each unit's reduced gradient shard in param_dtype
+        self.low_grads: list[torch.Tensor | None] = [None] * len(self.units)
         self.optimizer = make_optimizer(self.shards)
         self._unit_of: dict[int, int] = {
             id(p): i for i, u in enumerate(self.units) for p in u.params
@@ -242,8 +266,9 @@ class ZeroDataParallel:
     # ----- backward -----------------------------------------------------------------------------
 
     def _bind_flat_grads(self) -> None:
+        dtype = self.param_dtype or torch.float32
         for i, u in enumerate(self.units):
-            g = torch.zeros(u.padded, dtype=torch.float32, device=self.shards[i].device)
+            g = torch.zeros(u.padded, dtype=dtype, device=self.shards[i].device)
             self.full_grad[i] = g
             u.bind_grads(g)
 
@@ -273,7 +298,7 @@ class ZeroDataParallel:
             p.grad if p.grad is not None else torch.zeros(s, device=dev)
             for p, s in zip(u.params, u.shapes, strict=True)
         ]
-        flat = u.flatten(grads, dtype=torch.float32)
+        flat = u.flatten(grads, dtype=self.param_dtype or torch.float32)
         for p in u.params:
             p.grad = None
         return flat
@@ -297,7 +322,13 @@ class ZeroDataParallel:
     def _wait_oldest(self) -> None:
         i, work, out, _flat = self._pending.pop(0)
         work.wait()
-        self.shards[i].grad = out
+        if self.param_dtype is None:
+            self.shards[i].grad = out
+            return
+        # bf16-master: the optimizer steps the fp32 master on an fp32 copy of the reduced shard
+        if self.stage == 2:
+            self.low_grads[i] = out
+        self.shards[i].grad = out.float()
 
     def finish_backward(self) -> None:
         """Finish the gradient exchange; every shard's ``.grad`` is then the global average."""
@@ -344,6 +375,8 @@ class ZeroDataParallel:
         for i, u in enumerate(self.units):
             full = self.full[i]
             assert full is not None
+            if self.param_dtype is not None:  # the stepped master, cast into our chunk
+                full[u.shard_slice()].copy_(self.shards[i].detach())
             # in place: our chunk; the unit's forward waits for it (naive: wait now)
             work = all_gather_(full, full[u.shard_slice()], self.group, async_op=not self.naive)
             if work is not None:
@@ -354,9 +387,13 @@ class ZeroDataParallel:
             for g in self.full_grad:
                 assert g is not None
                 g.zero_()
+            if self.param_dtype is not None:  # the fp32 copies the step used
+                for s in self.shards:
+                    s.grad = None
         else:
             for s in self.shards:
                 s.grad = None
+            self.low_grads = [None] * len(self.units)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole, in fp32, by name (ZeRO-3 all-gathers: call on every rank)."""
@@ -375,6 +412,17 @@ class ZeroDataParallel:
         return out
 
     def state_items(self) -> dict[str, list[torch.Tensor | None]]:
+        if self.param_dtype is not None:  # the ledger's bf16-master items
+            low: list[torch.Tensor | None] = (
+                list(self.full_grad) if self.stage == 1 else list(self.low_grads)
+            )
+            return {
+                "params": list(self.full),
+                "grads": low,
+                "master_params": list(self.shards),
+                "master_grads": [s.grad for s in self.shards],
+                "optimizer": optimizer_tensors(self.optimizer),
+            }
         params: list[torch.Tensor | None] = list(self.shards)
         if self.stage < 3:
             params += list(self.full)

@@ -60,9 +60,15 @@ STRATEGIES = (
 )
 """``ddp``/``fsdp``/``fsdp-hybrid``: torch's paths; the others: parlab's mechanisms."""
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-master": torch.bfloat16}
+"""``--dtype`` -> compute dtype. ``bf16``: bf16 compute over fp32 parameters (autocast; FSDP:
+FSDP2's param_dtype). ``bf16-master``: bf16 parameters and gradients with an fp32 master
+shard the optimizer steps (parlab's ZeRO-1/2; DeepSpeed's bf16 recipe)."""
+MASTER_STRATEGIES = ("zero1", "zero2")
 OPTIMIZERS = ("adamw", "sgd")
 STATE_ITEMS = ("params", "grads", "optimizer")
+MASTER_ITEMS = ("master_params", "master_grads")
+"""The state items a ``bf16-master`` run adds (the ledger's items of the same names)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +92,8 @@ class TrainConfig:
     seq: int = 128
     """Tokens per sequence."""
     dtype: str = "fp32"
-    """Compute dtype: ``fp32`` or ``bf16`` (parameters, gradients, optimizer state stay fp32)."""
+    """``fp32``, ``bf16`` (bf16 compute; parameters, gradients, optimizer state stay fp32) or
+    ``bf16-master`` (ZeRO-1/2: bf16 parameters and gradients, fp32 master shards)."""
     recompute: str = "none"
     """Activation checkpointing per block: ``none``, ``selective`` or ``full``."""
     compile: bool = False
@@ -135,6 +142,11 @@ class TrainConfig:
             )
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.dtype == "bf16-master" and self.strategy not in MASTER_STRATEGIES:
+            raise UsageError(
+                f"--dtype bf16-master is parlab's ZeRO-1/2 recipe (bf16 parameters, fp32 master "
+                f"shards), not {self.strategy}'s: use --strategy zero1 or zero2, or --dtype bf16"
+            )
         if self.recompute not in RECOMPUTE:
             raise UsageError(f"--recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
         if self.optimizer not in OPTIMIZERS:
@@ -232,6 +244,7 @@ def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module
             stage=int(name[4]),
             naive=name.endswith("-naive"),
             compute_dtype=compute if compute != torch.float32 else None,
+            param_dtype=compute if cfg["dtype"] == "bf16-master" else None,
         )
     if name == "fsdp":
         mesh = Topology(world_size=ctx.world_size, dp=ctx.world_size).build_mesh(ctx.device.type)
@@ -276,7 +289,9 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     metered_step = warmup + steps  # one extra step after the timed ones: steady state, untimed
     autocast = (
         torch.autocast(dev.type, dtype=compute)
-        if compute != torch.float32 and not cfg["strategy"].startswith("fsdp")
+        if compute != torch.float32
+        and not cfg["strategy"].startswith("fsdp")
+        and cfg["dtype"] != "bf16-master"
         else contextlib.nullcontext()
     )
     losses: list[torch.Tensor] = []
@@ -371,7 +386,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     topo = Topology(world_size=cfg.nproc, dp=cfg.dp)
     strategy = ledger_strategy(cfg.strategy)
     shard = cfg.shard_size if strategy == "fsdp-hybrid" else None
-    dtype = "fp32" if cfg.dtype == "fp32" else "bf16-mixed"
+    dtype = {"fp32": "fp32", "bf16-master": "bf16-master"}.get(cfg.dtype, "bf16-mixed")
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
     led = predict(
@@ -395,7 +410,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
-        for item in STATE_ITEMS
+        for item in STATE_ITEMS + (MASTER_ITEMS if cfg.dtype == "bf16-master" else ())
     }
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
@@ -509,7 +524,7 @@ def document(
         tps = r0["tokens_per_step"] / step_time if step_time > 0 else None
         fpt = flops_per_token(cfg)
         mfu = (
-            meters.mfu(tps, fpt, r0["device"], "bf16" if cfg.dtype == "bf16" else "fp32")
+            meters.mfu(tps, fpt, r0["device"], "fp32" if cfg.dtype == "fp32" else "bf16")
             if tps
             else None
         )
@@ -652,6 +667,8 @@ def run_label(doc: Document) -> str:
         extra += f"+{knobs['recompute']}-recompute"
     if not knobs.get("reshard_after_forward", True) and "fsdp" in doc.layout["strategy"]:
         extra += "+no-reshard"
+    if knobs.get("dtype") == "bf16-master":
+        extra += "+bf16-master"
     return f"{doc.layout['strategy']}{extra} {doc.workload.get('preset', '')}".strip()
 
 
@@ -718,9 +735,11 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
     lines += ["", "## Per-rank state bytes by item (rank 0 / max), measured vs ledger", ""]
     lines += ["| strategy | item | measured | predicted | error |", "|---|---|---|---|---|"]
     for d in ok:
-        for item in STATE_ITEMS:
+        for item in STATE_ITEMS + MASTER_ITEMS:
             mv = d.metric(f"state_bytes.{item}")
             p = pv(d, f"state_bytes.{item}")
+            if mv is None and p is None:  # the master items of a run that keeps none
+                continue
             err = rel_err(mv, p)
             lines.append(f"| {run_label(d)} | {item} | {fmt_bytes(mv)} | {fmt_bytes(p)} | {err} |")
     paths: dict[str, Path] = {}
@@ -728,8 +747,10 @@ def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
         names = [run_label(d) for d in ok]
         fig, ax = plt.subplots(figsize=(8, 4))
         bottom = [0.0] * len(ok)
-        for item in STATE_ITEMS:
+        for item in STATE_ITEMS + MASTER_ITEMS:
             vals = [(d.metric(f"state_bytes.{item}") or 0) / 2**20 for d in ok]
+            if not any(vals):
+                continue
             ax.bar(names, vals, bottom=bottom, label=item)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         peaks = [(d.metric("peak_memory") or 0) / 2**20 for d in ok]
