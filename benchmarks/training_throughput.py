@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         e.doc
         for e in entries
         if e.doc.project == PROJECT
-        and not e.doc.run_id.startswith("profile-")
+        and e.doc.run_id.startswith("train-")  # not the profiles' or decisions' documents
         and not e.doc.layout.get("knobs", {}).get("profiled")
     ]
     if not docs:
