@@ -15,6 +15,7 @@ from parlab.profile import intervals as iv
 from parlab.profile.analyze import analyze_folder, analyze_trace
 from parlab.profile.classify import (
     collective_name,
+    compute_kind,
     kernel_kind,
     payload_from_meta,
     payload_from_shapes,
@@ -84,6 +85,42 @@ def test_kernel_kinds_follow_hta() -> None:
     assert kernel_kind("Memset (Device)") == "memory"
     assert kernel_kind("cudaStreamSync_kernel") == "other"
     assert kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "compute"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [  # kernel names as an H200 run of parlab train (FSDP2, bf16) recorded them
+        ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "gemm"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128", "attention"),
+        ("void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*)", "attention"),
+        ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<c10::BFloat16>", "norm"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16>", "norm"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>", "optimizer"),
+        ("void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>(c10::BFloat16**)", "copy"),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda>", "copy"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, float>", "reduction"),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+        ("aten::mm", "gemm"),
+        ("some_new_kernel", "other"),
+    ],
+)  # fmt: skip
+def test_compute_kind_of_real_kernel_names(name: str, kind: str) -> None:
+    assert compute_kind(name) == kind
+
+
+def test_compute_by_kind_sums_kernel_time_per_step(tmp_path: Path) -> None:
+    gemm, flash = "nvjet_sm90_tst_128x256", "flash_fwd_kernel"
+    add = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+    steps = [[C(0, 300, name=gemm), C(300, 100, name=flash), C(400, 50, name=add), N(0, 200)]] * 2
+    p = write_trace(
+        tmp_path / "rank0.trace.json.gz",
+        trace_doc(gpu_events(steps, step_us=1000), rank=0, world_size=1),
+    )
+    r = analyze_trace(p)
+    assert r.compute_by_kind == pytest.approx(
+        {"gemm": 300 * US, "attention": 100 * US, "elementwise": 50 * US}
+    )
+    assert list(r.compute_by_kind) == ["gemm", "attention", "elementwise"]  # largest first
 
 
 @pytest.mark.parametrize(

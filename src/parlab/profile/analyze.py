@@ -58,6 +58,7 @@ from parlab.profile.classify import (
     MEMORY,
     OTHER,
     collective_name,
+    compute_kind,
     is_cpu_comm,
     kernel_kind,
     payload_from_meta,
@@ -152,6 +153,10 @@ class RankProfile:
     """Step -> lane (compute, comm, memory) -> merged ``[start_us, end_us]`` spans."""
     compute_hotspots: list[dict[str, Any]] = field(default_factory=list)
     """The longest compute kernels or CPU ops by total time: name, count, time_s."""
+    compute_by_kind: dict[str, float] = field(default_factory=dict)
+    """Compute kernel (CPU: ATen op) time per step by ``classify.compute_kind``, seconds: the
+    sum of the kernels' durations (kernels on several streams can add up to more than the
+    compute lane's union)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -575,6 +580,12 @@ def _summarize_rank(
         ),
         key=lambda d: -d["time_s"],
     )[:10]
+    by_kind: dict[str, float] = {}
+    for u, h in hot.items():
+        if u >= 0:
+            k = compute_kind(names.get(u, "?"))
+            by_kind[k] = by_kind.get(k, 0.0) + h[1] / 1e6 / max(1, len(results))
+    by_kind = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
     parlab_meta = meta.get("parlab") if isinstance(meta.get("parlab"), dict) else {}
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     return RankProfile(
@@ -591,6 +602,7 @@ def _summarize_rank(
         collectives=colls,
         lanes=lanes,
         compute_hotspots=compute_hot,
+        compute_by_kind=by_kind,
     )
 
 

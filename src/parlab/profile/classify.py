@@ -94,6 +94,36 @@ def kernel_kind(name: str) -> str:
     return COMPUTE
 
 
+COMPUTE_KINDS = (
+    "gemm", "attention", "norm", "optimizer", "copy", "elementwise", "reduction", "other",
+)  # fmt: skip
+"""What a compute kernel (or CPU ATen op) does, for the per-step breakdown of compute time."""
+
+_KIND_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # order matters: an attention kernel may say "gemm", a norm backward "elementwise"
+    ("attention", ("flash", "fmha", "sdpa", "attention", "dot_do_o", "convert_dq")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm",
+              "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")),
+    ("norm", ("layer_norm", "rms_norm", "gammabeta", "batch_norm", "group_norm")),
+    ("optimizer", ("fusedoptimizer", "adam", "aten::_fused_", "sgd")),
+    ("copy", ("copy", "cat_", "catarray", "chunk_cat", "split_with_sizes", "aten::cat",
+              "aten::to", "aten::clone", "aten::contiguous", "fill")),
+    ("reduction", ("reduce", "softmax", "nll_loss", "aten::sum", "aten::mean", "cross_entropy")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "multi_tensor_apply",
+                     "aten::add", "aten::mul", "aten::silu", "aten::gelu", "aten::div")),
+)  # fmt: skip
+
+
+def compute_kind(name: str) -> str:
+    """The ``COMPUTE_KINDS`` entry of a compute kernel or CPU ATen op, by its name (a
+    heuristic on cuBLAS/cuDNN/ATen kernel names; ``other`` when no rule matches)."""
+    low = name.lower()
+    for kind, needles in _KIND_RULES:
+        if any(n in low for n in needles):
+            return kind
+    return "other"
+
+
 def collective_name(raw: str) -> str:
     """A collective's normalised name (``all_reduce``, ``all_gather``, ...) from any spelling.
 

@@ -166,6 +166,7 @@ def profile_folder(
             "stragglers_by_step": summary.straggler_by_step,
             "per_rank_steps": {str(r.rank): [asdict(s) for s in r.steps] for r in run.ranks},
             "compute_hotspots_rank0": run.ranks[0].compute_hotspots[:5],
+            "compute_by_kind_rank0_s": run.ranks[0].compute_by_kind,
         },
         layout={
             "world_size": run.world_size,

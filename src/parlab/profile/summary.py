@@ -229,6 +229,15 @@ def hotspot_text(summary: Summary, run: RunProfile, *, title: str = "") -> str:
             f"{format_seconds(h.time_per_step_s)} ({format_seconds(h.exposed_per_step_s)} exposed)"
         )
         lines.append(f"     try: {h.advice}")
+    kinds = run.ranks[0].compute_by_kind if run.ranks else {}
+    total = sum(kinds.values())
+    if total > 0:
+        lines.append(
+            f"compute by kind per step (rank {run.ranks[0].rank}, kernel time): "
+            + ", ".join(
+                f"{k} {format_seconds(v)} ({100 * v / total:.0f}%)" for k, v in kinds.items()
+            )
+        )
     for p in run.problems:
         lines.append(f"warning: {p.message}")
     return "\n".join(lines) + "\n"
