@@ -65,6 +65,13 @@ def test_engine_logits_equal_and_prefix_cache_hits(model) -> None:
     eng.add(s)
     eng.step()
     assert s.cached_tokens == 32
+    # the iteration log: the cached tokens, this thread's CPU time within the wall time
+    assert eng.log[-1]["kind"] == 0 and eng.log[-1]["cached"] == 32
+    assert eng.log[-1]["tokens"] == len(p) - 32
+    for e in eng.log:
+        assert 0 <= e["cpu"] <= e["s"] + 0.01
+        if e["kind"] == 1:
+            assert 0 <= e["launch"] <= e["s"]
     slot_logits = eng.forward(torch.tensor([p[:5]]), [0], [0])[0]
     with torch.no_grad():
         ref = model(torch.tensor([p[:5]]))[0, -1].float()

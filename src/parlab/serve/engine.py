@@ -187,7 +187,9 @@ class Engine:
         self.log: list[dict[str, float]] = []
         """Per iteration: kind (0 prefill, 1 decode), batch, tokens (prefill: uncached prompt
         tokens, with ``cached`` the prompt tokens taken from the prefix cache; decode: context
-        tokens), seconds."""
+        tokens), seconds (``s``), this thread's CPU seconds in it (``cpu``: ``s - cpu`` is
+        time the thread waited -- for the GPU, the GIL or a core) and, for decode, the seconds
+        until the forward was enqueued (``launch``)."""
         self.tp = tp
         self._inbox: list[Sequence] = []
         self._cancels: list[int] = []
@@ -428,6 +430,7 @@ class Engine:
         while self.waiting and self.waiting[0].cancelled:
             self._by_uid.pop(self.waiting.popleft().uid, None)
         t0 = time.perf_counter()
+        c0 = time.thread_time()  # this thread's CPU time: wall - cpu = time it did not run
         emitted: list[Sequence] = []
         if self.waiting and self.free_slots:
             budget = cfg.max_prefill_tokens
@@ -452,12 +455,14 @@ class Engine:
                     "tokens": tokens,
                     "cached": cached,
                     "s": time.perf_counter() - t0,
+                    "cpu": time.thread_time() - c0,
                 }
             )
         elif self.running:
             batch = self.running
             toks = torch.tensor([[s.output[-1]] for s in batch], device=self.device)
             logits = self.forward(toks, [s.slot for s in batch], [s.length for s in batch])
+            launched = time.perf_counter() - t0  # the host's time to enqueue the forward
             for s, tok in zip(batch, self._sample(logits, batch), strict=True):
                 s.length += 1
                 s.output.append(tok)
@@ -469,6 +474,8 @@ class Engine:
                     "batch": len(batch),
                     "tokens": sum(s.length for s in batch),
                     "s": time.perf_counter() - t0,
+                    "cpu": time.thread_time() - c0,
+                    "launch": launched,
                 }
             )
         else:
