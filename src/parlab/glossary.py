@@ -128,6 +128,30 @@ TERMS: list[Term] = [
         group=G_STATE,
     ),
     Term(
+        name="master weights",
+        aliases=(
+            "mixed precision",
+            "bf16-master",
+            "fp32 master",
+            "main params",
+            "autocast",
+            "param_dtype",
+            "reduce_dtype",
+        ),
+        meaning="Training in bf16 while the optimizer steps fp32 values. Two recipes: compute "
+        "in bf16 over fp32 parameters (autocast casts each weight per matmul; gradients and "
+        "collectives fp32), or keep the parameters and gradients in bf16 and an fp32 master "
+        "copy (sharded under ZeRO) that the optimizer steps and casts back -- half the bytes "
+        "on the wire and no per-step weight casts.",
+        elsewhere="DeepSpeed bf16 (bf16 params, fp32 master partitions); Megatron --bf16 "
+        "(fp32 main params in its optimizer); FSDP2 MixedPrecisionPolicy(param_dtype=bf16, "
+        "reduce_dtype=fp32): fp32 shards gathered in bf16, gradients reduced in fp32; "
+        "torch.autocast is the first recipe.",
+        measure="parlab train --strategy zero1 --dtype bf16 vs --dtype bf16-master; "
+        "parlab ledger --dtype bf16-master (master_params, master_grads)",
+        group=G_STATE,
+    ),
+    Term(
         name="recompute",
         aliases=(
             "activation checkpointing",
