@@ -90,6 +90,18 @@ def test_torch_dtensor_tp_trains_like_one_rank() -> None:
     assert par == pytest.approx(one, abs=1e-4)
 
 
+def test_torch_zero_bubble_v_trains_like_one_rank() -> None:
+    """torch's ScheduleZBVZeroBubble over parlab's stages (rank 0 holds the first and the last
+    stage, the loss is there): the same losses as one rank accumulating the micro-batches."""
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    single, zbv = pairs["pp2-zbv-torch"]
+    assert single.schedule == "1f1b" and zbv.vpp == 2
+    out = run_ranks(mi_many, 2, [single.to_json(), zbv.to_json()], timeout=100)
+    one, par = out[0][0]["losses"], out[0][1]["losses"]
+    assert None not in par and par == pytest.approx(one, abs=1e-4)
+    assert all(v is None for v in out[1][1]["losses"])  # rank 1 holds no loss in the V
+
+
 def test_a_dead_launch_keeps_finished_runs_and_relaunches_the_rest(monkeypatch) -> None:
     import json
 

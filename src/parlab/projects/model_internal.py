@@ -33,6 +33,7 @@ import torch.distributed as dist
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
 from parlab.models.reference import norm_kernel
+from parlab.parallel.pipeline_schedules import SCHEDULES
 from parlab.runtime.context import RankContext
 
 PROJECT = "PAR-MODEL-INTERNAL"
@@ -62,7 +63,8 @@ class RunConfig:
     """``parlab`` (parlab's mechanisms) or ``torch`` (plain DTensor ``parallelize_module`` for
     TP, ``torch.distributed.pipelining`` for PP): the references the issue compares with."""
     schedule: str = "1f1b"
-    """Pipeline schedule (``gpipe``, ``1f1b``, ``interleaved-1f1b``); at pp 1 it is plain
+    """Pipeline schedule (``gpipe``, ``1f1b``, ``interleaved-1f1b``; with ``impl="torch"`` also
+    ``zbv``: torch's ScheduleZBVZeroBubble, two stages per rank in a V); at pp 1 it is plain
     gradient accumulation."""
     vpp: int = 1
     """Virtual stages per pipeline rank (``interleaved-1f1b``)."""
@@ -160,7 +162,10 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         stages: dict[int, Any] = {}
         if cfg.pp > 1 and cfg.vpp > 1:
             n_st = cfg.pp * cfg.vpp
-            stages = {s: build_stage(model, s, n_st) for s in range(c["pp"], n_st, cfg.pp)}
+            mine = list(range(c["pp"], n_st, cfg.pp))  # interleaved: r, r + p, ...
+            if cfg.schedule == "zbv":  # the V: r and 2p - 1 - r (rank 0 holds the loss)
+                mine = [c["pp"], n_st - 1 - c["pp"]]
+            stages = {s: build_stage(model, s, n_st) for s in mine}
             del model
             model = torch.nn.ModuleList(stages.values())  # the parameters of every chunk
         elif cfg.pp > 1:
@@ -175,7 +180,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         if cfg.impl == "torch" and cfg.tp > 1:
             _torch_tp(model, mesh["tp"])
         elif cfg.impl == "torch" and cfg.pp > 1:
-            torch_pp = _torch_pipeline(model, cfg, c["pp"], mesh["pp"].get_group(), dev)
+            torch_pp = _torch_pipeline(stages or {c["pp"]: model}, cfg, mesh["pp"].get_group(), dev)
         elif stages:
             for k in stages:
                 stages[k] = parallelize(stages[k], mesh, plan)
@@ -189,7 +194,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             a: mesh[a].get_group() for a in ("tp", "pp", "cp") if getattr(cfg, a) > 1 and mesh
         }
         data = SyntheticTokens(vocab_size=spec.vocab_size, seq=cfg.seq, seed=0)
-        sched = build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp)
+        sched = build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp) if torch_pp is None else None
         local_seq = cfg.seq // cfg.cp
         positions = local_positions(cfg.seq, cfg.cp, c["cp"], device=dev) if cfg.cp > 1 else None
 
@@ -206,7 +211,8 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             extra: dict[str, Any] = {}
             if torch_pp is not None:
                 losses_t: list[torch.Tensor] = []
-                kw = {"target": y, "losses": losses_t} if c["pp"] == cfg.pp - 1 else {}
+                last = 0 if cfg.schedule == "zbv" else cfg.pp - 1  # the V ends on rank 0
+                kw = {"target": y, "losses": losses_t} if c["pp"] == last else {}
                 torch_pp.step(x, **kw) if c["pp"] == 0 else torch_pp.step(**kw)
                 loss = (
                     sum(float(t.detach()) for t in losses_t) / len(losses_t) if losses_t else None
@@ -351,17 +357,28 @@ def _torch_tp(model: Any, tp_mesh: Any) -> None:
     parallelize_module(model, tp_mesh, plan)
 
 
-def _torch_pipeline(model: Any, cfg: RunConfig, stage: int, group: Any, dev: Any) -> Any:
-    """``torch.distributed.pipelining`` over the same stage module (the issue's PP reference)."""
+def _torch_pipeline(stages: dict[int, Any], cfg: RunConfig, group: Any, dev: Any) -> Any:
+    """``torch.distributed.pipelining`` over the same stage modules (the issue's PP reference):
+    ``stages`` maps each stage index this rank holds to its module (one, or two for ``zbv``:
+    ScheduleZBVZeroBubble, whose backward splits into input and weight gradients so the
+    weight half fills the bubble)."""
     import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleZBVZeroBubble,
+    )
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), target.reshape(-1))
 
-    st = PipelineStage(model, stage, cfg.pp, dev, group=group)
+    n_st = cfg.pp * cfg.vpp
+    sts = [PipelineStage(m, s, n_st, dev, group=group) for s, m in sorted(stages.items())]
+    if cfg.schedule == "zbv":
+        return ScheduleZBVZeroBubble(sts, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if cfg.schedule == "gpipe" else Schedule1F1B
-    return cls(st, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+    return cls(sts[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
 
 
 def _work(r: dict[str, Any]) -> float:
@@ -505,6 +522,12 @@ def predictions(
         "sp": cfg.sp,
         "loss_parallel": cfg.tp > 1,
     }
+    if cfg.pp > 1 and cfg.schedule not in SCHEDULES:
+        notes.append(
+            f"no ledger prediction: the ledger places stages as parlab's schedules do, not "
+            f"{cfg.schedule!r}'s V (rank 0 holds the first and the last stage)"
+        )
+        return out, notes
     try:
         led = predict(
             spec,
@@ -534,7 +557,7 @@ def predictions(
                 )
     except (ValueError, KeyError, TypeError) as exc:
         notes.append(f"wire table unavailable: {exc}")
-    if cfg.pp > 1:
+    if cfg.pp > 1 and cfg.schedule in SCHEDULES:  # (no formula for torch's zero-bubble V)
         f = formula(cfg.schedule, cfg.pp, cfg.microbatches, cfg.vpp)
         out["pp_bubble"] = Prediction(
             value=f["of_step"],
@@ -542,6 +565,15 @@ def predictions(
             model="(p-1)/(v*m+p-1) (idle / step time; v = 1 unless interleaved)",
         )
     return out, notes
+
+
+def _losses(results: list[dict[str, Any]]) -> list[float | None]:
+    """The losses of the rank holding the last pipeline stage (the last rank; rank 0 in
+    torch's V schedule): the first rank, from the end, that has them."""
+    for r in reversed(results):
+        if any(v is not None for v in r["losses"]):
+            return r["losses"]
+    return results[-1]["losses"]
 
 
 def flops_per_token(cfg: RunConfig) -> float | None:
@@ -616,7 +648,7 @@ def document(
                 "forward + backward compute timed per action), i.e. fill and drain only; "
                 "pp_idle_mean adds the other stages' wait for it (stage imbalance)"
             )
-        losses = results[-1]["losses"]  # the last rank holds the last pipeline stage
+        losses = _losses(results)
         metrics["loss_first"] = Metric(value=losses[0], unit="nats")
         metrics["loss_last"] = Metric(value=losses[-1], unit="nats")
         notes.append(
@@ -652,7 +684,7 @@ def document(
             "warmup": cfg.warmup,
             "dtype": cfg.dtype,
             "dataset": "synthetic tokens (seed 0)",
-            **({"losses": results[-1]["losses"]} if results else {}),
+            **({"losses": _losses(results)} if results else {}),
         },
         layout={
             "world_size": cfg.nproc,
@@ -704,7 +736,9 @@ def comparison_set(
         both = {**base, **kw}
         single = RunConfig(name=f"single-{name}", nproc=1, role="baseline", **both)
         sched = cand.pop("schedule", "1f1b")
-        return dataclasses.replace(single, schedule=sched), RunConfig(
+        # one rank accumulates the same micro-batches (torch's own schedules: as 1F1B would)
+        one = sched if sched in SCHEDULES else "1f1b"
+        return dataclasses.replace(single, schedule=one), RunConfig(
             name=name, role="candidate", schedule=sched, **both, **cand
         )
 
@@ -719,6 +753,8 @@ def comparison_set(
         pair("tp2-dtensor", tp_kw, nproc=2, tp=2, impl="torch"),
         pair("pp2-1f1b-torch", pp_kw, nproc=2, pp=2, schedule="1f1b", impl="torch"),
         pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
+        # torch's zero-bubble V schedule: what the bubble costs parlab's 1F1B family
+        pair("pp2-zbv-torch", pp_kw, nproc=2, pp=2, schedule="zbv", vpp=2, impl="torch"),
         # twice the sequence: one rank may run out of memory (a failure document), CP2 not;
         # its one-rank run goes last of all
         pair("cp2-ring-long", long_kw, nproc=2, cp=2),
@@ -734,6 +770,7 @@ NAMES = (
     "tp2-dtensor",
     "pp2-1f1b-torch",
     "pp2-interleaved",
+    "pp2-zbv-torch",
     "cp2-ring-long",
 )
 BASELINE_LAST = ("cp2-ring-long",)
@@ -865,7 +902,7 @@ def run_project(
     if True:
         for cfg, res, fail in zip(group, outs, fails, strict=True):
             arts = {}
-            if cfg.pp > 1:
+            if cfg.pp > 1 and cfg.schedule in SCHEDULES:
                 from parlab.parallel.pipeline_schedules import build, format_grid
 
                 grid = out_dir / f"schedule-{cfg.name}.txt"
@@ -1025,14 +1062,15 @@ def render_report(
         rows = []
         for d in pp_docs:
             p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
-            f = formula(d.layout["pp_schedule"], p, m, d.layout.get("vpp", 1))
+            known = d.layout["pp_schedule"] in SCHEDULES
+            f = formula(d.layout["pp_schedule"], p, m, d.layout.get("vpp", 1)) if known else None
             rows.append(
                 [
                     d.layout["strategy"],
                     f"p={p}, m={m}",
                     _cell(d, "pp_bubble"),
                     _cell(d, "pp_idle_mean"),
-                    f"{100 * f['of_step']:.1f}%",
+                    "-" if f is None else f"{100 * f['of_step']:.1f}%",
                 ]
             )
         lines += _table(
@@ -1042,6 +1080,8 @@ def render_report(
         for d in pp_docs:
             p, m = d.layout["mesh"]["pp"], d.workload["microbatches"]
             sched = d.layout["pp_schedule"]
+            if sched not in SCHEDULES:  # torch's own schedule: no parlab grid
+                continue
             lines += [f"### {sched} schedule, p={p}, m={m} (step x rank)", "", "```"]
             lines += [format_grid(build(sched, p, m, d.layout.get("vpp", 1))), "```", ""]
     lines += [
