@@ -20,6 +20,13 @@ iteration costs taken four ways:
 - ``own``: fitted on the run's own log (in sample: the simulator's queueing and batching
   alone, with the costs it saw).
 
+A set run with one replica repeats one configuration under every policy name (all route to
+the same replica): the spread of its measured means is the measurement's own repeatability,
+printed beside it. Where the iteration logs carry the engine thread's CPU time, the
+median decode iteration's wall and CPU time are printed: equal means the replica is
+host-bound (the GPU waits for the Python that enqueues its kernels), so its iteration
+costs follow the host CPU's speed.
+
 Older logs have no ``cached`` field on prefill iterations; for a dataset whose prompts all
 have one length (``shared-prefix``) the script fills it in as ``batch x prompt length -
 tokens``, and says so.
@@ -31,6 +38,7 @@ Prints one table per set and the count of runs within 10 % per cost source.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,6 +176,28 @@ def main(argv: list[str]) -> int:
                     f"{res['mean_ttft_ms']:>12.1f} {e1:>+6.0%} {res['mean_tpot_ms']:>6.1f} {e2:>+6.0%}"
                 )
             print(row + "  ".join(cells))
+        if all(int(d.layout["replicas"]) == 1 for d in group) and len(group) > 1:
+            # one replica: every policy routes alike, so the runs repeat one configuration
+            tt = [d.metric("mean_ttft_ms") for d in group]
+            tp = [d.metric("mean_tpot_ms") for d in group]
+            print(
+                f"   one replica, {len(group)} repeats of one configuration: mean TTFT "
+                f"{min(tt):.1f}-{max(tt):.1f} ms ({(max(tt) - min(tt)) / statistics.mean(tt):.0%} "
+                f"of their mean), mean TPOT {min(tp):.1f}-{max(tp):.1f} ms "
+                f"({(max(tp) - min(tp)) / statistics.mean(tp):.0%}): the measurement's own spread"
+            )
+        host = []
+        for d in group:
+            dec = [e for e in logs[d.run_id] if e["kind"] == 1 and "cpu" in e]
+            if dec:
+                wall = statistics.median(e["s"] for e in dec) * 1e3
+                cpu = statistics.median(e["cpu"] for e in dec) * 1e3
+                host.append(f"{d.layout['policy']} {wall:.1f} / {cpu:.1f}")
+        if host:
+            print(
+                "   decode iteration, median wall / engine-thread CPU ms (equal: host-bound, "
+                "the GPU waits for the Python that enqueues it): " + "; ".join(host)
+            )
         print(
             "   fitted on the first run: "
             + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in first.items())
