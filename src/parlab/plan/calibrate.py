@@ -141,6 +141,8 @@ def run_request(
     # model-internal runs hold bf16 parameters and optimizer states
     if (k.get("dtype") or w.get("dtype")) == "fp32":
         dtype = "fp32"
+    elif k.get("dtype") == "bf16-master":  # ZeRO-1/2: bf16 params, fp32 master shards
+        dtype = "bf16-master"
     elif w.get("dtype") == "bf16":
         dtype = "bf16"
     else:
