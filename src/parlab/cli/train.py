@@ -58,7 +58,9 @@ def _print_run(doc: object, path: Path) -> None:
 @app.command("train")
 def train_cmd(
     strategy: str = typer.Option(
-        ..., help="ddp | zero1 | zero2 | zero3 | fsdp | fsdp-hybrid (also ddp-bucket, *-naive)."
+        ...,
+        help="ddp | zero1 | zero2 | zero3 | fsdp | fsdp-hybrid (also ddp-bucket, *-naive); "
+        "deepspeed-zero1|2|3 where DeepSpeed is installed.",
     ),
     model: str = typer.Option("tiny", help="Model preset (tiny, small, 1.3b, 8b, ...)."),
     nproc: int = typer.Option(2, help="Ranks: GPUs, or gloo CPU processes without GPUs."),
@@ -73,8 +75,9 @@ def train_cmd(
     seq: int = typer.Option(128, help="Tokens per sequence."),
     dtype: str = typer.Option(
         "fp32",
-        help="fp32; bf16 (bf16 compute, states stay fp32); bf16-master (zero1/zero2: bf16 "
-        "params and grads, fp32 master shards, as DeepSpeed's bf16).",
+        help="fp32; bf16 (bf16 compute, states stay fp32; deepspeed-zero*: DeepSpeed's bf16, "
+        "with fp32 master partitions); bf16-master (zero1/zero2: bf16 params and grads, fp32 "
+        "master shards, as DeepSpeed's bf16).",
     ),
     recompute: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile each block."),

@@ -21,7 +21,8 @@ all-reduce) so they can be compared with single-process training.
 
 Strategies: ``ddp`` (torch DDP, the baseline), ``fsdp`` (FSDP2),
 ``fsdp-hybrid`` (FSDP2 over ``dp_replicate x dp_shard``), parlab's own
-``zero1|zero2|zero3`` and ``ddp-bucket`` (and each one's ``-naive`` form).
+``zero1|zero2|zero3`` and ``ddp-bucket`` (and each one's ``-naive`` form), and
+``deepspeed-zero1|2|3`` (DeepSpeed's ZeRO stages, where DeepSpeed is installed).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
+from parlab.ledger.predict import DtypePolicy
 from parlab.models.reference import norm_kernel
 from parlab.runtime.context import RankContext
 
@@ -57,8 +59,12 @@ STRATEGIES = (
     "zero3-naive",
     "fsdp",
     "fsdp-hybrid",
+    "deepspeed-zero1",
+    "deepspeed-zero2",
+    "deepspeed-zero3",
 )
-"""``ddp``/``fsdp``/``fsdp-hybrid``: torch's paths; the others: parlab's mechanisms."""
+"""``ddp``/``fsdp``/``fsdp-hybrid``: torch's paths; ``deepspeed-zero*``: DeepSpeed's (optional);
+the others: parlab's mechanisms."""
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-master": torch.bfloat16}
 """``--dtype`` -> compute dtype. ``bf16``: bf16 compute over fp32 parameters (autocast; FSDP:
@@ -69,6 +75,25 @@ OPTIMIZERS = ("adamw", "sgd")
 STATE_ITEMS = ("params", "grads", "optimizer")
 MASTER_ITEMS = ("master_params", "master_grads")
 """The state items a ``bf16-master`` run adds (the ledger's items of the same names)."""
+FP32_MASTER = DtypePolicy(
+    name="fp32-master", param_bytes=4, grad_bytes=4, master_bytes=4, state_bytes=4,
+    compute_bytes=4, residual_bytes=4, autocast=False,
+)  # fmt: skip
+"""The ledger's policy for DeepSpeed's ZeRO in fp32: an fp32 master partition cloned beside the
+fp32 parameters (seen on gloo CPU ranks in all three stages)."""
+DEEPSPEED_NOTES = [
+    "deepspeed: ledger zero1/2/3 with DeepSpeed's master partition (bf16-master, or fp32 "
+    "params with an fp32 master) and its gradient bucket as the ledger's explicit "
+    "allocator_overhead (reduce_bucket_size elements); stage 1 reduces in buckets during "
+    "backward and keeps only this rank's gradient partition, where the ledger's zero1 keeps "
+    "them whole; it flattens each parameter group into one padded buffer "
+    "(the ledger pads per unit), partitions ZeRO-3 parameters one by one and keeps those under "
+    "stage3_param_persistence_threshold (1e5 elements) whole on every rank, which the ledger "
+    "does not model",
+    "deepspeed: grads are what backward leaves (DeepSpeed frees them in its step); its "
+    "collectives are its own (bucketed gradient all-reduce or reduce-scatter, ZeRO-3 gathers "
+    "per module): the ledger's comm table is parlab's ZeRO's",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +150,10 @@ class TrainConfig:
             raise UsageError(
                 f"unknown strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}"
             )
+        if self.strategy.startswith("deepspeed"):
+            from parlab.parallel.deepspeed import deepspeed_version
+
+            deepspeed_version()  # one line when DeepSpeed is not installed: before any launch
         spec = get_spec(self.model)  # UsageError naming the known presets
         for name in ("nproc", "steps", "warmup", "micro_batch", "seq"):
             if getattr(self, name) < 1:
@@ -155,7 +184,7 @@ class TrainConfig:
             )
         if spec.moe is not None:
             raise UsageError(f"model {self.model!r} is MoE: training-state runs take dense models")
-        if self.strategy.startswith("zero3") and spec.tied_embeddings:
+        if self.strategy.removeprefix("deepspeed-").startswith("zero3") and spec.tied_embeddings:
             raise UsageError(
                 f"model {self.model!r} ties its embeddings: zero3 gathers per unit and cannot "
                 "share a weight between the first and last unit; use fsdp"
@@ -236,6 +265,18 @@ def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module
         return data.DataParallelBucket(
             model, group, make_opt, bucket_bytes=int(cfg["bucket_mb"] * 2**20)
         )
+    if name.startswith("deepspeed-zero"):
+        from parlab.parallel.deepspeed import DeepSpeedZero
+
+        return DeepSpeedZero(
+            model,
+            make_opt,
+            stage=int(name[-1]),
+            micro_batch=(cfg["global_batch"] or cfg["micro_batch"] * ctx.world_size)
+            // ctx.world_size,
+            bf16=compute == torch.bfloat16,
+            local_rank=ctx.local_rank,
+        )
     if name.startswith("zero"):
         return zero.ZeroDataParallel(
             model,
@@ -290,7 +331,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     autocast = (
         torch.autocast(dev.type, dtype=compute)
         if compute != torch.float32
-        and not cfg["strategy"].startswith("fsdp")
+        and not cfg["strategy"].startswith(("fsdp", "deepspeed"))
         and cfg["dtype"] != "bf16-master"
         else contextlib.nullcontext()
     )
@@ -313,13 +354,18 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             )
             # Not under torch.compile: a dispatch mode would change what gets compiled.
             meter_now = step == metered_step and not cfg["compile"]
+            if step == metered_step and hasattr(strat, "meter_next_step"):
+                strat.meter_next_step()  # DeepSpeed: hold the gradients it frees in its step
             metering = comm if meter_now else contextlib.nullcontext()
             comm.step = step
             with metering:
                 with autocast:
                     logits = strat(batch.inputs)
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
-                loss.backward()
+                if hasattr(strat, "backward"):
+                    strat.backward(loss)  # DeepSpeed: backward through its engine
+                else:
+                    loss.backward()
                 strat.finish_backward()
                 strat.step()
             if step == metered_step:
@@ -366,8 +412,8 @@ def backend_for(nproc: int) -> str:
 
 def ledger_strategy(strategy: str) -> str:
     """The ledger's name for a strategy (parlab's DDP forms are all ``ddp``; naive forms share
-    their stage's memory)."""
-    base = strategy.removesuffix("-naive")
+    their stage's memory; DeepSpeed's ZeRO stages are the ledger's ``zero1|2|3``)."""
+    base = strategy.removesuffix("-naive").removeprefix("deepspeed-")
     return "ddp" if base in ("ddp", "ddp-bucket") else base
 
 
@@ -380,13 +426,19 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     from parlab.ledger import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
+    from parlab.parallel.deepspeed import REDUCE_BUCKET
     from parlab.topology import Topology
 
     spec = get_spec(cfg.model)
     topo = Topology(world_size=cfg.nproc, dp=cfg.dp)
     strategy = ledger_strategy(cfg.strategy)
     shard = cfg.shard_size if strategy == "fsdp-hybrid" else None
-    dtype = {"fp32": "fp32", "bf16-master": "bf16-master"}.get(cfg.dtype, "bf16-mixed")
+    dtype: Any = {"fp32": "fp32", "bf16-master": "bf16-master"}.get(cfg.dtype, "bf16-mixed")
+    deepspeed = cfg.strategy.startswith("deepspeed")
+    if deepspeed:
+        # DeepSpeed's ZeRO keeps an fp32 master partition apart from the parameters: bf16
+        # parameters and gradients with it (bf16-master), or, in fp32, a second fp32 copy
+        dtype = "bf16-master" if cfg.dtype == "bf16" else FP32_MASTER
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
     led = predict(
@@ -405,15 +457,20 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         ddp_old_buckets=False,
         reshard_after_forward=cfg.reshard_after_forward,
         norm_kernel=norm_kernel("cuda" if backend == "nccl" else "cpu"),
+        # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
+        # alive through backward (stages 1/2) or for good (stage 3)
+        overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4) if deepspeed else 0,
         **common,
     )
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
-        for item in STATE_ITEMS + (MASTER_ITEMS if cfg.dtype == "bf16-master" else ())
+        for item in STATE_ITEMS + (MASTER_ITEMS if cfg.dtype == "bf16-master" or deepspeed else ())
     }
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
+    if deepspeed:
+        notes += DEEPSPEED_NOTES
     if cfg.strategy.endswith("-naive"):
         notes.append("naive form: no comm prediction (the ledger tables the real mechanism)")
         return preds, notes
@@ -440,6 +497,14 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     return preds, notes
 
 
+def _deepspeed_knobs(cfg: TrainConfig) -> dict[str, Any]:
+    """DeepSpeed's version and the config the run passed to ``deepspeed.initialize``."""
+    from parlab.parallel.deepspeed import deepspeed_version, ds_config
+
+    config = ds_config(int(cfg.strategy[-1]), cfg.per_rank_batch, cfg.dp, bf16=cfg.dtype == "bf16")
+    return {"version": deepspeed_version(), "config": config}
+
+
 def _per_rank(results: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in results]
 
@@ -462,6 +527,9 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             "dtype": cfg.dtype,
             "memory_cap": cfg.memory_cap,
             "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            **(
+                {"deepspeed": _deepspeed_knobs(cfg)} if cfg.strategy.startswith("deepspeed") else {}
+            ),
             # torch DDP: the first step's buckets are released before the second step
             **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
             # under ``parlab profile run``: the profiled steps' times include the profiler's
