@@ -52,6 +52,17 @@ done
 for s in ${TRAIN_MASTER:-}; do
   parlab train --strategy "$s" "${BIG[@]/bf16/bf16-master}"
 done
+# TRAIN_DEEPSPEED="1 2 3": DeepSpeed's ZeRO stages (--strategy deepspeed-zeroK, bf16 params with
+# fp32 master partitions) at the same shape, where DeepSpeed imports (carried as wheels: .whl/)
+if [ -n "${TRAIN_DEEPSPEED:-}" ]; then
+  if $PY -c "import deepspeed" >/dev/null 2>&1; then
+    for k in $TRAIN_DEEPSPEED; do
+      parlab train --strategy "deepspeed-zero$k" "${BIG[@]}"
+    done
+  else
+    echo "skipped deepspeed-zero $TRAIN_DEEPSPEED: deepspeed does not import here" | tee -a "$LOG"
+  fi
+fi
 if [ "${TRAIN_SIZES:-1}" = 1 ]; then
   if [ "${TRAIN_8B:-1}" = 1 ]; then
     parlab train --strategy fsdp "${SECOND[@]}"

@@ -90,7 +90,8 @@ DEEPSPEED_NOTES = [
     "(the ledger pads per unit), partitions ZeRO-3 parameters one by one and keeps those under "
     "stage3_param_persistence_threshold (1e5 elements) whole on every rank, which the ledger "
     "does not model",
-    "deepspeed: grads are what backward leaves (DeepSpeed frees them in its step); its "
+    "deepspeed: grads are what backward leaves, master_grads the fp32 gradient at the optimizer "
+    "step (DeepSpeed frees both in its step; the metered step holds them until counted); its "
     "collectives are its own (bucketed gradient all-reduce or reduce-scatter, ZeRO-3 gathers "
     "per module): the ledger's comm table is parlab's ZeRO's",
 ]
