@@ -2,9 +2,9 @@
 
 Without DeepSpeed (CI): one clear line, exit 2, nothing written, nothing launched. With it
 (``DS_BUILD_OPS=0``, pure Python: DeepSpeed's CPU accelerator runs on gloo CPU ranks), each
-stage trains the tiny model on 2 gloo ranks through the rank function ``parlab train`` uses,
-and the rank-averaged losses and the final parameters equal one process training on the whole
-batch (SGD). With AdamW in bf16, the optimizer states, the fp32 master partition and its
+stage trains the tiny model on 2 gloo ranks (and 1) through the rank function ``parlab train``
+uses, and the rank-averaged losses and the final parameters equal one process training on the
+whole batch (SGD). With AdamW in bf16, the optimizer states, the fp32 master partition and its
 gradient equal the ledger's ``bf16-master`` items exactly, and the measured peak (which holds
 DeepSpeed's 5e8-element gradient bucket) is within 0.1 % of the ledger's.
 """
@@ -34,7 +34,7 @@ def _hide_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake(name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "deepspeed" or name.startswith("deepspeed."):
-            raise ImportError(f"No module named {name!r}")
+            raise ModuleNotFoundError(f"No module named {name!r}", name="deepspeed")
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", fake)
@@ -93,6 +93,13 @@ def test_ledger_models_deepspeed_as_zero_with_a_master_partition() -> None:
 def test_deepspeed_two_ranks_equal_single_process(stage: int) -> None:
     cfg = cfg_for(f"deepspeed-zero{stage}", 2)
     check_equal(run_ranks(train_rank, 2, return_params=True, timeout=150, **cfg.to_json()), 2)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [1, 3])
+def test_deepspeed_world_size_one_is_plain_training(stage: int) -> None:
+    cfg = cfg_for(f"deepspeed-zero{stage}", 1)
+    check_equal(run_ranks(train_rank, 1, return_params=True, timeout=150, **cfg.to_json()), 1)
 
 
 @needs_deepspeed

@@ -13,8 +13,8 @@ with DeepSpeed 0.19.8:
 - Stages 1/2: the parameters of a group flattened into one padded buffer (the model's
   parameters are views of it), in bf16 with ``bf16.enabled``; an fp32 *master* copy of this
   rank's partition of it, which the optimizer steps -- a separate copy in fp32 runs too; the
-  optimizer states over the master partition. Both stages reduce gradient buckets during
-  backward (through a ``reduce_bucket_size`` buffer in the gradient dtype) and keep only this
+  optimizer states over the master partition. Both stages reduce gradient buckets by the
+  end of backward (through a ``reduce_bucket_size`` buffer in the gradient dtype) and keep only this
   rank's partition of the reduced gradients; at the step it is cast into the master's fp32
   gradient.
 - Stage 3: each parameter partitioned by itself (``ceil(numel / N)`` per rank), gathered
@@ -48,6 +48,8 @@ def deepspeed_version() -> str:
     try:
         import deepspeed
     except ImportError as exc:
+        if exc.name not in (None, "deepspeed"):  # installed, but one of its dependencies is not
+            raise UsageError(f"deepspeed does not import: {exc}") from exc
         raise UsageError(MISSING) from exc
     return str(deepspeed.__version__)
 
