@@ -19,8 +19,9 @@ with DeepSpeed 0.19.8:
   gradient.
 - Stage 3: each parameter partitioned by itself (``ceil(numel / N)`` per rank), gathered
   per module in forward and backward; parameters under ``stage3_param_persistence_threshold``
-  (1e5 elements) stay gathered on every rank; an fp32 master partition; a flat
-  gradient-partition buffer and a resident ``reduce_bucket_size`` buffer.
+  (1e5 elements) stay gathered on every rank; an fp32 master partition, stepped in sub-groups
+  of ``sub_group_size`` (1e9) elements, each with its fp32 gradient only while it steps; a
+  flat gradient-partition buffer and a resident ``reduce_bucket_size`` buffer.
 
 What crosses the wire: the collectives of ``torch.distributed`` (reduce-scatter or
 all-reduce of gradient buckets, all-gather of updated partitions; stage 3: all-gather of each
@@ -149,8 +150,15 @@ class DeepSpeedZero:
         self._held = {}
 
     def _before_optimizer_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if self._meter:
-            self._held["master_grads"] = [p.grad for g in opt.param_groups for p in g["params"]]
+        """Stage 3 steps its master in sub-groups (``sub_group_size``, 1e9 elements), one
+        optimizer step each, holding one sub-group's fp32 gradient at a time: keep the largest."""
+        if not self._meter:
+            return
+        grads = [p.grad for g in opt.param_groups for p in g["params"]]
+        size = sum(0 if t is None else t.nbytes for t in grads)
+        held = sum(0 if t is None else t.nbytes for t in self._held.get("master_grads", []))
+        if size >= held:
+            self._held["master_grads"] = grads
 
     def _grad_tensors(self) -> list[torch.Tensor | None]:
         o = self.ds_optimizer

@@ -91,7 +91,9 @@ DEEPSPEED_NOTES = [
     "stage3_param_persistence_threshold (1e5 elements) whole on every rank, which the ledger "
     "does not model",
     "deepspeed: grads are what backward leaves, master_grads the fp32 gradient at the optimizer "
-    "step (DeepSpeed frees both in its step; the metered step holds them until counted); its "
+    "step (DeepSpeed frees both in its step; the metered step holds them until counted; stage 3 "
+    "steps sub-groups of 1e9 elements one at a time: its largest, where the ledger counts the "
+    "whole partition); its "
     "collectives are its own (bucketed gradient all-reduce or reduce-scatter, ZeRO-3 gathers "
     "per module): the ledger's comm table is parlab's ZeRO's",
 ]
