@@ -88,8 +88,9 @@ DEEPSPEED_NOTES = [
     "backward and keeps only this rank's gradient partition, where the ledger's zero1 keeps "
     "them whole; it flattens each parameter group into one padded buffer "
     "(the ledger pads per unit), partitions ZeRO-3 parameters one by one and keeps those under "
-    "stage3_param_persistence_threshold (1e5 elements) whole on every rank, which the ledger "
-    "does not model",
+    "stage3_param_persistence_threshold (1e5 elements) whole on every rank, and may keep "
+    "gathered ZeRO-3 parameters for reuse in backward (stage3_max_live_parameters, "
+    "stage3_max_reuse_distance: 1e9 elements), which the ledger does not model",
     "deepspeed: grads are what backward leaves, master_grads the fp32 gradient at the optimizer "
     "step (DeepSpeed frees both in its step; the metered step holds them until counted; stage 3 "
     "steps sub-groups of 1e9 elements one at a time: its largest, where the ledger counts the "
