@@ -78,6 +78,8 @@ def revised_peak(doc: Any) -> tuple[int | None, str]:
     knobs = lay.get("knobs", {})
     if knobs.get("compile"):
         return None, "torch.compile: not modelled"
+    if str(lay["strategy"]).startswith("deepspeed-"):
+        return None, "DeepSpeed: the recorded prediction (its buffers and partitions)"
     backend = backend_of(doc)
     name = str(lay["strategy"])
     strategy = ledger_strategy(name)

@@ -71,6 +71,8 @@ def unmodelled(doc: Any) -> str:
     )
     if k.get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1:
         return "DTensor TP: host-bound per-op dispatch (not modelled)"
+    if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
+        return "DeepSpeed's engine: its own buckets, partitions and prefetch (not modelled)"
     if doc.project == "PAR-TRAINING-STATE" and k.get("recompute") == "selective":
         return (
             "runtime's selective = op-level SAC under a dispatch mode; "
