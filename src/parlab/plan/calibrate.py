@@ -28,7 +28,7 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.plan.estimate import StepEstimate, Throughput
-from parlab.plan.roofline import FitRow, Implementation, Roofline, fit_roofline, work
+from parlab.plan.roofline import FitRow, Implementation, Roofline, fit_roofline
 
 _STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
 
@@ -200,21 +200,9 @@ def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow 
     measured = doc.metric("step_time")
     if est is None or not measured:
         return None
-    w = work(
-        req.spec,
-        seq=req.seq,
-        micro_batch=cand.micro_batch,
-        microbatches=cand.microbatches,
-        tp=cand.tp,
-        pp=cand.pp,
-        cp=cand.cp,
-        dp=cand.dp,
-        strategy=cand.strategy,
-        recompute=cand.recompute,
-        sp=sp,
-        dtype=req.dtype,
-        impl=req.implementation,
-    )
+    from parlab.plan.planner import candidate_work
+
+    w = candidate_work(req, cand, sp=sp)
     return FitRow(
         work=w,
         measured_s=float(measured),

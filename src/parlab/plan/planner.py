@@ -491,6 +491,25 @@ def plan(req: PlanRequest) -> PlanResult:
     )
 
 
+def candidate_work(req: PlanRequest, cand: Candidate, *, sp: bool) -> Any:
+    """The roofline's work of one step of ``cand`` for ``req`` (``parlab.plan.roofline.work``)."""
+    return work(
+        req.spec,
+        seq=req.seq,
+        micro_batch=cand.micro_batch,
+        microbatches=cand.microbatches,
+        tp=cand.tp,
+        pp=cand.pp,
+        cp=cand.cp,
+        dp=cand.dp,
+        strategy=cand.strategy,
+        recompute=cand.recompute,
+        sp=sp,
+        dtype=req.dtype,
+        impl=req.implementation,
+    )
+
+
 def _timed(
     req: PlanRequest,
     cand: Candidate,
@@ -513,21 +532,7 @@ def _timed(
             cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap
         )
     else:
-        w = work(
-            req.spec,
-            seq=req.seq,
-            micro_batch=cand.micro_batch,
-            microbatches=cand.microbatches,
-            tp=cand.tp,
-            pp=cand.pp,
-            cp=cand.cp,
-            dp=cand.dp,
-            strategy=cand.strategy,
-            recompute=cand.recompute,
-            sp=cand.tp > 1 if sp is None else sp,
-            dtype=req.dtype,
-            impl=req.implementation,
-        )
+        w = candidate_work(req, cand, sp=cand.tp > 1 if sp is None else sp)
         parts = w.parts(roof, th.peak_flops, float(req.cluster.gpu.memory_bw))
         est = estimate(
             cand,
