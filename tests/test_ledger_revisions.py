@@ -152,3 +152,14 @@ def test_tp_and_sp_activations_equal_what_autograd_saves(sp: bool) -> None:
     if sp:
         megatron = predict(get_spec("small"), topology=two, **kw).value("activations")
         assert megatron < 0.95 * measured
+
+
+def test_ddp_buckets_span_the_context_parallel_ranks() -> None:
+    """DDP averages gradients over dp x cp: with cp = 2 (dp = 1) it holds its buckets too --
+    the model-internal CP runs wrap the model in torch DDP over the CP group."""
+    spec = get_spec("small")
+    kw = dict(micro_batch=1, seq_len=256, dtype="bf16")
+    cp2 = predict(spec, strategy="ddp", topology=Topology(world_size=2, cp=2), **kw)
+    assert cp2.value("ddp_buckets") == cp2.value("grads") > 0
+    one = predict(spec, strategy="ddp", topology=Topology(world_size=1), **kw)
+    assert one.value("ddp_buckets") == 0

@@ -539,13 +539,18 @@ def predict(
         # the fp32 copy of the reduced gradient the optimizer steps the master with (from the
         # end of backward to zero_grad: the optimizer phase)
         row["master_grads"] = o_el * pol.master_bytes
+        # DDP replicates over dp x cp (context-parallel ranks average their gradients too)
         row["ddp_buckets"] = (
-            sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and not bucket_view else 0
+            sn.held * pol.grad_bytes
+            if strategy == "ddp" and topo.dp * topo.cp > 1 and not bucket_view
+            else 0
         )
         # torch DDP over NCCL: the first iteration's buckets outlive the bucket rebuild until
         # the second iteration's first all-reduce (module docstring); forward/backward only
         row["ddp_old_buckets"] = (
-            sn.held * pol.grad_bytes if strategy == "ddp" and topo.dp > 1 and ddp_old_buckets else 0
+            sn.held * pol.grad_bytes
+            if strategy == "ddp" and topo.dp * topo.cp > 1 and ddp_old_buckets
+            else 0
         )
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
@@ -609,7 +614,9 @@ def predict(
         dev = {k: (0 if k in host else v) for k, v in row.items()}
         # gradients that live in persistent buffers: DDP's buckets with bucket_view (the grads
         # are views of them, zeroed not freed) and ZeRO-1's full flat gradient buffers
-        grads_resident = (strategy == "ddp" and topo.dp > 1 and bucket_view) or strategy == "zero1"
+        grads_resident = (
+            strategy == "ddp" and topo.dp * topo.cp > 1 and bucket_view
+        ) or strategy == "zero1"
         resident = sum(
             dev[k]
             for k in ("params", "optimizer", "master_params", "ddp_buckets", "allocator_overhead")
