@@ -511,7 +511,7 @@ def markdown(folder: Path) -> str:
         }
         for d in runs
     }
-    for para in misses(gpu_train, runs, steps):
+    for para in misses(gpu_train, runs, steps, folder):
         add(f"- {para}")
     add("")
     return "\n".join(lines)
@@ -577,7 +577,28 @@ def _released(row: dict[str, Any]) -> bool:
     return knobs.get("ddp_first_buckets") == "released"
 
 
-def misses(rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any]) -> list[str]:
+def iteration_peaks(folder: Path) -> str:
+    """What ``scripts/gpu/accuracy.sh`` measured, read from its logs under ``folder/logs``:
+    torch DDP's allocator peak per iteration, per model and variant."""
+    import json
+
+    parts = []
+    for path in sorted(folder.glob("logs/*/accuracy/ddp-iteration-peaks-*.json.log")):
+        d = json.loads(path.read_text())
+        peaks = [r["peak_bytes"] for r in d["iterations"]]
+        if None in peaks or len(peaks) < 3:
+            continue
+        parts.append(
+            f"{d['model']} {d['variant']} {' / '.join(f'{x / 2**30:.2f}' for x in peaks)} GiB "
+            f"(iteration 2 - 3 = {(peaks[1] - peaks[2]) / 2**30:+.2f} GiB; gradient bytes "
+            f"{d['grad_bytes'] / 2**30:.2f} GiB; `{path.relative_to(folder)}`)"
+        )
+    return "; ".join(parts)
+
+
+def misses(
+    rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any], folder: Path
+) -> list[str]:
     """The findings, with their numbers computed from the rows."""
     from parlab.ledger import predict
     from parlab.models import get_spec
@@ -607,7 +628,7 @@ def misses(rows: list[dict[str, Any]], runs: list[Any], steps: dict[str, Any]) -
             "watchdog has polled them complete, so whether they are still alive at the second "
             f"iteration's peak is a race: one extra fp32 copy of every gradient ({_gib(held)} "
             "at the 1.3B, the ledger's `ddp_old_buckets`). `scripts/gpu/accuracy.sh` measured "
-            "it per iteration: held at the 1.3B (iteration 2 +5.08 GiB), not at GPT-2 1.5B "
+            f"it per iteration: {iteration_peaks(folder) or 'no log of it under this folder'} "
             "(the race lost or won by the forward's length). Runs before the fix (recorded predictions; "
             f"the earliest made before the item existed): {errs(old) or 'none'}. `parlab "
             "train` now removes the race (`TorchDDP.release_first_buckets`: after the first "

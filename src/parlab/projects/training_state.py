@@ -43,6 +43,7 @@ from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, n
 from parlab.errors import UsageError
 from parlab.ledger.predict import DtypePolicy
 from parlab.models.reference import norm_kernel
+from parlab.profile.capture import ENV_DIR as PROFILE_ENV_DIR
 from parlab.runtime.context import RankContext
 
 PROJECT = "PAR-TRAINING-STATE"
@@ -537,7 +538,7 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             # torch DDP: the first step's buckets are released before the second step
             **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
             # under ``parlab profile run``: the profiled steps' times include the profiler's
-            **({"profiled": True} if os.environ.get("PARLAB_PROFILE_DIR") else {}),
+            **({"profiled": True} if os.environ.get(PROFILE_ENV_DIR) else {}),
         },
     }
 
