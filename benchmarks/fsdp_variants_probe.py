@@ -86,7 +86,6 @@ def run_variant(variant: str, a: argparse.Namespace, dev: torch.device) -> dict[
     wrap(model, variant, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
     gen = torch.Generator().manual_seed(dist.get_rank())
-    times = []
     for step in range(a.warmup + a.steps):
         tokens = torch.randint(0, spec.vocab_size, (a.micro_batch, a.seq + 1), generator=gen)
         tokens = tokens.to(dev)
@@ -101,10 +100,9 @@ def run_variant(variant: str, a: argparse.Namespace, dev: torch.device) -> dict[
         opt.zero_grad(set_to_none=True)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    times.append((time.perf_counter() - t0) / a.steps)
-    t = torch.tensor(times, dtype=torch.float64, device=dev if dev.type == "cuda" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    step_s = float(t[0])
+    t = torch.tensor([(time.perf_counter() - t0) / a.steps], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's step time
+    step_s = float(t)
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     del model, opt
     if dev.type == "cuda":

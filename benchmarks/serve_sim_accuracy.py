@@ -111,14 +111,14 @@ def sets_of(docs: list[Document]) -> list[list[Document]]:
         ),
         key=lambda d: d.created,
     )
+
+    def key(d: Document) -> tuple[str, str]:
+        return d.command, json.dumps(d.workload.get("dataset_params"), sort_keys=True)
+
     out: list[list[Document]] = []
     for d in runs:
-        key = (d.command, json.dumps(d.workload.get("dataset_params"), sort_keys=True))
         last = out[-1] if out else []
-        same = bool(last) and key == (
-            last[0].command,
-            json.dumps(last[0].workload.get("dataset_params"), sort_keys=True),
-        )
+        same = bool(last) and key(d) == key(last[0])
         if same and d.layout.get("policy") not in {x.layout.get("policy") for x in last}:
             last.append(d)
         else:
@@ -145,11 +145,6 @@ def main(argv: list[str]) -> int:
         print(f"== set of {len(group)} runs from {group[0].created} ({group[0].command})")
         if filled:
             print("   (prefill 'cached' filled in from the fixed prompt length: older logs)")
-        fitted = {
-            "first": first,
-            "own": None,
-            "others": None,
-        }
         head = f"{'policy':<18} {'measured TTFT':>13} {'TPOT':>6}  " + "  ".join(
             f"{s + ' TTFT':>12} {'err':>6} {'TPOT':>6} {'err':>6}" for s in SOURCES
         )
@@ -157,13 +152,17 @@ def main(argv: list[str]) -> int:
         print("-" * len(head))
         for d in group:
             others = [e for rid, log in logs.items() if rid != d.run_id for e in log]
-            fitted["own"] = sim.fit_profile(logs[d.run_id])
-            fitted["others"] = sim.fit_profile(others) if others else None
+            fitted = {
+                "idle": d.workload.get("replica_profile"),
+                "first": first,
+                "others": sim.fit_profile(others) if others else None,
+                "own": sim.fit_profile(logs[d.run_id]),
+            }
             row = f"{d.layout['policy']:<18} {d.metric('mean_ttft_ms'):>13.1f} "
             row += f"{d.metric('mean_tpot_ms'):>6.1f}  "
             cells = []
             for s in SOURCES:
-                costs = d.workload.get("replica_profile") if s == "idle" else fitted[s]
+                costs = fitted[s]
                 if costs is None:
                     cells.append(f"{'-':>12} {'-':>6} {'-':>6} {'-':>6}")
                     continue

@@ -212,6 +212,22 @@ def kv_transfer_document(
 # ----- the policy comparison -----------------------------------------------------------------------
 
 
+def _replica_metrics(reps: list[dict[str, Any]]) -> dict[str, Metric]:
+    """Requests the router sent to each replica (max over replicas) and the failures there."""
+    return {
+        "replica_load_routed": Metric(
+            value=float(max(r["routed"] for r in reps)),
+            unit="count",
+            per_rank=[float(r["routed"]) for r in reps],
+        ),
+        "replica_failed": Metric(
+            value=float(sum(r["failed"] for r in reps)),
+            unit="count",
+            per_rank=[float(r["failed"]) for r in reps],
+        ),
+    }
+
+
 async def _get_json(url: str) -> dict[str, Any]:
     import aiohttp
 
@@ -348,16 +364,7 @@ async def _run_policies(
             "router_est_cache_hit_rate": Metric(value=stats["est_cache_hit_rate"], unit="fraction"),
             "router_decision_p99_ms": Metric(value=stats["decision"]["p99_ms"], unit="ms"),
             "router_pre_forward_p99_ms": Metric(value=stats["pre_forward"]["p99_ms"], unit="ms"),
-            "replica_load_routed": Metric(
-                value=float(max(r["routed"] for r in reps)),
-                unit="count",
-                per_rank=[float(r["routed"]) for r in reps],
-            ),
-            "replica_failed": Metric(
-                value=float(sum(r["failed"] for r in reps)),
-                unit="count",
-                per_rank=[float(r["failed"]) for r in reps],
-            ),
+            **_replica_metrics(reps),
             "replica_decode_batch_mean": Metric(
                 value=None
                 if any(e["decode_mean_batch"] is None for e in eng)
@@ -495,16 +502,7 @@ async def _run_failover(
         "requests_unaccounted": Metric(value=float(unaccounted), unit="count"),
         "requests_after_kill": Metric(value=float(len(late)), unit="count"),
         "requests_after_kill_ok": Metric(value=float(late_ok), unit="count"),
-        "replica_load_routed": Metric(
-            value=float(max(r["routed"] for r in reps)),
-            unit="count",
-            per_rank=[float(r["routed"]) for r in reps],
-        ),
-        "replica_failed": Metric(
-            value=float(sum(r["failed"] for r in reps)),
-            unit="count",
-            per_rank=[float(r["failed"]) for r in reps],
-        ),
+        **_replica_metrics(reps),
         "replica_taken_out": Metric(
             value=float(sum(r["taken_out"] for r in reps)),
             unit="count",
