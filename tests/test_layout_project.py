@@ -130,3 +130,16 @@ def test_a_dead_launch_keeps_finished_runs_and_relaunches_the_rest(monkeypatch) 
     assert outs[0] is not None and outs[0][1]["rank"] == 1 and fails[0] is None
     assert outs[1] is None and fails[1] is not None and fails[1].kind == "timeout"
     assert outs[2] is not None and fails[2] is None
+
+
+def test_compiled_pipeline_runs_compile_their_baseline_too_and_tp_refuses_compile() -> None:
+    from parlab.errors import UsageError
+    from parlab.projects.model_internal import RunConfig
+
+    pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
+    for name in ("pp2-1f1b-compiled", "pp2-interleaved-compiled"):
+        single, cand = pairs[name]
+        assert single.compile and cand.compile and single.nproc == 1 and cand.pp == 2
+    assert not pairs["pp2-1f1b"][1].compile and not pairs["pp2-1f1b"][0].compile
+    with pytest.raises(UsageError, match="compile applies to parlab's pipeline"):
+        RunConfig(name="x", model="tiny", nproc=2, tp=2, compile=True)

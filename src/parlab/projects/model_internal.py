@@ -84,12 +84,20 @@ class RunConfig:
     """``baseline`` (one rank) or ``candidate``."""
     timeout_s: float = 600.0
     """Process-group timeout."""
+    compile: bool = False
+    """``torch.compile`` each transformer block (parlab's pipeline stages and their one-rank
+    baseline): the blocks are compiled before the stages are wrapped, as torchtitan does."""
 
     def __post_init__(self) -> None:
         if self.tp * self.pp * self.cp != self.nproc:
             raise UsageError(f"{self.name}: tp*pp*cp = {self.tp * self.pp * self.cp} != nproc")
         if self.dtype not in ("bf16", "fp32"):
             raise UsageError(f"dtype {self.dtype!r}: use bf16 or fp32")
+        if self.compile and (self.tp > 1 or self.cp > 1 or self.impl != "parlab"):
+            raise UsageError(
+                f"{self.name}: compile applies to parlab's pipeline stages and one-rank runs; "
+                "TP, CP and torch's implementations run eager"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,6 +151,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
     from parlab.parallel import tensor_comm
     from parlab.parallel.compose import ParallelPlan, parallelize
     from parlab.parallel.context import local_positions, shard_sequence
+    from parlab.parallel.fsdp import apply_compile
     from parlab.parallel.pipeline import build_stage, run_schedule
     from parlab.parallel.pipeline_schedules import build
     from parlab.parallel.tensor import tp_cross_entropy
@@ -170,6 +179,9 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
             model = torch.nn.ModuleList(stages.values())  # the parameters of every chunk
         elif cfg.pp > 1:
             model = build_stage(model, c["pp"], cfg.pp, copy_model=False)
+        if cfg.compile:
+            for m in stages.values() if stages else [model]:
+                apply_compile(m)
         plan = ParallelPlan(
             sequence_parallel=cfg.sp,
             loss_parallel=cfg.tp > 1,
@@ -699,6 +711,7 @@ def document(
             "implementation": cfg.impl,
             "backend": backend,
             "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            "compile": cfg.compile,
         },
         metrics=metrics,
         predictions=preds,
@@ -734,7 +747,13 @@ def comparison_set(
 
     def pair(name: str, kw: dict[str, Any], **cand: Any) -> tuple[RunConfig, RunConfig]:
         both = {**base, **kw}
-        single = RunConfig(name=f"single-{name}", nproc=1, role="baseline", **both)
+        single = RunConfig(
+            name=f"single-{name}",
+            nproc=1,
+            role="baseline",
+            compile=cand.get("compile", False),
+            **both,
+        )
         sched = cand.pop("schedule", "1f1b")
         # one rank accumulates the same micro-batches (torch's own schedules: as 1F1B would)
         one = sched if sched in SCHEDULES else "1f1b"
@@ -755,6 +774,17 @@ def comparison_set(
         pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
         # torch's zero-bubble V schedule: what the bubble costs parlab's 1F1B family
         pair("pp2-zbv-torch", pp_kw, nproc=2, pp=2, schedule="zbv", vpp=2, impl="torch"),
+        # compiled blocks: the per-micro-batch compute the bubble multiplies
+        pair("pp2-1f1b-compiled", pp_kw, nproc=2, pp=2, schedule="1f1b", compile=True),
+        pair(
+            "pp2-interleaved-compiled",
+            pp_kw,
+            nproc=2,
+            pp=2,
+            schedule="interleaved-1f1b",
+            vpp=2,
+            compile=True,
+        ),
         # twice the sequence: one rank may run out of memory (a failure document), CP2 not;
         # its one-rank run goes last of all
         pair("cp2-ring-long", long_kw, nproc=2, cp=2),
@@ -771,6 +801,8 @@ NAMES = (
     "pp2-1f1b-torch",
     "pp2-interleaved",
     "pp2-zbv-torch",
+    "pp2-1f1b-compiled",
+    "pp2-interleaved-compiled",
     "cp2-ring-long",
 )
 BASELINE_LAST = ("cp2-ring-long",)
