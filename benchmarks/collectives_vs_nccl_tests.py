@@ -44,6 +44,10 @@ EXTERNAL_BUSBW = {("all_reduce", 1 << 30): 330e9, ("all_reduce", 4 << 30): 344e9
 EXTERNAL_SMALL_US = {False: (21.0, 21.0), True: (5.5, 8.0)}
 BIG = 64 << 20
 SMALL_MAX = 256 << 10
+LAYOUTS = {
+    "-t 1 -g 2": "one thread launches on both GPUs",
+    "-t 2 -g 1": "one thread per GPU, as parlab's one process per GPU",
+}
 
 _NT_OPS = {
     "all_reduce_perf": "all_reduce",
@@ -59,18 +63,25 @@ _ROW = re.compile(
 )
 
 
-def parse_nccl_tests(path: Path) -> tuple[str | None, bool, dict[int, tuple[float, float]]]:
-    """(op, graph, {size: (time_us, busbw B/s)}) from one nccl-tests stdout (out-of-place columns)."""
+def parse_nccl_tests(
+    path: Path,
+) -> tuple[str | None, bool, str, dict[int, tuple[float, float]]]:
+    """(op, graph, layout, {size: (time_us, busbw B/s)}) from one nccl-tests stdout
+    (out-of-place columns). ``layout``: how its process drove the GPUs -- ``-g 2`` (one
+    thread launches on both GPUs) or ``-t 2 -g 1`` (a thread per GPU, as one process per
+    GPU drives it; parlab's ranks are one process per GPU)."""
     text = path.read_text(errors="replace")
     op = next((o for b, o in _NT_OPS.items() if b in text or b in path.name), None)
     m = re.search(r"graph:\s*(\d+)", text)
     graph = bool(m and int(m.group(1)))
+    lay = re.search(r"nThread\s+(\d+)\s+nGpus\s+(\d+)", text)
+    layout = f"-t {lay.group(1)} -g {lay.group(2)}" if lay else "?"
     rows = {}
     for line in text.splitlines():
         r = _ROW.match(line)
         if r:
             rows[int(r.group(1))] = (float(r.group(3)), float(r.group(5)) * 1e9)
-    return op, graph, rows
+    return op, graph, layout, rows
 
 
 FAULT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_P2P_LEVEL")
@@ -147,17 +158,26 @@ def main() -> None:
             return
         print("# DRY RUN: no real-nccl sweep, showing cpu-mechanism documents; the targets")
         print("# (nccl-tests on 2xH200) apply to real-nccl sweeps only")
-    nt: dict[tuple[str, bool], dict[int, tuple[float, float]]] = {}
-    for log in args.nccl_tests:
-        op, graph, rows = parse_nccl_tests(log)
-        if op and rows:
-            nt.setdefault((op, graph), {}).update(rows)
     sw = docs[-1].environment.get("software", {})
     devices = docs[-1].workload.get("devices") or []
     print(
         f"# torch {sw.get('torch')}  CUDA {sw.get('cuda')}  NCCL {sw.get('nccl')}  "
         f"devices {', '.join(devices) or '?'}"
     )
+    # nccl-tests' figures per process layout, each compared on its own
+    refs: dict[str, dict[tuple[str, bool], dict[int, tuple[float, float]]]] = {}
+    for log in args.nccl_tests:
+        op, graph, layout, rows = parse_nccl_tests(log)
+        if op and rows:
+            refs.setdefault(layout, {}).setdefault((op, graph), {}).update(rows)
+    for layout, nt in refs.items() or [("", {})]:
+        if layout:
+            print(f"\n# ==== reference: nccl-tests {layout} ({LAYOUTS.get(layout, '')})")
+        _compare(docs, nt)
+
+
+def _compare(docs: list[Document], nt: dict) -> None:
+    """Every comparison against one set of nccl-tests figures (empty: the external ones)."""
     big = [  # the fp32 sweep (nccl-tests' default type), not a bf16 one
         d
         for d in docs
@@ -204,7 +224,7 @@ def _big_rows(doc: Document, nt: dict) -> None:
                 continue
             ref, src = None, "no reference"
             if (op, False) in nt and size in nt[(op, False)]:
-                ref, src = nt[(op, False)][size][1], "nccl-tests log, same machine"
+                ref, src = nt[(op, False)][size][1], "nccl-tests log"
             elif (op, size) in EXTERNAL_BUSBW:
                 ref, src = EXTERNAL_BUSBW[(op, size)], EXTERNAL
             ratio = f"{r['busbw'] / ref:6.3f}" if ref else "     -"
@@ -244,7 +264,7 @@ def _small_row(doc: Document, graph: bool, nt: dict) -> None:
         ref_rows = nt[("all_reduce", graph)]
         pairs = [(small[s]["time_s"] * 1e6, ref_rows[s][0]) for s in small if s in ref_rows]
         ratio = statistics.fmean(a / b for a, b in pairs) if pairs else float("nan")
-        src = f"nccl-tests log, same machine ({len(pairs)} sizes)"
+        src = f"nccl-tests log ({len(pairs)} sizes)"
         ok = ratio <= 1.2
     else:
         lo, hi = EXTERNAL_SMALL_US[graph]
