@@ -9,11 +9,19 @@ import numpy as np
 import pytest
 import torch
 
+from parlab.errors import UsageError
 from parlab.models import get_spec
 from parlab.models.reference import build_model
 from parlab.runtime.testing import run_ranks
 from parlab.serve import bench, datasets, kvxfer, sim
-from parlab.serve.engine import PRINTABLE, Engine, EngineConfig, Sequence, encode
+from parlab.serve.engine import (
+    PRINTABLE,
+    Engine,
+    EngineConfig,
+    Sequence,
+    decode_buckets,
+    encode,
+)
 from parlab.serve.policy import PolicyConfig
 from parlab.serve.replica import ReplicaServer
 
@@ -317,3 +325,120 @@ def test_tensor_parallel_engine_equals_single_process(model) -> None:
     for r in res:
         torch.testing.assert_close(torch.tensor(r["logits"]), full, rtol=1e-4, atol=1e-4)
     assert res[0]["kv_heads"] == res[1]["kv_heads"] == get_spec("tiny").n_kv_heads // 2
+
+
+# ----- static decode (CUDA graphs) ----------------------------------------------------------------
+
+
+def _spec_variant(name: str):
+    tiny = get_spec("tiny")  # GQA: 8 query heads over 4 KV heads
+    return {
+        "gqa": tiny,
+        "mha": dataclasses.replace(tiny, kv_heads=None),
+        "mqa": dataclasses.replace(tiny, kv_heads=1),
+        "learned": dataclasses.replace(
+            tiny, position="learned", norm="layernorm", activation="gelu", linear_bias=True,
+            max_seq_len=512,
+        ),
+        "moe": get_spec("tiny-moe"),
+    }[name]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["gqa", "mha", "mqa", "learned", "moe"])
+def test_static_decode_equals_the_eager_forward(variant: str) -> None:
+    """The static decode over every slot (free ones included) gives the running slots the
+    eager forward's logits and writes the same K/V at their positions, at every bucket."""
+    spec = _spec_variant(variant)
+    eng = Engine(build_model(spec, seed=0), EngineConfig(max_batch=6, max_len=300))
+    assert eng.buckets == [256, 300] and not eng.cuda_graphs
+    caches = list(zip(eng.k_cache, eng.v_cache, strict=True))
+    torch.manual_seed(1)
+    for kc, vc in caches:  # stale K/V of earlier requests: only a mask keeps them out
+        kc.normal_()
+        vc.normal_()
+    slots = [4, 0, 2]  # slots 1, 3, 5 free
+    prompts = [encode("a fairly long first prompt"), encode("hi"), encode("x" * 255)]
+    for p, s in zip(prompts, slots, strict=True):
+        eng.forward(torch.tensor([p]), [s], [0])
+    lens = [len(p) for p in prompts]
+    new = [ord("q"), ord("!"), ord("Z")]
+    before = [(kc.clone(), vc.clone()) for kc, vc in caches]
+    eager = eng.forward(torch.tensor([[t] for t in new]), slots, lens)
+    eager_kv = [(kc[slots].clone(), vc[slots].clone()) for kc, vc in caches]
+    for L in eng.buckets:  # 256 holds every running slot's keys (the longest reads 256)
+        for (kc, vc), (k0, v0) in zip(caches, before, strict=True):
+            kc.copy_(k0)
+            vc.copy_(v0)
+        eng._in_2M.zero_()
+        eng._in_2M[0, slots] = torch.tensor(new)
+        eng._in_2M[1, slots] = torch.tensor(lens)
+        logits_MV, picks_M = eng._decode_static(L)
+        assert logits_MV.shape == (6, spec.vocab_size)
+        torch.testing.assert_close(logits_MV[slots], eager, rtol=1e-5, atol=1e-5)
+        masked = eager + eng.vocab_mask
+        assert picks_M[slots].tolist() == masked.argmax(-1).tolist()
+        for (kc, vc), (ke, ve) in zip(caches, eager_kv, strict=True):
+            torch.testing.assert_close(kc[slots], ke, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(vc[slots], ve, rtol=1e-5, atol=1e-5)
+
+
+def _generate_mixed(eng: Engine) -> tuple[list[list[int]], set[int]]:
+    """Seven requests through four slots (joins and leaves mid-run, holes in the slots), one
+    prompt long enough to decode past 256 keys, one sampled row."""
+    prompts = [encode("y" * 248), encode("hi"), encode("mid-sized prompt")]
+    prompts += [encode(f"request number {i}") for i in range(3)] + [encode("sampled")]
+    seqs = [Sequence(prompt=p, max_tokens=14 if i % 2 else 12) for i, p in enumerate(prompts)]
+    seqs[-1].temperature, seqs[-1].seed = 0.8, 3
+    for s in seqs:
+        eng.add(s)
+    while eng.has_work():
+        eng.step()
+    return [s.output for s in seqs], {e["graph"] for e in eng.log if e["kind"] == 1}
+
+
+def test_generate_with_the_static_decode_equals_eager(model) -> None:
+    """Greedy (and seeded sampled) tokens are the eager path's while the static decode runs
+    over every slot and its key length crosses a bucket (256 -> 300)."""
+    cfg = EngineConfig(max_batch=4, max_len=300, block=8)
+    eager, eager_graphs = _generate_mixed(Engine(model, cfg))
+    static = Engine(model, cfg)
+    static._static_decode = True  # the CPU hook: the static decode, run eagerly
+    out, graphs = _generate_mixed(static)
+    assert eager_graphs == {0}
+    assert graphs == {256, 300}
+    assert out == eager
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_decode_equals_eager_on_gpu(dtype: torch.dtype) -> None:
+    """Replayed graphs give the tokens of the same static decode run eagerly (the same
+    kernels); in float32 also those of the eager forward. In bfloat16 the eager forward runs
+    other kernels (K/V repeated, other GEMM shapes), whose last-bit differences can flip a
+    near-tie argmax over a hundred tokens: that equality is float32's, and the CPU test's."""
+    m = build_model(get_spec("tiny"), device="cuda", dtype=dtype, seed=0)
+    cfg = EngineConfig(max_batch=4, max_len=300, block=8)
+    eager_static = Engine(m, dataclasses.replace(cfg, cuda_graphs=False))
+    eager_static._static_decode = True
+    ref, _ = _generate_mixed(eager_static)
+    eng = Engine(m, cfg)  # auto: on for CUDA
+    assert eng.cuda_graphs and sorted(eng._graphs) == [256, 300] and eng.graph_capture_s > 0
+    out, graphs = _generate_mixed(eng)
+    assert graphs == {256, 300}
+    assert out == ref
+    if dtype == torch.float32:
+        eager, _ = _generate_mixed(Engine(m, dataclasses.replace(cfg, cuda_graphs=False)))
+        assert out == eager
+
+
+def test_cuda_graphs_where_impossible_is_a_usage_error(model) -> None:
+    assert [decode_buckets(n) for n in (2048, 300, 256, 100)] == [
+        [256, 512, 1024, 2048], [256, 300], [256], [100],
+    ]  # fmt: skip
+    assert not Engine(model, EngineConfig(max_batch=2, max_len=64)).cuda_graphs
+    with pytest.raises(UsageError, match="not a CUDA device") as err:
+        Engine(model, EngineConfig(max_batch=2, max_len=64, cuda_graphs=True))
+    assert "\n" not in str(err.value)
+    eng = Engine(model, EngineConfig(max_batch=2, max_len=64, cuda_graphs=False))
+    with pytest.raises(UsageError, match="off"):
+        eng.warmup_graphs()

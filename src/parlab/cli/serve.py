@@ -243,9 +243,17 @@ def replica_cmd(
     stub_prefill_per_token_s: float = typer.Option(0.0, help="Stub: prefill s per token."),
     tp: int = typer.Option(1, help="Tensor-parallel ranks (one GPU each; gloo ranks on CPU)."),
     stub_output_len: int = typer.Option(2, help="Trivial: chunks per answer."),
+    cuda_graphs: bool | None = typer.Option(
+        None,
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Decode iterations as captured CUDA graphs (default: on for a CUDA --device "
+        "with --tp 1 and no MoE; --cuda-graphs requires them).",
+    ),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     if tp > 1:
+        if cuda_graphs:
+            raise UsageError("--cuda-graphs needs --tp 1: tensor-parallel replicas decode eagerly")
         from parlab.runtime.launch import LaunchConfig, launch
 
         if engine != "model":
@@ -315,6 +323,7 @@ def replica_cmd(
             max_len=max_len,
             prefix_cache=prefix_cache,
             cache_blocks=cache_blocks,
+            cuda_graphs=cuda_graphs,
         ),
     )
     asyncio.run(

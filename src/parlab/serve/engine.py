@@ -26,8 +26,30 @@ each admitted request in turn (each yields its first token); otherwise a
 batched forward (attention masked to each request's length). Every
 iteration's kind, size and duration is logged for the simulator's profile.
 
-Shape suffixes: B batch, S sequence (new tokens), L cached length, N query
-heads, K kv heads, D head dim, H hidden, V vocab.
+CUDA graphs (``EngineConfig.cuda_graphs``; on by default on CUDA without tensor
+parallelism). The eager decode iteration is host-bound: Python enqueues every
+layer's small kernels each step (on an H200, 1.3B at batch 16-32, a ~20 ms step
+whose wall time equals the engine thread's CPU time), so its duration follows
+the host CPU. The graph path runs a *static decode* instead (``_decode_static``):
+fixed shapes, over all ``M = max_batch`` slots, its inputs (each slot's last
+token and the position its new token is written at) read from one static
+device buffer; each slot writes its new K/V at its position and attends over
+the first ``L`` cached keys of its slot, masked after its position. One CUDA
+graph per key-length bucket ``L`` (``decode_buckets``: powers of two from
+``MIN_BUCKET`` up to ``max_len``, and ``max_len``) is captured at start-up
+(``Engine.warmup_graphs``). A decode iteration copies the inputs in (one
+host-to-device copy), replays the graph of the smallest bucket longer than the
+longest running sequence and reads the greedy picks of every slot back (one
+device-to-host copy). What it costs: attention reads ``L`` keys for every
+slot, free ones included (up to twice the longest running sequence, times
+``max_batch / batch``), and the projections and FFN run on all ``max_batch``
+rows; what it buys: the step's host time no longer grows with the layers, and
+its duration is the GPU's. Prefill iterations stay eager (their shapes change
+with every prompt).
+
+Shape suffixes: B batch, S sequence (new tokens), L cached length, M every KV
+slot (``max_batch``), N query heads, K kv heads, R query heads per kv head, D
+head dim, H hidden, V vocab.
 """
 
 from __future__ import annotations
@@ -35,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +72,19 @@ from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA backends of the engine on CUDA unless ``EngineConfig.cudnn_attention``."""
 PRINTABLE = (32, 127)  # sampled token ids: printable ASCII
+MIN_BUCKET = 256
+"""Shortest key length of the static decode (``decode_buckets``)."""
+
+
+def decode_buckets(max_len: int) -> list[int]:
+    """Key lengths the static decode runs at: powers of two from ``MIN_BUCKET`` below
+    ``max_len``, then ``max_len`` (e.g. 2048: 256, 512, 1024, 2048)."""
+    out: list[int] = []
+    b = MIN_BUCKET
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    return [*out, max_len]
 
 
 def _rope_rows(x_BSND: torch.Tensor, rope_TD2: torch.Tensor) -> torch.Tensor:
@@ -81,6 +117,17 @@ class _Plan:
     attention row ``r``, ``-inf`` elsewhere."""
 
 
+@dataclass(frozen=True)
+class _Graph:
+    """One captured static decode (``Engine.warmup_graphs``): replaying ``graph`` rewrites
+    ``logits_MV`` and ``picks_M`` in place."""
+
+    graph: Any
+    """The ``torch.cuda.CUDAGraph``."""
+    logits_MV: torch.Tensor
+    picks_M: torch.Tensor
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """The engine's knobs."""
@@ -104,6 +151,14 @@ class EngineConfig:
     flash, memory-efficient and math attention need no per-shape plan. On an H200 (1.3B,
     bf16, batch 32) a decode step took 56.2 ms with cuDNN allowed and 15.2 ms without
     (scripts/gpu/serve_engine.sh)."""
+    cuda_graphs: bool | None = None
+    """Run decode iterations as captured CUDA graphs (the module docstring: one per key-length
+    bucket, over every KV slot). None: on when the device is CUDA, the engine is not tensor
+    parallel and the model has no MoE layer; False: off (the eager batched forward); True:
+    required (``UsageError`` where it cannot be). Tensor-parallel engines stay eager: an
+    all-reduce inside a captured graph (NCCL under capture, every rank replaying in step) is
+    not attempted here. MoE models stay eager: the dropless MoE picks its tokens per expert
+    with data-dependent shapes (``torch.where``), which a graph cannot capture."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_len < 2 or self.block < 1 or self.cache_blocks < 1:
@@ -189,7 +244,8 @@ class Engine:
         tokens, with ``cached`` the prompt tokens taken from the prefix cache; decode: context
         tokens), seconds (``s``), this thread's CPU seconds in it (``cpu``: ``s - cpu`` is
         time the thread waited -- for the GPU, the GIL or a core) and, for decode, the seconds
-        until the forward was enqueued (``launch``)."""
+        until the forward was enqueued (``launch``) and the static decode's key length
+        (``graph``; 0: the eager forward)."""
         self.tp = tp
         self._inbox: list[Sequence] = []
         self._cancels: list[int] = []
@@ -197,6 +253,38 @@ class Engine:
         self._by_uid: dict[int, Sequence] = {}
         self.vocab_mask = torch.full((spec.vocab_size,), float("-inf"), device=self.device)
         self.vocab_mask[PRINTABLE[0] : PRINTABLE[1]] = 0.0
+        self.cuda_graphs = self._graphs_wanted(tp)
+        """Decode iterations replay captured CUDA graphs (``EngineConfig.cuda_graphs``)."""
+        self.buckets = decode_buckets(cfg.max_len)
+        """Key lengths of the static decode (``decode_buckets``)."""
+        self._in_2M = torch.zeros((2, cfg.max_batch), dtype=torch.long, device=self.device)
+        """The static decode's inputs, at a fixed address: row 0 each slot's last token, row 1
+        the position its new token is written at (0 and 0 for free slots)."""
+        host_2M = torch.zeros((2, cfg.max_batch), dtype=torch.long)
+        self._host_2M = host_2M.pin_memory() if self.device.type == "cuda" else host_2M
+        """Where a decode iteration writes ``_in_2M`` before its one copy to the device."""
+        self._static_decode = self.cuda_graphs
+        """Decode through ``_decode_static``: on with CUDA graphs (replayed); a CPU test turns it
+        on to run the function eagerly, without a graph."""
+        self._graphs: dict[int, _Graph] = {}
+        """The captured static decode of each bucket."""
+        self.graph_capture_s = self.warmup_graphs() if self.cuda_graphs else 0.0
+        """Seconds the start-up capture took (``warmup_graphs``)."""
+
+    def _graphs_wanted(self, tp: Any) -> bool:
+        """``EngineConfig.cuda_graphs`` resolved for this engine (``UsageError`` where it is
+        required and cannot be)."""
+        why = None
+        if self.device.type != "cuda":
+            why = f"the engine runs on {self.device}, not a CUDA device"
+        elif tp is not None:
+            why = "a tensor-parallel engine decodes eagerly"
+        elif any(layer.moe is not None for layer in self.model.layers):
+            why = f"model {self.model.spec.name!r} has MoE layers, which a graph cannot capture"
+        want = self.config.cuda_graphs
+        if want and why is not None:
+            raise UsageError(f"--cuda-graphs: {why}")
+        return why is None if want is None else want
 
     # -- model pieces --------------------------------------------------------------------
     def _plan(self, B: int, S: int, slots: list[int], starts: list[int]) -> _Plan:
@@ -244,11 +332,11 @@ class Engine:
             mask=mask,
         )
 
-    def _attn_layer(
-        self, li: int, x_BSH: torch.Tensor, rope_TD2: torch.Tensor | None, plan: _Plan
-    ) -> torch.Tensor:
-        """Attention of ``S`` new tokens per row, appending their K/V to the cache first."""
-        attn = self.model.layers[li].attention
+    def _qkv(
+        self, attn: Any, x_BSH: torch.Tensor, rope_TD2: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[B, S, N, D]``, keys and values ``[B, S, K, D]`` of the new tokens, RoPE
+        applied."""
         B, S, _ = x_BSH.shape
         d = attn.head_dim
         q = attn.wq(x_BSH).view(B, S, -1, d)
@@ -256,6 +344,15 @@ class Engine:
         v = attn.wv(x_BSH).view(B, S, -1, d)
         if rope_TD2 is not None:
             q, k = _rope_rows(q, rope_TD2), _rope_rows(k, rope_TD2)
+        return q, k, v
+
+    def _attn_layer(
+        self, li: int, x_BSH: torch.Tensor, rope_TD2: torch.Tensor | None, plan: _Plan
+    ) -> torch.Tensor:
+        """Attention of ``S`` new tokens per row, appending their K/V to the cache first."""
+        attn = self.model.layers[li].attention
+        B, S, _ = x_BSH.shape
+        q, k, v = self._qkv(attn, x_BSH, rope_TD2)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kc[plan.slot_BS, :, plan.pos_BS] = k  # one indexed write for every row and token
         vc[plan.slot_BS, :, plan.pos_BS] = v
@@ -288,6 +385,58 @@ class Engine:
             return contextlib.nullcontext()
         return sdpa_kernel(NO_CUDNN)
 
+    def _attn_static(
+        self,
+        li: int,
+        x_M1H: torch.Tensor,
+        rope_MD2: torch.Tensor | None,
+        slot_M: torch.Tensor,
+        pos_M: torch.Tensor,
+        mask_M11L: torch.Tensor,
+    ) -> torch.Tensor:
+        """The static decode's attention: every slot's one new token, its K/V written at its
+        position, attending over the first ``L`` cached keys of its slot (views, no gather)."""
+        attn = self.model.layers[li].attention
+        M = x_M1H.shape[0]
+        L = mask_M11L.shape[-1]
+        q, k, v = self._qkv(attn, x_M1H, rope_MD2)
+        kc, vc = self.k_cache[li], self.v_cache[li]
+        kc[slot_M, :, pos_M] = k[:, 0]  # index tensors on the device: capturable
+        vc[slot_M, :, pos_M] = v[:, 0]
+        K, D = k.shape[2], k.shape[3]
+        # GQA without repeating K/V: the R query heads of each KV head are its query
+        # sequence; all of a slot's queries sit at one position, so one mask row serves them
+        q_MKRD = q.reshape(M, K, -1, D)
+        with self._sdpa_backends():
+            o_MKRD = F.scaled_dot_product_attention(
+                q_MKRD, kc[:, :, :L], vc[:, :, :L], attn_mask=mask_M11L
+            )
+        return attn.wo(o_MKRD.reshape(M, 1, -1))
+
+    def _embed(
+        self, tokens_BS: torch.Tensor, pos_BS: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hidden states of the new tokens ``[B, S, H]`` and their RoPE table (rows in
+        row-major order; None with learned positions)."""
+        m = self.model
+        h = m.tok_embeddings(tokens_BS)
+        if m.pos_embeddings is not None:
+            h = h + m.pos_embeddings(pos_BS)
+        rope = m.rope(pos_BS.reshape(-1)) if m.spec.position == "rope" else None
+        return h, rope
+
+    def _blocks(
+        self, h_BSH: torch.Tensor, attend: Callable[[int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The model's blocks over ``h_BSH`` with ``attend(layer, x_BSH)`` as each one's
+        attention, then the final norm and output of each row's last token: logits ``[B, V]``."""
+        m = self.model
+        for li, layer in enumerate(m.layers):
+            h_BSH = h_BSH + self._reduce(attend(li, layer.attention_norm(h_BSH)))
+            ffn = layer.moe if layer.moe is not None else layer.feed_forward
+            h_BSH = h_BSH + self._reduce(ffn(layer.ffn_norm(h_BSH)))
+        return m.output(m.norm(h_BSH[:, -1])).float()
+
     @torch.no_grad()
     def forward(self, tokens_BS: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
         """Logits of the last new token of each row ``[B, V]``, caching the new K/V.
@@ -295,44 +444,118 @@ class Engine:
         Row ``b``'s tokens sit at positions ``starts[b] ..`` of KV slot ``slots[b]``; it
         attends to its cached positions ``0 .. starts[b] - 1`` and causally to its new ones.
         """
-        m = self.model
         B, S = tokens_BS.shape
         plan = self._plan(B, S, list(slots), list(starts))
-        h = m.tok_embeddings(tokens_BS)
-        if m.pos_embeddings is not None:
-            h = h + m.pos_embeddings(plan.pos_BS)
-        rope = m.rope(plan.pos_BS.reshape(-1)) if m.spec.position == "rope" else None
-        for li, layer in enumerate(m.layers):
-            h = h + self._reduce(self._attn_layer(li, layer.attention_norm(h), rope, plan))
-            ffn = layer.moe if layer.moe is not None else layer.feed_forward
-            h = h + self._reduce(ffn(layer.ffn_norm(h)))
-        h = m.norm(h[:, -1])
-        return m.output(h).float()
+        h, rope = self._embed(tokens_BS, plan.pos_BS)
+        return self._blocks(h, lambda li, x: self._attn_layer(li, x, rope, plan))
+
+    @torch.no_grad()
+    def _decode_static(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of every KV slot at fixed shapes (what a CUDA graph captures):
+        logits ``[M, V]`` and greedy picks ``[M]`` (printable tokens only).
+
+        Slot ``m``'s token ``_in_2M[0, m]`` sits at position ``p = _in_2M[1, m]``: its K/V are
+        written there and it attends to keys ``0 .. p`` of its slot, of the first ``L``. A free
+        slot (token 0 at position 0) computes rows nobody reads and writes its K/V at position
+        0, which is harmless: the prefill that takes a slot rewrites every position it will
+        read (``_prefill``: the prefix-cache copy writes ``0 .. start - 1``, its forward
+        ``start .. len - 1``), and nothing reads a free slot.
+        """
+        tok_M, pos_M = self._in_2M[0], self._in_2M[1]
+        h, rope = self._embed(tok_M[:, None], pos_M[:, None])
+        slot_M = torch.arange(tok_M.shape[0], device=self.device)
+        # additive, built once per step; rows padded to 16 keys as in ``_plan`` (CUDA's
+        # memory-efficient attention takes the slice as it is)
+        width = -(-L // 16) * 16
+        hidden_ML = torch.arange(width, device=self.device) > pos_M[:, None]
+        mask = torch.zeros(hidden_ML.shape, device=self.device, dtype=self.dtype)
+        mask_M11L = mask.masked_fill_(hidden_ML, float("-inf"))[:, None, None, :L]
+        logits_MV = self._blocks(
+            h, lambda li, x: self._attn_static(li, x, rope, slot_M, pos_M, mask_M11L)
+        )
+        return logits_MV, (logits_MV + self.vocab_mask).argmax(dim=-1)
+
+    def warmup_graphs(self) -> float:
+        """Capture the static decode of every bucket as a CUDA graph, all in one memory pool
+        (replacing any captured before); return the seconds it took.
+
+        Only on an idle engine: warming up and capturing run the static decode with every slot
+        free, which writes K/V at position 0 of every slot. The graphs share their pool safely
+        because each replay reads only its own outputs, right after it, and nothing a graph
+        keeps across replays (the cache, the inputs) lives in the pool."""
+        if not self.cuda_graphs:
+            raise UsageError("CUDA graphs are off for this engine (EngineConfig.cuda_graphs)")
+        assert not self.running, "capture on an idle engine: it overwrites every slot's position 0"
+        t0 = time.perf_counter()
+        self._graphs = {}
+        with torch.cuda.device(self.device):
+            self._in_2M.zero_()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS, SDPA's choice
+                for L in self.buckets:
+                    for _ in range(2):
+                        self._decode_static(L)
+            torch.cuda.current_stream().wait_stream(side)
+            pool = torch.cuda.graph_pool_handle()
+            for L in reversed(self.buckets):  # the largest first; the smaller reuse its blocks
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    logits_MV, picks_M = self._decode_static(L)
+                self._graphs[L] = _Graph(g, logits_MV, picks_M)
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def _decode_slots(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The static decode for the running ``batch`` (rows are KV slots): its inputs in one
+        host-to-device copy, then the replay of the bucket's graph (without graphs, the
+        function run eagerly); ``(logits_MV, picks_M, L)``."""
+        L = next(b for b in self.buckets if b > max(s.length for s in batch))
+        # the previous step's copy out of this host buffer is done: its picks were read back
+        host_2M = self._host_2M.numpy()
+        host_2M.fill(0)
+        slots = [s.slot for s in batch]
+        host_2M[0, slots] = [s.output[-1] for s in batch]
+        host_2M[1, slots] = [s.length for s in batch]
+        self._in_2M.copy_(self._host_2M, non_blocking=True)
+        g = self._graphs.get(L)
+        if g is None:
+            return (*self._decode_static(L), L)
+        g.graph.replay()
+        return g.logits_MV, g.picks_M, L
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
         return x if self.tp is None else self.tp.all_reduce(x)
 
-    def _sample(self, logits_BV: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One token per row: greedy rows by one batched ``argmax``, rows with a temperature
-        from their own seeded generator; one device-to-host copy for the whole batch."""
-        logits_BV = logits_BV + self.vocab_mask
-        picks = logits_BV.argmax(dim=-1)
+    def _sample(
+        self,
+        logits_BV: torch.Tensor,
+        seqs: list[Sequence],
+        picks_B: torch.Tensor | None = None,
+        rows: list[int] | None = None,
+    ) -> list[int]:
+        """One token per sequence: greedy ones by one batched ``argmax`` (``picks_B`` when the
+        static decode took it already), ones with a temperature from their own seeded
+        generator; one device-to-host copy for the whole batch. ``rows[i]``: ``seqs[i]``'s row
+        of ``logits_BV`` and ``picks_B`` (default ``i``)."""
+        if picks_B is None:
+            picks_B = (logits_BV + self.vocab_mask).argmax(dim=-1)
+        rows = list(range(len(seqs))) if rows is None else rows
         drawn: list[int] = []
         draws: list[torch.Tensor] = []
-        for i, seq in enumerate(seqs):
+        for i, (seq, r) in enumerate(zip(seqs, rows, strict=True)):
             if seq.temperature <= 0:
                 continue
             if seq.gen is None:
                 seq.gen = torch.Generator(device=self.device)
                 seq.gen.manual_seed(seq.seed if seq.seed is not None else 0)
-            probs = torch.softmax(logits_BV[i] / seq.temperature, dim=-1)
+            probs = torch.softmax((logits_BV[r] + self.vocab_mask) / seq.temperature, dim=-1)
             draws.append(torch.multinomial(probs, 1, generator=seq.gen))
             drawn.append(i)
-        if not draws:
-            return picks.tolist()
-        out = torch.cat([picks, *draws]).tolist()
-        toks, extra = out[: len(seqs)], out[len(seqs) :]
+        out = (torch.cat([picks_B, *draws]) if draws else picks_B).tolist()
+        picks, extra = out[: len(picks_B)], out[len(picks_B) :]
+        toks = [picks[r] for r in rows]
         for i, t in zip(drawn, extra, strict=True):
             toks[i] = t
         return toks
@@ -460,10 +683,16 @@ class Engine:
             )
         elif self.running:
             batch = self.running
-            toks = torch.tensor([[s.output[-1]] for s in batch], device=self.device)
-            logits = self.forward(toks, [s.slot for s in batch], [s.length for s in batch])
-            launched = time.perf_counter() - t0  # the host's time to enqueue the forward
-            for s, tok in zip(batch, self._sample(logits, batch), strict=True):
+            if self._static_decode:
+                logits, picks, graph = self._decode_slots(batch)
+                launched = time.perf_counter() - t0  # the host's time to enqueue the replay
+                new = self._sample(logits, batch, picks, [s.slot for s in batch])
+            else:
+                toks = torch.tensor([[s.output[-1]] for s in batch], device=self.device)
+                logits = self.forward(toks, [s.slot for s in batch], [s.length for s in batch])
+                launched = time.perf_counter() - t0  # the host's time to enqueue the forward
+                new, graph = self._sample(logits, batch), 0
+            for s, tok in zip(batch, new, strict=True):
                 s.length += 1
                 s.output.append(tok)
             emitted = list(batch)
@@ -476,6 +705,7 @@ class Engine:
                     "s": time.perf_counter() - t0,
                     "cpu": time.thread_time() - c0,
                     "launch": launched,
+                    "graph": graph,
                 }
             )
         else:
