@@ -108,6 +108,12 @@ def main() -> None:
         action="store_true",
         help="let SDPA use cuDNN attention (the engine excludes it by default on CUDA)",
     )
+    ap.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode as CUDA graphs (default: the engine's, on for CUDA)",
+    )
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -119,6 +125,7 @@ def main() -> None:
         max_len=args.prompt_len + args.warmup + args.steps + 8,
         prefix_cache=False,
         cudnn_attention=args.cudnn_attention,
+        cuda_graphs=args.cuda_graphs,
     )
     eng = Engine(model, cfg)
 
@@ -135,7 +142,8 @@ def main() -> None:
         "# evidence: "
         + (
             f"measured on {name} (the engine alone: no HTTP, no communication); "
-            f"cuDNN attention {'allowed' if args.cudnn_attention else 'excluded'}"
+            f"cuDNN attention {'allowed' if args.cudnn_attention else 'excluded'}; "
+            f"decode {'as CUDA graphs' if eng.cuda_graphs else 'eager'}"
             if gpu
             else "cpu-mechanism (CPU timings show per-row/per-layer overheads, not GPU speed)"
         )
