@@ -15,11 +15,21 @@ stages on the same machine (~43,000 / 42,000 / 33,000 tokens/s/GPU). Those
 reference numbers are the issue's, measured outside parlab; they are shown
 beside the measurements, not as measurements.
 
+The issue states its targets against "what a plain FSDP2 script reaches on that machine";
+the second table puts parlab's runs beside the plain scripts of
+``benchmarks/plain_references.py`` (torch's FSDP2 / DDP on their own model code, the same
+shapes) measured in the same GPU call: their JSON results, committed as
+``results/logs/gpu-<stamp>-plain_references/plain-*.json.log``. Both sides are given at the
+median step time (the plain script's mean is printed too) and paired with the parlab runs
+of the same strategy written within 15 minutes after the call's stamp.
+
 Run: ``.venv/bin/python benchmarks/training_throughput.py [RESULTS_DIR]``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import sys
 from pathlib import Path
 
@@ -91,7 +101,51 @@ def main(argv: list[str]) -> int:
             f"{format_bytes(cb) if cb is not None else '-':>11} "
             f"{'-' if ct is None else f'{ct * 1e3:.1f}ms':>10}  {'; '.join(target)}"
         )
+    plain_table(folder, docs)
     return 0
+
+
+def plain_table(folder: Path, docs: list) -> None:
+    """parlab's runs beside the plain scripts measured in the same GPU call (printed)."""
+    from parlab.projects.training_state import run_label
+
+    files = sorted(folder.glob("logs/gpu-*-plain_references/plain-*.json.log"))
+    if not files:
+        return
+    print("\nplain torch scripts (benchmarks/plain_references.py) and parlab, same GPU call")
+    print(f"{'call':<14} {'strategy':<14} {'plain median':>13} {'(mean)':>9} {'MFU':>7}   "
+          f"{'parlab':>8} {'MFU':>7}  parlab / plain  run")  # fmt: skip
+    for f in files:
+        ref = json.loads(f.read_text())
+        cfg = ref["config"]
+        key = ref["mode"] + ("+compile" if cfg.get("compile") else "")
+        stamp = f.parent.name.split("-")[1]  # gpu-<stamp>-plain_references
+        start = dt.datetime.strptime(stamp, "%Y%m%dT%H%M").replace(tzinfo=dt.UTC)
+        tokens = ref["tokens_per_step"] / ref["world_size"]
+        med = tokens / ref["step_s_median"]
+        mfu = ref["mfu"] * ref["step_s"] / ref["step_s_median"] if ref.get("mfu") else None
+        ours = [
+            d
+            for d in docs
+            if d.status == "ok"
+            and run_label(d).split()[0] == key
+            and d.workload.get("preset") == cfg["model"]
+            and dt.timedelta(0)
+            <= dt.datetime.fromisoformat(d.created.replace("Z", "+00:00")) - start
+            <= dt.timedelta(minutes=15)
+        ]
+        head = (
+            f"{stamp:<14} {key:<14} {med:>13,.0f} {tokens / ref['step_s']:>9,.0f} "
+            f"{'-' if mfu is None else f'{mfu:.1%}':>7}"
+        )
+        if not ours:
+            print(f"{head}   no parlab run of {key} in that call")
+        for d in ours:
+            tps, m = d.metric("tokens_per_s_per_gpu"), d.metric("mfu")
+            print(
+                f"{head}   {tps or 0:>8,.0f} {'-' if m is None else f'{m:.1%}':>7}  "
+                f"{(tps or 0) / med:>14.3f}  {d.run_id}"
+            )
 
 
 if __name__ == "__main__":
