@@ -76,6 +76,9 @@ def parse_nccl_tests(
     graph = bool(m and int(m.group(1)))
     lay = re.search(r"nThread\s+(\d+)\s+nGpus\s+(\d+)", text)
     layout = f"-t {lay.group(1)} -g {lay.group(2)}" if lay else "?"
+    it = re.search(r"warmup iters:\s*\d+\s+iters:\s*(\d+)", text)
+    if it and it.group(1) != "20":  # nccl-tests' default: unmarked
+        layout += f" -n {it.group(1)}"
     rows = {}
     for line in text.splitlines():
         r = _ROW.match(line)
@@ -140,8 +143,9 @@ def _small_sweeps(docs: list[Document], graph: bool, via: str) -> list[Document]
         for d in docs
         if d.workload["collectives"]["graph"] == graph
         and via_of(d) == via
-        and "all_reduce" in d.workload["collectives"]["ops"]
-        and any(r["size"] <= SMALL_MAX for r in d.workload["measurements"])
+        and any(
+            r["op"] == "all_reduce" and r["size"] <= SMALL_MAX for r in d.workload["measurements"]
+        )
     ]
 
 
@@ -172,7 +176,8 @@ def main() -> None:
             refs.setdefault(layout, {}).setdefault((op, graph), {}).update(rows)
     for layout, nt in refs.items() or [("", {})]:
         if layout:
-            print(f"\n# ==== reference: nccl-tests {layout} ({LAYOUTS.get(layout, '')})")
+            base = " ".join(layout.split()[:4])
+            print(f"\n# ==== reference: nccl-tests {layout} ({LAYOUTS.get(base, '')})")
         _compare(docs, nt)
 
 
