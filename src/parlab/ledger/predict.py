@@ -47,7 +47,12 @@ of the tiny model on the CPU, exact where the loss region sets the peak), ``logi
 logits the loss reads, ``tokens x vocab x 4``; under bf16 a cast copy of the bf16
 output, which is freed), ``loss_buffers``
 (float32 log-probabilities kept by cross-entropy and their gradient:
-``2 x tokens x vocab x 4``), ``held_logits`` (``logits_held=True``: the
+``2 x tokens x vocab x 4``; with ``loss_parallel`` parlab's vocab-parallel
+cross-entropy over ``vocab / tp``: its saved softmax, and in backward the one-hot
+target and its masked copy beside the new gradient, ``3 x tokens x vocab/tp x 4``),
+``pending_loss_buffers`` (GPipe: every micro-batch's loss is computed at the end of
+its forward, so on the last stage the other ``m - 1`` keep their log-probs until
+their backward), ``held_logits`` (``logits_held=True``: the
 loop keeps the model's output, ``tokens x vocab x e``, until backward ends --
 torchtitan deletes it instead), ``backward_transient`` (one block's
 activation gradients: ``tokens x (2 f + 2 h) x e``), ``autocast_weight_copies``
@@ -76,6 +81,17 @@ ZeRO-1's flat gradient buffers) + max(forward/backward, optimizer step), where
   gradients + reduce_buffers): the loss region is freed before the blocks'
   backward starts;
 - optimizer step = grads + optimizer_temporaries.
+
+GPipe (every forward before any backward; ``zero_grad(set_to_none)`` before the step) peaks
+at the start of the first backward, with no gradients yet, or at its end, every gradient
+made and one micro-batch's activations freed: the accumulated gradients above are
+``max(0, grads - one micro-batch's activations)``. ``vocab_parallel=False``: under TP the
+embeddings and the output layer stay whole on every rank (torch's ``parallelize_module``
+plan over the blocks), so no ``loss_parallel``.
+
+The model-internal runs on 2 gloo ranks (the small model, bf16: one rank, TP2, torch's
+DTensor TP2, GPipe on one and two stages) peak at the ledger's bytes to 0.6 %
+(``tests/test_ledger_revisions.py``).
 
 ``ddp_old_buckets`` (torch DDP over NCCL, dp > 1): DDP allocates its gradient
 buckets at construction in reverse parameter order, and before the second
@@ -372,10 +388,20 @@ class _StageNumbers:
 
 @lru_cache(maxsize=65536)
 def _stage_numbers(
-    spec: ModelSpec, tp: int, pp: int, ep: int, stage: int, virtual: int, strategy: str, n: int
+    spec: ModelSpec,
+    tp: int,
+    pp: int,
+    ep: int,
+    stage: int,
+    virtual: int,
+    strategy: str,
+    n: int,
+    vocab_parallel: bool = True,
 ) -> _StageNumbers:
     """Element counts of one stage's rank under a strategy (cached: fit calls this a lot)."""
-    h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual)
+    h = holding(
+        spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual, vocab_parallel=vocab_parallel
+    )
     held = h.numel
     matmul = h.matmul_numel
     head = sum(u.numel for u in h.sizes if u.name == "head")
@@ -453,6 +479,7 @@ def predict(
     bucket_view: bool = False,
     ddp_old_buckets: bool = False,
     loss_parallel: bool = False,
+    vocab_parallel: bool = True,
     kv_replicate: bool = True,
     logits_held: bool = False,
     reshard_after_forward: bool = True,
@@ -480,6 +507,10 @@ def predict(
     pp_schedule = act.schedule_name(pp_schedule)
     if virtual_stages > 1 and pp_schedule != "interleaved":
         raise UsageError("virtual_stages > 1 needs pp_schedule = 'interleaved'")
+    if loss_parallel and not vocab_parallel:
+        raise UsageError(
+            "loss_parallel needs vocab_parallel (the output layer split over the vocabulary)"
+        )
     pol = dtype_policy(dtype)
     n = check_layout(
         spec, topo, strategy=strategy, shard_size=shard_size, virtual_stages=virtual_stages,
@@ -528,7 +559,7 @@ def predict(
     peaks: list[int] = []
     phases: list[str] = []
     for stage in range(pp):
-        sn = _stage_numbers(spec, tp, pp, ep, stage, virtual_stages, strategy, n)
+        sn = _stage_numbers(spec, tp, pp, ep, stage, virtual_stages, strategy, n, vocab_parallel)
         p_el, g_el, o_el = sn.params, sn.grads, sn.optim
         largest_unit, root_el = sn.largest_unit, sn.root
         row: dict[str, int] = {}
@@ -555,6 +586,8 @@ def predict(
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
         flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
+        # micro-batches whose loss graph is alive at once on the last stage: GPipe's every one
+        loss_flight = microbatches if pp_schedule == "gpipe" else 1
         kept = sum(layer_bytes(i)[0] for i in layer_ids)
         last = stage == pp - 1
         head = (
@@ -582,7 +615,13 @@ def predict(
             row["recompute_buffer"] = 0
         vocab_local = spec.vocab_size // (tp if loss_parallel else 1)
         row["logits"] = tokens * vocab_local * 4 if last else 0
-        row["loss_buffers"] = 2 * tokens * vocab_local * 4 if last else 0
+        # log-probs + their gradient; parlab's vocab-parallel cross-entropy: its saved softmax,
+        # and in backward the one-hot target and its masked copy beside the new gradient
+        row["loss_buffers"] = (3 if loss_parallel and tp > 1 else 2) * tokens * vocab_local * 4
+        row["loss_buffers"] *= int(last)
+        # each micro-batch's loss is computed at the end of its forward: the loss of every
+        # other micro-batch in flight keeps its log-probs (softmax) until its backward
+        row["pending_loss_buffers"] = (loss_flight - 1) * tokens * vocab_local * 4 if last else 0
         row["held_logits"] = tokens * vocab_local * e if last and logits_held else 0
         ffn = _ffn_width(spec, layer_ids)
         row["backward_transient"] = tokens * (2 * ffn // tp + 2 * spec.hidden) * e
@@ -625,7 +664,7 @@ def predict(
             dev[k]
             for k in (
                 "activations", "recompute_buffer", "autocast_weight_copies", "gather_buffers",
-                "held_logits", "ddp_old_buckets",
+                "held_logits", "ddp_old_buckets", "pending_loss_buffers",
             )
         )  # fmt: skip
         # op-selective: the recomputed tensors of one block live in that block's backward,
@@ -635,6 +674,12 @@ def predict(
         # the output unit's gradients, whole until reduced (none new when grads are resident)
         head_grads = sn.head * pol.grad_bytes if last and not grads_resident else 0
         grads_fb = dev["grads"] if accumulate and not grads_resident else 0
+        if pp_schedule == "gpipe" and accumulate and not grads_resident:
+            # every forward before any backward, and the step starts without gradients
+            # (zero_grad(set_to_none)): the peak is at the start of the first backward (no
+            # gradients yet) or at its end (every gradient, one micro-batch's activations
+            # freed), whichever is higher
+            grads_fb = max(0, dev["grads"] - round(dev["activations"] / flight))
         # the loss region (logits, log-probs and their gradients) is gone before the first
         # block's backward needs its activation gradients and the output layer's grads
         fb = (
@@ -688,7 +733,8 @@ def predict(
         shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
         ddp_old_buckets=ddp_old_buckets, loss_parallel=loss_parallel,
-        logits_held=logits_held, reshard_after_forward=reshard_after_forward,
+        vocab_parallel=vocab_parallel, logits_held=logits_held,
+        reshard_after_forward=reshard_after_forward,
         overhead_bytes=overhead_bytes,
     )  # fmt: skip
     return Ledger(
@@ -746,6 +792,7 @@ _KIND = {
     "logits": "transient",
     "loss_buffers": "transient",
     "held_logits": "transient",
+    "pending_loss_buffers": "transient",
     "backward_transient": "transient",
     "autocast_weight_copies": "transient",
     "gather_buffers": "buffer",
@@ -770,6 +817,8 @@ _FORMULA = {
     "logits": "float32 logits for the loss (a cast copy under bf16), tokens x vocab x 4",
     "loss_buffers": "cross-entropy: float32 log-probs + their gradient, 2 x tokens x vocab x 4",
     "held_logits": "the model's output logits, kept by the training loop through backward",
+    "pending_loss_buffers": "loss computed in each micro-batch's forward: the float32 log-probs "
+    "(softmax) of the other micro-batches in flight on the last stage, (m - 1) x tokens x vocab x 4",
     "backward_transient": "one block's activation gradients: tokens x (2 f / tp + 2 h) x compute bytes",
     "autocast_weight_copies": "bf16 copies of fp32 matmul weights kept for backward (autocast)",
     "gather_buffers": "unsharded params in the gather dtype: the unit in use (FSDP: the kept root) + one prefetched block",

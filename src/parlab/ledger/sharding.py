@@ -270,9 +270,21 @@ class Holding:
 
 @lru_cache(maxsize=4096)
 def holding(
-    spec: ModelSpec, *, tp: int = 1, pp: int = 1, ep: int = 1, stage: int = 0, virtual: int = 1
+    spec: ModelSpec,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    stage: int = 0,
+    virtual: int = 1,
+    vocab_parallel: bool = True,
 ) -> Holding:
-    """What a rank of pipeline ``stage`` holds under ``tp``/``ep`` (cached; specs are hashable)."""
+    """What a rank of pipeline ``stage`` holds under ``tp``/``ep`` (cached; specs are hashable).
+
+    ``vocab_parallel=False``: the embeddings and the output layer stay whole on every TP rank
+    (torch's ``parallelize_module`` plan over the blocks only); True: split over the
+    vocabulary, as parlab's TP and Megatron do."""
+    vtp = tp if vocab_parallel else 1
     layer_ids = stage_layers(spec.layers, pp, stage, virtual)
     by_block: dict[bool, list[tuple[str, tuple[int, ...]]]] = {}
     units: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
@@ -283,7 +295,9 @@ def holding(
         emb = [("tok_embeddings.weight", (spec.vocab_size, spec.hidden))]
         if spec.position == "learned":
             emb.append(("pos_embeddings.weight", (spec.max_seq_len, spec.hidden)))
-        units.append(("embeddings", tuple((n, tp_local_shape(spec, n, s, tp, ep)) for n, s in emb)))
+        units.append(
+            ("embeddings", tuple((n, tp_local_shape(spec, n, s, vtp, ep)) for n, s in emb))
+        )
     for i in layer_ids:
         kind = spec.is_moe_layer(i)
         if kind not in by_block:
@@ -299,7 +313,7 @@ def holding(
         exp = tuple((f"layers.{i}.{n}", s) for n, s in params if ".experts." in f".{n}")
         units.append((f"layers.{i}.experts", exp))
     if stage == pp - 1:
-        units.append(("head", tuple((n, tp_local_shape(spec, n, s, tp, ep)) for n, s in head)))
+        units.append(("head", tuple((n, tp_local_shape(spec, n, s, vtp, ep)) for n, s in head)))
     return Holding(units=tuple(units))
 
 

@@ -532,7 +532,9 @@ def predictions(
         "seq_len": cfg.seq,
         "microbatches": cfg.microbatches,
         "sp": cfg.sp,
-        "loss_parallel": cfg.tp > 1,
+        # parlab's TP splits the output layer and the loss over the vocabulary; torch's plan
+        # (``_torch_tp``) keeps embeddings and output whole, the logits replicated
+        "loss_parallel": cfg.tp > 1 and cfg.impl == "parlab",
     }
     if cfg.pp > 1 and cfg.schedule not in SCHEDULES:
         notes.append(
@@ -550,6 +552,9 @@ def predictions(
             norm_kernel=norm or norm_kernel("cuda" if backend == "nccl" else "cpu"),
             # parlab's SP saves the gathered sequence as its linears' input (tensor_comm)
             sp_saves_gathered=cfg.sp and cfg.impl == "parlab",
+            vocab_parallel=cfg.impl == "parlab",
+            # the step without a schedule keeps the model's output (``out``) through backward
+            logits_held=cfg.pp == 1 and cfg.microbatches == 1,
             **kw,
         )
         per = led.per_rank("params")
