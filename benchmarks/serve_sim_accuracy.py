@@ -11,8 +11,10 @@ For each run the simulator (``parlab.serve.sim.simulate``) replays the run's own
 workload) over the same replicas, routing policy, KV slots and prefix-cache size, with the
 iteration costs taken four ways:
 
-- ``idle``: the replica's idle profile recorded in the document (``Engine.profile``: four
-  numbers, short prompts, no serving loop) -- what the project predicts before the runs;
+- ``idle``: the replica's idle profile recorded in the document (``Engine.profile``, no
+  serving loop; older documents: four numbers from short prompts with the prefix cache off;
+  newer: prefills with the prefix cache on, and the graph decode's seconds per key-length
+  bucket) -- what the project predicts before the runs;
 - ``first``: fitted (``sim.fit_profile``) on the set's first run's log, used for the others
   (for the first run itself: in sample) -- what the project records as ``@in_run``;
 - ``others``: fitted on the pooled logs of every *other* run of the set (leave-one-out: no
@@ -26,6 +28,10 @@ printed beside it. Where the iteration logs carry the engine thread's CPU time, 
 median decode iteration's wall and CPU time are printed: equal means the replica is
 host-bound (the GPU waits for the Python that enqueues its kernels), so its iteration
 costs follow the host CPU's speed.
+
+Where a profile or a log carries the graph decode's seconds per key-length bucket
+(``decode_bucket_s``; logged decode iterations with ``graph`` > 0), the simulator prices each
+decode iteration by the bucket of its longest running request, for every source alike.
 
 Older logs have no ``cached`` field on prefill iterations; for a dataset whose prompts all
 have one length (``shared-prefix``) the script fills it in as ``batch x prompt length -
@@ -199,7 +205,11 @@ def main(argv: list[str]) -> int:
             )
         print(
             "   fitted on the first run: "
-            + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in first.items())
+            + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in first.items() if k != "decode_bucket_s")
+            + "".join(
+                f", decode at {L} keys {t * 1e3:.2f} ms"
+                for L, t in first.get("decode_bucket_s", {}).items()
+            )
         )
         print()
     print("runs with both mean TTFT and mean TPOT within 10 %, per cost source:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -245,6 +246,96 @@ def test_fit_profile_recovers_the_costs_of_a_log_and_never_fits_a_negative_one()
     assert fit["decode_per_token_s"] == 0.0 and min(fit.values()) >= 0.0
 
 
+def test_sim_prices_each_decode_step_at_the_bucket_of_the_longest_running_request(
+    model,
+) -> None:
+    """With ``decode_bucket_s`` a decode step costs the bucket above the longest running
+    request's length (prompt + tokens generated so far), as the engine picks its graph: a
+    leap that crosses a bucket is split, and the bucket falls back when the longest leaves."""
+    a_s, b_s = 0.003, 0.007  # buckets 256 and 300 (the engine's for max_len 300)
+    prof = dataclasses.replace(
+        PROF, decode_bucket_s=((256, a_s), (300, b_s)), cache_blocks=0, max_batch=2
+    )
+    # A: 254-token prompt, 5 tokens (4 decode steps at lengths 254, 255, 256, 257);
+    # B: 100-token prompt, 10 tokens (9 steps, the first 4 beside A, then lengths 104..108)
+    w = sim.Workload(
+        arrival=np.zeros(2),
+        prompt_len=np.asarray([254, 100]),
+        output_len=np.asarray([5, 10]),
+        group=np.asarray([0, 1]),
+        prefix_len=np.zeros(2, dtype=int),
+    )
+    graphs = [256, 256, 300, 300, 256, 256, 256, 256, 256]  # each decode step's bucket
+    r = sim.simulate(w, replicas=1, profile=prof, policy=PolicyConfig())
+    ttft_a, ttft_b = 0.010 + 0.254, 0.264 + 0.010 + 0.100  # A prefills alone, then B
+    end_a = ttft_b + 2 * a_s + 2 * b_s
+    end_b = ttft_b + 7 * a_s + 2 * b_s
+    assert r["mean_ttft_ms"] == pytest.approx((ttft_a + ttft_b) / 2 * 1e3)
+    assert r["mean_e2el_ms"] == pytest.approx((end_a + end_b) / 2 * 1e3)
+    # the engine's own choice of graph for the same two requests (the static decode run
+    # eagerly on the CPU) is that list, step for step
+    eng = Engine(model, EngineConfig(max_batch=2, max_len=300, prefix_cache=False))
+    eng._static_decode = True
+    for prompt, n in (("a" * 254, 5), ("b" * 100, 10)):
+        eng.add(Sequence(prompt=encode(prompt), max_tokens=n))
+    while eng.has_work():
+        eng.step()
+    assert [e["graph"] for e in eng.log if e["kind"] == 1] == graphs
+    # past the table's largest bucket the largest is charged; the linear costs are unused
+    assert prof.decode_step_s(4, 1e6, 299) == b_s and prof.decode_step_s(4, 1e6, 9999) == b_s
+
+
+def test_fit_profile_takes_the_median_cost_of_each_decode_bucket() -> None:
+    true = {256: 0.004, 1024: 0.006, 2560: 0.011}
+    log: list[dict[str, float]] = [{"kind": 0, "batch": 1, "tokens": 100, "s": 0.02}]
+    for L, c in true.items():
+        for b, extra in ((1, 0.0), (8, 0.003), (31, -0.001), (4, 0.0), (16, 0.0)):
+            # the cost is the serving loop's wall + gap; the engine's own "s" is ignored
+            e = {"kind": 1, "batch": b, "tokens": b * L // 2, "s": 1.0, "graph": L}
+            log.append({**e, "wall": c + extra - 1e-4, "gap": 1e-4})
+    log.append({"kind": 1, "batch": 2, "tokens": 300, "s": 0.5, "graph": 0})  # an eager step
+    fit = sim.fit_profile(log)
+    assert fit["decode_bucket_s"] == pytest.approx(true)
+    # through JSON (keys become strings) into the simulator's profile
+    prof = sim.ReplicaProfile.from_json(json.loads(json.dumps(fit)))
+    assert dict(prof.decode_bucket_s) == pytest.approx(true)
+    assert [L for L, _ in prof.decode_bucket_s] == [256, 1024, 2560]
+    # a log of eager steps: no table, the linear decode cost as before
+    eager = [e for e in log if e.get("graph", 0) == 0]
+    assert "decode_bucket_s" not in sim.fit_profile(eager)
+    assert sim.ReplicaProfile.from_json(sim.fit_profile(eager)).decode_bucket_s is None
+
+
+def test_engine_profile_times_every_bucket_with_the_prefix_cache_on(model) -> None:
+    """The idle profile prices the static decode per bucket and prefills with the prefix
+    cache as configured (misses and hits), and leaves the engine's prefix cache as it was."""
+    cfg = EngineConfig(max_batch=4, max_len=300, block=16)
+    eng = Engine(model, cfg)
+    eng._static_decode = True  # the CPU hook: the static decode, run eagerly
+    kept = encode("a prompt cached before the profile, two blocks long!")
+    eng.generate([kept], 1)
+    before = list(eng.prefix._d)
+    prof = eng.profile(prefill_lens=(32, 128))
+    assert list(eng.prefix._d) == before and not eng.log
+    assert sorted(prof["decode_bucket_s"]) == eng.buckets == [256, 300]
+    assert all(t > 0 for t in prof["decode_bucket_s"].values())
+    assert all(len(t) == 5 for t in prof["samples"]["decode_bucket"].values())
+    # two misses and two hits per length (one of each discarded); a hit reuses the whole
+    # prompt it extends and prefills only its 64 new tokens
+    pre = prof["samples"]["prefill"]
+    assert sorted((new, hit) for new, hit, _ in pre) == [
+        (32, 0), (32, 0), (64, 32), (64, 32), (64, 128), (64, 128), (128, 0), (128, 0),
+    ]  # fmt: skip
+    assert min(prof[k] for k in prof if k.endswith("_s") and k != "decode_bucket_s") >= 0
+    p = sim.ReplicaProfile.from_json(json.loads(json.dumps(prof)))
+    assert [L for L, _ in p.decode_bucket_s] == [256, 300]
+    # an eager engine has no bucket table; without a prefix cache nothing hits
+    plain = Engine(model, dataclasses.replace(cfg, prefix_cache=False))
+    prof = plain.profile(prefill_lens=(32,))
+    assert prof["decode_bucket_s"] is None
+    assert {hit for _, hit, _ in prof["samples"]["prefill"]} == {0}
+
+
 def test_sim_disaggregated_adds_the_transfer() -> None:
     w = _work([0.0])
     dis = sim.Disaggregation(
@@ -432,8 +523,11 @@ def test_cuda_graph_decode_equals_eager_on_gpu(dtype: torch.dtype) -> None:
 
 
 def test_cuda_graphs_where_impossible_is_a_usage_error(model) -> None:
-    assert [decode_buckets(n) for n in (2048, 300, 256, 100)] == [
-        [256, 512, 1024, 2048], [256, 300], [256], [100],
+    # powers of two from 256 to 1024, then every 512, then max_len
+    assert [decode_buckets(n) for n in (4096, 2048, 1500, 1025, 600, 300, 256, 100)] == [
+        [256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096], [256, 512, 1024, 1536, 2048],
+        [256, 512, 1024, 1500], [256, 512, 1024, 1025], [256, 512, 600], [256, 300], [256],
+        [100],
     ]  # fmt: skip
     assert not Engine(model, EngineConfig(max_batch=2, max_len=64)).cuda_graphs
     with pytest.raises(UsageError, match="not a CUDA device") as err:

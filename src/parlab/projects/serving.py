@@ -3,7 +3,9 @@
 1. Starts N reference replicas as child processes (CPU: the ``tiny`` model,
    2 replicas; GPU: one replica per GPU), each on 127.0.0.1 with a free port.
 2. Profiles replica 0 (``POST /engine/profile``: prefill and decode
-   iteration times) -- the simulator's input.
+   iteration times, prefills with the prefix cache on, decode per graph
+   bucket where the replica decodes with CUDA graphs) -- the simulator's
+   input, recorded in each policy document (``workload.replica_profile``).
 3. For each routing policy: empties every replica's prefix cache, starts the
    router in this process, sends the same seeded shared-prefix workload
    through it (Poisson arrivals), and writes one ``serving-benchmark``
@@ -294,7 +296,7 @@ async def _run_policies(
         finally:
             await router.stop()
     docs = []
-    calibration: tuple[dict[str, float], str] | None = None
+    calibration: tuple[dict[str, Any], str] | None = None
     for name in policies:
         for u in urls:
             await post_json(u + "/engine/reset")
@@ -536,9 +538,11 @@ def disagg_document(
     prof = sim.ReplicaProfile.from_json(
         profile, max_batch=p.max_batch, block=16, cache_blocks=p.cache_blocks
     )
-    # load: about 70% of what n colocated replicas sustain on this workload
+    # load: about 70% of what n colocated replicas sustain on this workload (decode steps
+    # of a full batch at the middle of the output)
     tok_time = prof.prefill_base_s + prof.prefill_per_token_s * (p.prefix_len + p.question_len)
-    step = prof.decode_base_s + prof.decode_per_seq_s * p.max_batch
+    mid = p.prefix_len + p.question_len + p.output_len // 2
+    step = prof.decode_step_s(p.max_batch, p.max_batch * mid, mid)
     per_rep = 1.0 / (tok_time + step * p.output_len / p.max_batch)
     rate = 0.7 * n * per_rep
     w = sim.shared_prefix_arrays(
@@ -717,13 +721,17 @@ def run_project(
         procs = [wait_replica(x) for x in pending]
         urls = [r.url for r in procs]
         profile = asyncio.run(post_json(urls[0] + "/engine/profile"))
+        buckets = profile.get("decode_bucket_s") or {}
         con.print(
-            "replica profile: prefill {:.3f} ms + {:.4f} ms/token; decode {:.3f} ms + {:.4f} ms/seq".format(
+            "replica profile: prefill {:.3f} ms + {:.4f} ms/token + {:.4f} ms/cached token; "
+            "decode {:.3f} ms + {:.4f} ms/seq".format(
                 profile["prefill_base_s"] * 1e3,
                 profile["prefill_per_token_s"] * 1e3,
+                profile.get("prefill_per_cached_token_s", 0.0) * 1e3,
                 profile["decode_base_s"] * 1e3,
                 profile["decode_per_seq_s"] * 1e3,
             )
+            + "".join(f"; graph decode at {L} keys {t * 1e3:.2f} ms" for L, t in buckets.items())
         )
         docs = asyncio.run(_run_policies(urls, p, pols, profile, root, con, cmd))
         failed += sum(d.status != "ok" for d in docs)

@@ -36,16 +36,16 @@ token and the position its new token is written at) read from one static
 device buffer; each slot writes its new K/V at its position and attends over
 the first ``L`` cached keys of its slot, masked after its position. One CUDA
 graph per key-length bucket ``L`` (``decode_buckets``: powers of two from
-``MIN_BUCKET`` up to ``max_len``, and ``max_len``) is captured at start-up
+``MIN_BUCKET`` to 1024, then every 512, and ``max_len``) is captured at start-up
 (``Engine.warmup_graphs``). A decode iteration copies the inputs in (one
 host-to-device copy), replays the graph of the smallest bucket longer than the
 longest running sequence and reads the greedy picks of every slot back (one
 device-to-host copy). What it costs: attention reads ``L`` keys for every
-slot, free ones included (up to twice the longest running sequence, times
-``max_batch / batch``), and the projections and FFN run on all ``max_batch``
-rows; what it buys: the step's host time no longer grows with the layers, and
-its duration is the GPU's. Prefill iterations stay eager (their shapes change
-with every prompt).
+slot, free ones included (below 1024 up to twice the longest running sequence,
+above it up to 512 more, times ``max_batch / batch``), and the projections and
+FFN run on all ``max_batch`` rows; what it buys: the step's host time no
+longer grows with the layers, and its duration is the GPU's. Prefill
+iterations stay eager (their shapes change with every prompt).
 
 Shape suffixes: B batch, S sequence (new tokens), L cached length, M every KV
 slot (``max_batch``), N query heads, K kv heads, R query heads per kv head, D
@@ -74,16 +74,22 @@ NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBacke
 PRINTABLE = (32, 127)  # sampled token ids: printable ASCII
 MIN_BUCKET = 256
 """Shortest key length of the static decode (``decode_buckets``)."""
+BUCKET_STEP = 512
+"""Spacing of the static decode's key lengths past ``2 * BUCKET_STEP`` (``decode_buckets``)."""
 
 
 def decode_buckets(max_len: int) -> list[int]:
-    """Key lengths the static decode runs at: powers of two from ``MIN_BUCKET`` below
-    ``max_len``, then ``max_len`` (e.g. 2048: 256, 512, 1024, 2048)."""
+    """Key lengths the static decode runs at (one captured graph each): powers of two from
+    ``MIN_BUCKET`` up to ``2 * BUCKET_STEP``, then every ``BUCKET_STEP``, those below
+    ``max_len``, then ``max_len`` (e.g. 4096: 256, 512, 1024, 1536, 2048, 2560, 3072, 3584,
+    4096). Attention reads ``L`` keys per slot, so the finer steps keep a long context's
+    bucket close to it: a 2113-token context reads 2560 keys, not 4096 (each bucket costs one
+    graph's capture at start-up and its share of the graphs' memory pool)."""
     out: list[int] = []
     b = MIN_BUCKET
     while b < max_len:
         out.append(b)
-        b *= 2
+        b = b * 2 if b < 2 * BUCKET_STEP else b + BUCKET_STEP
     return [*out, max_len]
 
 
@@ -518,11 +524,17 @@ class Engine:
         host_2M[0, slots] = [s.output[-1] for s in batch]
         host_2M[1, slots] = [s.length for s in batch]
         self._in_2M.copy_(self._host_2M, non_blocking=True)
+        return (*self._run_static(L), L)
+
+    def _run_static(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The static decode at key length ``L`` on the inputs in ``_in_2M``: the replay of its
+        captured graph, or, where none was captured, the function run eagerly;
+        ``(logits_MV, picks_M)``."""
         g = self._graphs.get(L)
         if g is None:
-            return (*self._decode_static(L), L)
+            return self._decode_static(L)
         g.graph.replay()
-        return g.logits_MV, g.picks_M, L
+        return g.logits_MV, g.picks_M
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
@@ -741,50 +753,124 @@ class Engine:
         self,
         *,
         prefill_lens: tuple[int, ...] = (32, 128, 512, 2048),
+        hit_tokens: int = 64,
         batches: tuple[int, ...] = (1, 4, 8, 16, 32),
+        bucket_reps: int = 5,
     ) -> dict[str, Any]:
-        """Time prefills of a few lengths and decode steps at a few batch sizes (those up to
-        ``max_batch``); fit ``prefill_s = a + b * tokens`` and ``decode_s = c + d * batch``
-        (least squares).
+        """Iteration costs of this idle engine for the simulator (``sim.ReplicaProfile``), timed
+        as a serving run pays them; a few seconds on a GPU.
 
-        Decode steps are timed on 32-token prompts, so ``d`` is the per-request cost at
-        short contexts; attention over long cached contexts adds to it (the fit of a run's
-        own iteration log, ``sim.fit_profile``, includes that)."""
+        Prefill, with the prefix cache as configured: per length in ``prefill_lens`` (those
+        that fit ``max_len``), prompts that cannot hit (each begins with its own two tokens) and
+        prompts that hit the first one's cached blocks (it plus ``hit_tokens`` new tokens,
+        which begin with their own two; where they fit); three of each, the first discarded
+        (warm-up). The prefill iterations' seconds are fitted as ``base + per_token * uncached
+        tokens + per_cached_token * cached tokens`` (least squares, no negative cost): with the
+        cache on, a miss pays hashing and storing its blocks (``_prefill``), as in a run. The
+        profile
+        runs against an empty prefix cache of the configured size, swapped in for its
+        duration: its prompts' blocks never give a run free hits, and the engine's own cache
+        comes back as it was.
+
+        Decode, two ways:
+
+        - ``decode_bucket_s``: with the static decode (CUDA graphs, or a CPU test's hook;
+          None for eager engines), the seconds of one decode iteration at each bucket
+          (``self.buckets``) -- the inputs' host-to-device copy, the graph's replay, the picks
+          read back -- the median of ``bucket_reps`` after one warm-up. The static decode runs
+          every KV slot whatever the batch, so one number per bucket prices any batch; the
+          simulator charges a decode iteration the bucket of its longest running request.
+        - ``decode_base_s + decode_per_seq_s * batch``: steps on 32-token prompts at each
+          batch in ``batches`` (up to ``max_batch``), least squares -- the eager decode's cost
+          at short contexts (attention over long cached contexts adds to it; the fit of a
+          run's own iteration log, ``sim.fit_profile``, includes that). With the static decode
+          these steps run its smallest bucket.
+        """
+        import itertools
+        import statistics
+
         import numpy as np
 
+        from parlab.serve.sim import nonneg_lstsq
+
         assert not self.has_work(), "profile an idle engine"
-        was = self.config.prefix_cache
-        object.__setattr__(self.config, "prefix_cache", False)
-        pre: list[tuple[int, float]] = []
+        cfg = self.config
+        lens = [n for n in prefill_lens if n + 8 <= cfg.max_len]
+        if not lens or cfg.max_len < 40 or hit_tokens < 2:
+            raise UsageError(
+                f"profile: --max-len {cfg.max_len} leaves no room for its prompts (prefill "
+                f"lengths {prefill_lens} + 8, decode 32 + 8) or hit_tokens {hit_tokens} < 2"
+            )
+        own_cache, self.prefix = self.prefix, BlockLRU(cfg.cache_blocks)
+        count = itertools.count()
+
+        def fresh() -> list[int]:
+            """Two printable tokens no earlier prompt of the profile began with (9,025 pairs)."""
+            k, lo = next(count), PRINTABLE[0]
+            width = PRINTABLE[1] - lo
+            return [lo + k // width % width, lo + k % width]
+
+        def prefill(prompt: list[int]) -> dict[str, float]:
+            self.log.clear()
+            self.generate([prompt], 1)
+            return self.log[0]
+
+        pre: list[tuple[int, int, float]] = []
         dec: list[tuple[int, float]] = []
+        buckets: dict[int, list[float]] | None = None
         try:
-            lens = [n for n in prefill_lens if n + 8 <= self.config.max_len]
             for n in lens:
-                for rep in range(3):
-                    self.log.clear()
-                    self.generate([[65 + rep] * n], 1)
-                    if rep:
-                        pre.append((n, self.log[0]["s"]))
-            for b in [b for b in batches if b <= self.config.max_batch]:
+                misses = [fresh() + [65] * (n - 2) for _ in range(3)]
+                hits = [misses[0] + fresh() + [66] * (hit_tokens - 2) for _ in range(3)]
+                if n + hit_tokens + 8 > cfg.max_len:
+                    hits = []
+                for rep, prompt in enumerate(misses + hits):
+                    e = prefill(prompt)
+                    if rep % 3:
+                        pre.append((int(e["tokens"]), int(e["cached"]), e["s"]))
+            for b in [b for b in batches if b <= cfg.max_batch]:
                 self.log.clear()
-                self.generate([[66 + i % 20] * 32 for i in range(b)], 6)
+                self.generate([fresh() + [66] * 30 for _ in range(b)], 6)
                 steps = [e["s"] for e in self.log if e["kind"] == 1]
                 dec.extend((b, s) for s in steps[1:])
+            if self._static_decode:
+                buckets = self._time_buckets(bucket_reps)
         finally:
-            object.__setattr__(self.config, "prefix_cache", was)
+            self.prefix = own_cache
             self.log.clear()
-        pa = np.asarray(pre)
-        da = np.asarray(dec)
-        b_, a_ = (
-            np.polyfit(pa[:, 0], pa[:, 1], 1) if len(set(pa[:, 0])) > 1 else (0.0, pa[:, 1].mean())
-        )
-        d_, c_ = (
-            np.polyfit(da[:, 0], da[:, 1], 1) if len(set(da[:, 0])) > 1 else (0.0, da[:, 1].mean())
-        )
+        pa = np.asarray(pre, dtype=float)
+        pb, pt, pc = nonneg_lstsq(np.column_stack([np.ones(len(pa)), pa[:, 0], pa[:, 1]]), pa[:, 2])
+        da = np.asarray(dec, dtype=float)
+        db, ds = nonneg_lstsq(np.column_stack([np.ones(len(da)), da[:, 0]]), da[:, 1])
         return {
-            "prefill_base_s": max(float(a_), 0.0),
-            "prefill_per_token_s": max(float(b_), 0.0),
-            "decode_base_s": max(float(c_), 0.0),
-            "decode_per_seq_s": max(float(d_), 0.0),
-            "samples": {"prefill": pre, "decode": dec},
+            "prefill_base_s": float(pb),
+            "prefill_per_token_s": float(pt),
+            "prefill_per_cached_token_s": float(pc),
+            "decode_base_s": float(db),
+            "decode_per_seq_s": float(ds),
+            "decode_bucket_s": None
+            if buckets is None
+            else {L: statistics.median(t) for L, t in buckets.items()},
+            "samples": {"prefill": pre, "decode": dec, "decode_bucket": buckets},
         }
+
+    def _time_buckets(self, reps: int) -> dict[int, list[float]]:
+        """Seconds of one static decode iteration at each bucket, ``reps`` times after one
+        warm-up: the inputs' copy to the device, the replay (``_run_static``), the greedy picks
+        read back, as ``_decode_slots`` and ``_sample`` do. Every slot free (token 0 at position
+        0): the step runs every slot and reads ``L`` keys for each, whichever are running."""
+        assert not self.running, "timed on an idle engine: it overwrites every slot's position 0"
+        self._host_2M.zero_()
+        out: dict[int, list[float]] = {}
+        for L in self.buckets:
+            times = []
+            for i in range(reps + 1):
+                t0 = time.perf_counter()
+                self._in_2M.copy_(self._host_2M, non_blocking=True)
+                _, picks_M = self._run_static(L)
+                picks_M.tolist()
+                self._sync()
+                if i:
+                    times.append(time.perf_counter() - t0)
+            out[L] = times
+        return out

@@ -7,10 +7,15 @@ prefill_per_token_s * uncached tokens + prefill_per_cached_token_s * cached
 tokens`` each; each then has its first token); otherwise a *decode iteration*
 advances the running batch by one token in ``decode_base_s + decode_per_seq_s *
 batch + decode_per_token_s * context tokens`` seconds (the context: every
-running request's prompt and generated tokens). Those numbers come from a
-short measured profile of a real replica (``Engine.profile``, the replica's
-``POST /engine/profile``: the first four), or from the iteration log of a real
-run (``fit_profile``: all six), so simulated times rest on measured ones.
+running request's prompt and generated tokens) -- or, for an engine whose
+decode is a static CUDA graph over every KV slot per key-length bucket
+(``ReplicaProfile.decode_bucket_s``), in the measured seconds of the smallest
+bucket above the longest running request's length, as the engine picks its
+graph. Those numbers come from a short measured profile of a real replica
+(``Engine.profile``, the replica's ``POST /engine/profile``: all but
+``decode_per_token_s``), or from the iteration log of a real run
+(``fit_profile``: all, the buckets its log saw), so simulated times rest on
+measured ones.
 A cached prompt token is not free: the reference engine copies its KV into the
 request's slot and the new tokens attend to it (on 2xH200 a prefix-cache hit
 cost about as much as a miss: ``benchmarks/serve_sim_accuracy.py``). Each replica has a prefix cache (``BlockLRU``); the router runs the
@@ -18,10 +23,12 @@ same policy code as the real router (``policy.py``).
 
 Decode iterations are simulated in leaps: between two events nothing
 changes, so a replica jumps to its next completion (a heap of per-request
-finishing step counts) in one event; an arrival that can be admitted cuts the
-leap at the end of the step in progress, as the engine would. That keeps the
-cost per request to a few heap operations: 1,000 replicas and 1M requests
-take minutes on one core.
+finishing step counts) in one event -- with decode buckets, or to the step
+where its longest request's length reaches the next bucket, whichever comes
+first (a heap of the running requests' lengths); an arrival that can be
+admitted cuts the leap at the end of the step in progress, as the engine
+would. That keeps the cost per request to a few heap operations: 1,000
+replicas and 1M requests take minutes on one core.
 
 Disaggregated mode (the prefill/decode split): ``prefill_replicas`` only
 prefill, then send the request's KV to the least-loaded of
@@ -35,8 +42,10 @@ prefill, preemption, network time between client and router.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,19 +82,55 @@ class ReplicaProfile:
     """Prefix-cache block, tokens."""
     cache_blocks: int = 4096
     """Prefix-cache capacity, blocks (0: no prefix cache)."""
+    decode_bucket_s: tuple[tuple[int, float], ...] | None = None
+    """``(L, seconds)`` per key-length bucket of a static (CUDA-graph) decode, ascending in
+    ``L``; None: an eager decode (the linear cost). When set, a decode iteration costs the
+    seconds of the smallest ``L`` above its longest running request's length (prompt plus
+    tokens generated so far, as the engine's ``_decode_slots`` picks its graph), whatever
+    the batch; a length at or past the largest ``L`` is charged the largest (the engine's
+    last bucket is ``max_len``, which no running request reaches). From ``Engine.profile``
+    (every bucket of the engine) or ``fit_profile`` (the buckets its log saw)."""
+
+    def __post_init__(self) -> None:
+        if self.decode_bucket_s is not None:
+            ls = [L for L, _ in self.decode_bucket_s]
+            if not ls or ls != sorted(set(ls)) or any(s < 0 for _, s in self.decode_bucket_s):
+                raise ValueError(
+                    "decode_bucket_s: give (L, seconds) pairs, L ascending and distinct, "
+                    f"seconds >= 0; got {self.decode_bucket_s!r}"
+                )
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **over: Any) -> ReplicaProfile:
+        """A profile from ``Engine.profile``'s or ``fit_profile``'s dictionary (or its JSON:
+        ``decode_bucket_s`` as ``{L: seconds}``, its keys strings or ints, or as pairs);
+        fields it lacks keep their defaults, ``over`` sets any field."""
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
         extra = ("prefill_per_cached_token_s", "decode_per_token_s")
+        buckets = data.get("decode_bucket_s")
+        if buckets is not None:
+            pairs = buckets.items() if isinstance(buckets, dict) else buckets
+            over = {"decode_bucket_s": tuple(sorted((int(L), float(t)) for L, t in pairs)), **over}
         return cls(
             **{k: float(data[k]) for k in keys},
             **{k: float(data[k]) for k in extra if k in data},
             **over,
         )
 
+    def decode_step_s(self, batch: int, context: float, longest: int) -> float:
+        """Seconds of one decode iteration: ``batch`` running requests holding ``context``
+        tokens in all, the longest ``longest`` (its bucket's seconds with
+        ``decode_bucket_s``, else the linear cost)."""
+        if self.decode_bucket_s is not None:
+            ls = [L for L, _ in self.decode_bucket_s]
+            j = min(bisect.bisect_right(ls, longest), len(ls) - 1)
+            return self.decode_bucket_s[j][1]
+        return (
+            self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_token_s * context
+        )
 
-def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+
+def nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with every coefficient >= 0 (a cost is never negative): the best
     unconstrained fit over every subset of the columns whose coefficients all come out
     non-negative; the others zero. Exact for the few columns a profile has."""
@@ -103,14 +148,17 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_profile(log: list[dict[str, float]]) -> dict[str, float]:
+def fit_profile(log: list[dict[str, float]]) -> dict[str, Any]:
     """Iteration costs from an engine's iteration log (``GET /engine/log``), least squares
     with non-negative costs: prefill iteration ``s = base * requests + per_token * uncached
     tokens + per_cached_token * cached tokens``, decode ``s = base + per_seq * batch +
     per_token * context tokens``, where ``s`` is the iteration's wall time as the serving
     loop saw it plus the gap before it (the serving loop's overhead), where logged, else its
-    compute time; ``cached`` is 0 where the log does not say. The profile of a replica
-    *under the run's own conditions*."""
+    compute time; ``cached`` is 0 where the log does not say. Where decode iterations ran a
+    static decode (``graph``: its bucket, > 0), also ``decode_bucket_s``: the median cost
+    ``s`` (as above) of each bucket seen, ``{L: seconds}`` (absent otherwise); the simulator then prices decode
+    iterations by it (``ReplicaProfile.decode_bucket_s``). The profile of a replica *under
+    the run's own conditions*."""
     pre = [e for e in log if e["kind"] == 0]
     dec = [e for e in log if e["kind"] == 1]
     if not pre or not dec:
@@ -120,10 +168,10 @@ def fit_profile(log: list[dict[str, float]]) -> dict[str, float]:
         return e.get("wall", e["s"]) + e.get("gap", 0.0)
 
     a = np.asarray([[e["batch"], e["tokens"], e.get("cached", 0)] for e in pre], dtype=float)
-    pb, pt, pc = _nonneg_lstsq(a, np.asarray([cost(e) for e in pre]))
+    pb, pt, pc = nonneg_lstsq(a, np.asarray([cost(e) for e in pre]))
     b = np.asarray([[1.0, e["batch"], e["tokens"]] for e in dec], dtype=float)
-    db, ds, dt = _nonneg_lstsq(b, np.asarray([cost(e) for e in dec]))
-    return {
+    db, ds, dt = nonneg_lstsq(b, np.asarray([cost(e) for e in dec]))
+    out: dict[str, Any] = {
         "prefill_base_s": float(pb),
         "prefill_per_token_s": float(pt),
         "prefill_per_cached_token_s": float(pc),
@@ -131,6 +179,13 @@ def fit_profile(log: list[dict[str, float]]) -> dict[str, float]:
         "decode_per_seq_s": float(ds),
         "decode_per_token_s": float(dt),
     }
+    graphs: dict[int, list[float]] = {}
+    for e in dec:
+        if e.get("graph", 0) > 0:
+            graphs.setdefault(int(e["graph"]), []).append(cost(e))
+    if graphs:
+        out["decode_bucket_s"] = {L: statistics.median(c) for L, c in sorted(graphs.items())}
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +269,10 @@ class _Rep:
     admitted: list[int] = field(default_factory=list)
     served: int = 0
     ctx: int = 0  # sum over running requests of (prompt length - step at which it joined)
+    # with decode buckets: a heap of (step at which r joined - its prompt length, r) over the
+    # requests that joined, finished ones popped lazily; its top gives the longest running
+    # request's length at step s: s - top (the engine's seq.length: prompt + decode steps)
+    by_length: list[tuple[int, int]] = field(default_factory=list)
 
 
 _ARRIVE, _END, _KV = 0, 1, 2
@@ -254,6 +313,9 @@ def simulate(
     joined = np.zeros(n, dtype=np.int64)  # the replica's step count when r joined its batch
     front = np.zeros(n, dtype=np.int64)
     back = np.zeros(n, dtype=np.int64)
+    gone = bytearray(n)  # r finished decoding (``_Rep.by_length`` drops it lazily)
+    bucket_ls = [L for L, _ in p.decode_bucket_s] if p.decode_bucket_s is not None else []
+    bucket_s = [t for _, t in p.decode_bucket_s] if p.decode_bucket_s is not None else []
     group_blocks: dict[int, list[int]] = {}
     fresh = [1 << 62]
 
@@ -325,10 +387,24 @@ def simulate(
         if rep.running:
             b = len(rep.running)
             k = max(1, rep.running[0][0] - rep.steps)
-            # context tokens at this step: sum of (prompt + tokens generated so far); the
-            # leap's steps are timed at its mean context (it grows by b tokens a step)
-            ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
-            t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
+            if bucket_ls:
+                # the bucket of the longest running request (ReplicaProfile.decode_step_s);
+                # the leap ends where that request's length reaches the bucket, so each
+                # step is charged its own bucket
+                top = rep.by_length
+                while gone[top[0][1]]:
+                    heapq.heappop(top)
+                longest = rep.steps - top[0][0]
+                j = bisect.bisect_right(bucket_ls, longest)
+                if j < len(bucket_ls):
+                    k = min(k, bucket_ls[j] - longest)
+                t = bucket_s[min(j, len(bucket_s) - 1)]
+            else:
+                # context tokens at this step: sum of (prompt + tokens generated so far); the
+                # leap's steps are timed at its mean context (it grows by b tokens a step);
+                # ReplicaProfile.decode_step_s, inline (the hot path)
+                ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
+                t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
             rep.busy, rep.kind = True, 1
             rep.leap_start, rep.leap_t, rep.leap_k = now, t, k
             rep.version += 1
@@ -352,6 +428,8 @@ def simulate(
         heapq.heappush(rep.running, (rep.steps + int(work.output_len[r]) - 1, r))
         joined[r] = rep.steps
         rep.ctx += int(work.prompt_len[r]) - rep.steps
+        if bucket_ls:
+            heapq.heappush(rep.by_length, (rep.steps - int(work.prompt_len[r]), r))
 
     def finish_req(r: int, now: float) -> None:
         finish[r] = now
@@ -412,6 +490,7 @@ def simulate(
                 while rep.running and rep.running[0][0] <= rep.steps:
                     _, r = heapq.heappop(rep.running)
                     rep.ctx -= int(work.prompt_len[r]) - int(joined[r])
+                    gone[r] = 1
                     finish_req(r, now)
                     if is_decode_only[i]:
                         rep.served += 1
