@@ -255,3 +255,18 @@ def test_nothing_found_said_plainly(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "nothing found: none of the" in capsys.readouterr().out
     assert _exit(["doctor", "--list"]) == 0
     assert _exit(["explain", "busbw"]) == 0
+
+
+def test_half_bandwidth_size_skips_a_sweep_measured_only_above_it() -> None:
+    from parlab.doctor.cases import half_bandwidth_size
+
+    def sweep(sizes_bw: list[tuple[int, float]]) -> Doc:
+        rows = [{"op": "all_reduce", "size": s, "busbw": b} for s, b in sizes_bw]
+        return _doc("PAR-COLLECTIVES", layout={"backend": "nccl"},
+                    workload={"kind": "collectives-sweep", "measurements": rows},
+                    level="real-nccl")  # fmt: skip
+
+    full = sweep([(1 << 20, 50e9), (16 << 20, 200e9), (1 << 30, 330e9)])
+    big_only = sweep([(64 << 20, 260e9), (1 << 30, 330e9)])  # newer, above half-peak only
+    assert half_bandwidth_size([full, big_only], "nccl") == (16 << 20, full.path)
+    assert half_bandwidth_size([big_only], "nccl") == (None, None)

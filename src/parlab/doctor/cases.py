@@ -320,7 +320,9 @@ def half_bandwidth_size(
     docs: list[Doc], backend: str | None, op: str = "all_reduce"
 ) -> tuple[float | None, str | None]:
     """The smallest measured ``op`` size reaching half its peak busbw, from the newest
-    collectives sweep of the same backend in ``docs`` (and that sweep's path)."""
+    collectives sweep of the same backend in ``docs`` that brackets it (and that sweep's
+    path): a sweep measured only above the half-peak point (e.g. 64 MiB - 1 GiB) cannot say
+    where it lies, so it is passed over."""
     for d in reversed(_ok(docs)):
         w = d.doc.workload
         if w.get("kind") != "collectives-sweep" or d.doc.layout.get("backend") != backend:
@@ -330,7 +332,9 @@ def half_bandwidth_size(
             continue
         peak = max(float(m["busbw"]) for m in rows)
         sizes = sorted(float(m["size"]) for m in rows if float(m["busbw"]) >= peak / 2)
-        if sizes and max(float(m["size"]) for m in rows) >= SLOW_LINK_MIN_SIZE:
+        smallest = min(float(m["size"]) for m in rows)
+        big_enough = max(float(m["size"]) for m in rows) >= SLOW_LINK_MIN_SIZE
+        if sizes and big_enough and smallest < sizes[0]:
             return sizes[0], d.path
     return None, None
 
