@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -329,11 +330,37 @@ def test_engine_profile_times_every_bucket_with_the_prefix_cache_on(model) -> No
     assert min(prof[k] for k in prof if k.endswith("_s") and k != "decode_bucket_s") >= 0
     p = sim.ReplicaProfile.from_json(json.loads(json.dumps(prof)))
     assert [L for L, _ in p.decode_bucket_s] == [256, 300]
+    # the overlap model: the shortest misses give the floor, the longest misses' cost is
+    # exactly what the model charges at their length
+    assert p.prefill_overlap and set(prof["prefill_linear"]) == {
+        "prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s",
+    }  # fmt: skip
+    longest = [t for new, hit, t in pre if hit == 0 and new == 128]
+    assert p.prefill_s(128, 0) == pytest.approx(max(p.prefill_base_s, statistics.median(longest)))
+    shortest = [t for new, hit, t in pre if hit == 0 and new == 32]
+    assert p.prefill_base_s == pytest.approx(statistics.median(shortest))
     # an eager engine has no bucket table; without a prefix cache nothing hits
     plain = Engine(model, dataclasses.replace(cfg, prefix_cache=False))
     prof = plain.profile(prefill_lens=(32,))
     assert prof["decode_bucket_s"] is None
     assert {hit for _, hit, _ in prof["samples"]["prefill"]} == {0}
+
+
+def test_prefill_overlap_charges_the_larger_of_floor_and_work() -> None:
+    base = {"prefill_base_s": 0.02, "prefill_per_token_s": 1e-5, "decode_base_s": 0.01,
+            "decode_per_seq_s": 0.0, "prefill_per_cached_token_s": 1e-6}  # fmt: skip
+    add = sim.ReplicaProfile.from_json(base)
+    over = sim.ReplicaProfile.from_json({**base, "prefill_overlap": True})
+    assert add.prefill_s(1000, 0) == pytest.approx(0.03)  # 20 ms + 10 ms
+    assert over.prefill_s(1000, 0) == pytest.approx(0.02)  # the floor hides the work
+    assert over.prefill_s(4000, 2000) == pytest.approx(0.04 + 0.002)  # the work, + cached
+    # the simulator charges a lone request exactly that before its first token
+    w = _work([0.0])
+    one = {"replicas": 1, "policy": PolicyConfig()}
+    t_add = sim.simulate(w, profile=add, **one)["mean_ttft_ms"]
+    t_over = sim.simulate(w, profile=over, **one)["mean_ttft_ms"]
+    n = int(w.prompt_len[0])
+    assert t_add - t_over == pytest.approx(1e3 * (add.prefill_s(n, 0) - over.prefill_s(n, 0)))
 
 
 def test_sim_disaggregated_adds_the_transfer() -> None:

@@ -540,7 +540,7 @@ def disagg_document(
     )
     # load: about 70% of what n colocated replicas sustain on this workload (decode steps
     # of a full batch at the middle of the output)
-    tok_time = prof.prefill_base_s + prof.prefill_per_token_s * (p.prefix_len + p.question_len)
+    tok_time = prof.prefill_s(p.prefix_len + p.question_len, 0)
     mid = p.prefix_len + p.question_len + p.output_len // 2
     step = prof.decode_step_s(p.max_batch, p.max_batch * mid, mid)
     per_rep = 1.0 / (tok_time + step * p.output_len / p.max_batch)
@@ -723,10 +723,12 @@ def run_project(
         profile = asyncio.run(post_json(urls[0] + "/engine/profile"))
         buckets = profile.get("decode_bucket_s") or {}
         con.print(
-            "replica profile: prefill {:.3f} ms + {:.4f} ms/token + {:.4f} ms/cached token; "
+            "replica profile: prefill {}{:.3f} ms, {:.4f} ms/token{} + {:.4f} ms/cached token; "
             "decode {:.3f} ms + {:.4f} ms/seq".format(
+                "max(" if profile.get("prefill_overlap") else "",
                 profile["prefill_base_s"] * 1e3,
                 profile["prefill_per_token_s"] * 1e3,
+                ")" if profile.get("prefill_overlap") else "",
                 profile.get("prefill_per_cached_token_s", 0.0) * 1e3,
                 profile["decode_base_s"] * 1e3,
                 profile["decode_per_seq_s"] * 1e3,

@@ -4,7 +4,8 @@ Each simulated replica schedules exactly as the reference engine does
 (``engine.py``): when requests wait and KV slots are free, a *prefill
 iteration* prefills every admitted request (``prefill_base_s +
 prefill_per_token_s * uncached tokens + prefill_per_cached_token_s * cached
-tokens`` each; each then has its first token); otherwise a *decode iteration*
+tokens`` each, or with ``prefill_overlap`` the larger of the first two terms plus
+the third; each then has its first token); otherwise a *decode iteration*
 advances the running batch by one token in ``decode_base_s + decode_per_seq_s *
 batch + decode_per_token_s * context tokens`` seconds (the context: every
 running request's prompt and generated tokens) -- or, for an engine whose
@@ -91,6 +92,20 @@ class ReplicaProfile:
     last bucket is ``max_len``, which no running request reaches). From ``Engine.profile``
     (every bucket of the engine) or ``fit_profile`` (the buckets its log saw)."""
 
+    prefill_overlap: bool = False
+    """How a request's prefill terms combine: False, they add (``base + per_token * uncached
+    + per_cached_token * cached``: ``fit_profile``'s least squares); True, the fixed host
+    cost and the per-token GPU work overlap (``max(base, per_token * uncached) +
+    per_cached_token * cached``): the host enqueues every layer's kernels whatever the
+    length, and the GPU runs them meanwhile, so a prompt costs its GPU work only once that
+    exceeds the host's time (``Engine.profile``'s prefill model)."""
+
+    def prefill_s(self, uncached: int, cached: int) -> float:
+        """Seconds of one request's prefill (``prefill_overlap`` says how the terms add)."""
+        work = self.prefill_per_token_s * uncached
+        own = max(self.prefill_base_s, work) if self.prefill_overlap else self.prefill_base_s + work
+        return own + self.prefill_per_cached_token_s * cached
+
     def __post_init__(self) -> None:
         if self.decode_bucket_s is not None:
             ls = [L for L, _ in self.decode_bucket_s]
@@ -111,6 +126,8 @@ class ReplicaProfile:
         if buckets is not None:
             pairs = buckets.items() if isinstance(buckets, dict) else buckets
             over = {"decode_bucket_s": tuple(sorted((int(L), float(t)) for L, t in pairs)), **over}
+        if data.get("prefill_overlap"):
+            over = {"prefill_overlap": True, **over}
         return cls(
             **{k: float(data[k]) for k in keys},
             **{k: float(data[k]) for k in extra if k in data},
@@ -373,11 +390,7 @@ def simulate(
                         hit = m * p.block
                         rep.cache.insert(hs)
                     cached[r] = hit
-                    dur += (
-                        p.prefill_base_s
-                        + p.prefill_per_token_s * (plen - hit)
-                        + p.prefill_per_cached_token_s * hit
-                    )
+                    dur += p.prefill_s(plen - hit, hit)
                     budget -= plen - hit
                     adm.append(r)
                 rep.busy, rep.kind = True, 0
