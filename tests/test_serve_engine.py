@@ -339,6 +339,11 @@ def test_engine_profile_times_every_bucket_with_the_prefix_cache_on(model) -> No
     assert p.prefill_s(128, 0) == pytest.approx(max(p.prefill_base_s, statistics.median(longest)))
     shortest = [t for new, hit, t in pre if hit == 0 and new == 32]
     assert p.prefill_base_s == pytest.approx(statistics.median(shortest))
+    # the cached-token cost comes from the hits of the most cached tokens (128 here)
+    most = [(new, t) for new, hit, t in pre if hit == 128]
+    above = [max(0.0, t - max(p.prefill_base_s, p.prefill_per_token_s * new)) / 128
+             for new, t in most]  # fmt: skip
+    assert p.prefill_per_cached_token_s == pytest.approx(statistics.median(above))
     # an eager engine has no bucket table; without a prefix cache nothing hits
     plain = Engine(model, dataclasses.replace(cfg, prefix_cache=False))
     prof = plain.profile(prefill_lens=(32,))

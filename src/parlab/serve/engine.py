@@ -768,7 +768,7 @@ class Engine:
         as in a run. The prefill costs are given in the overlap model
         (``prefill_overlap``: ``max(base, per_token * uncached) + per_cached_token * cached``;
         ``base`` the shortest misses' median, ``per_token`` the longest misses' median cost
-        per token, ``per_cached_token`` what a hit costs above that): the host enqueues every
+        per token, ``per_cached_token`` what the hits of the most cached tokens cost above that, per token): the host enqueues every
         layer whatever the length while the GPU works, so a short prompt costs the host's
         floor and a long one its GPU work. The additive least-squares fit (``base +
         per_token * uncached + per_cached_token * cached``, no negative cost) is kept under
@@ -855,9 +855,14 @@ class Engine:
         short, long_ = min(n for n, _ in miss), max(n for n, _ in miss)
         floor = statistics.median(t for n, t in miss if n == short)
         per_tok = statistics.median(t / n for n, t in miss if n == long_)
+        # from the hits of the most cached tokens: at a few cached tokens the floor's own
+        # jitter (~1 ms) divided by them would swamp the per-token cost
         hit = [(n, c, t) for n, c, t in pre if c > 0]
+        most = max((c for _, c, _ in hit), default=0)
         per_cached = (
-            statistics.median(max(0.0, t - max(floor, per_tok * n)) / c for n, c, t in hit)
+            statistics.median(
+                max(0.0, t - max(floor, per_tok * n)) / c for n, c, t in hit if c == most
+            )
             if hit
             else 0.0
         )
