@@ -321,13 +321,7 @@ class Engine:
         pos_BS = start_B[:, None] + ar_S
         mask = None
         if not causal:
-            att_pos_RS = att_start_R[:, None] + ar_S
-            # additive, built once; rows padded to 16 keys so CUDA's memory-efficient
-            # attention takes the slice as it is instead of padding a copy every layer
-            width = -(-total // 16) * 16
-            hidden = torch.arange(width, device=self.device) > att_pos_RS[:, :, None]
-            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype)
-            mask = mask.masked_fill_(hidden, float("-inf"))[:, None, :, :total]
+            mask = self._mask(att_start_R[:, None] + ar_S, total)[:, None]
         return _Plan(
             slot_BS=slot_B[:, None].expand(B, S),
             pos_BS=pos_BS,
@@ -337,6 +331,16 @@ class Engine:
             scatter=idx[2 * B + len(att_starts) :] if rel else None,
             mask=mask,
         )
+
+    def _mask(self, pos_RS: torch.Tensor, total: int) -> torch.Tensor:
+        """Additive attention mask ``[R, S, total]``: 0 where key ``j <= pos_RS[r, s]`` (the
+        new token at that position sees it), ``-inf`` after. Built once per forward; its rows
+        are padded to 16 keys and sliced, so CUDA's memory-efficient attention takes the slice
+        as it is instead of padding a copy every layer."""
+        width = -(-total // 16) * 16
+        hidden = torch.arange(width, device=self.device) > pos_RS[..., None]
+        mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype)
+        return mask.masked_fill_(hidden, float("-inf"))[..., :total]
 
     def _qkv(
         self, attn: Any, x_BSH: torch.Tensor, rope_TD2: torch.Tensor | None
@@ -470,12 +474,7 @@ class Engine:
         tok_M, pos_M = self._in_2M[0], self._in_2M[1]
         h, rope = self._embed(tok_M[:, None], pos_M[:, None])
         slot_M = torch.arange(tok_M.shape[0], device=self.device)
-        # additive, built once per step; rows padded to 16 keys as in ``_plan`` (CUDA's
-        # memory-efficient attention takes the slice as it is)
-        width = -(-L // 16) * 16
-        hidden_ML = torch.arange(width, device=self.device) > pos_M[:, None]
-        mask = torch.zeros(hidden_ML.shape, device=self.device, dtype=self.dtype)
-        mask_M11L = mask.masked_fill_(hidden_ML, float("-inf"))[:, None, None, :L]
+        mask_M11L = self._mask(pos_M[:, None], L)[:, None]
         logits_MV = self._blocks(
             h, lambda li, x: self._attn_static(li, x, rope, slot_M, pos_M, mask_M11L)
         )
@@ -765,19 +764,19 @@ class Engine:
         prompts that hit the first one's cached blocks (it plus ``hit_tokens`` new tokens,
         which begin with their own two; where they fit); three of each, the first discarded
         (warm-up). With the cache on, a miss pays hashing and storing its blocks (``_prefill``),
-        as in a run. The prefill costs are given in the overlap model
-        (``prefill_overlap``: ``max(base, per_token * uncached) + per_cached_token * cached``;
-        ``base`` the shortest misses' median, ``per_token`` the longest misses' median cost
-        per token, ``per_cached_token`` what the hits of the most cached tokens cost above that, per token): the host enqueues every
-        layer whatever the length while the GPU works, so a short prompt costs the host's
-        floor and a long one its GPU work. The additive least-squares fit (``base +
-        per_token * uncached + per_cached_token * cached``, no negative cost) is kept under
-        ``prefill_linear``; on 2xH200 it priced a 2,112-token prompt at 35 ms where the runs
-        paid 26 ms. The
-        profile
-        runs against an empty prefix cache of the configured size, swapped in for its
-        duration: its prompts' blocks never give a run free hits, and the engine's own cache
-        comes back as it was.
+        as in a run. The profile runs against an empty prefix cache of the configured size,
+        swapped in for its duration: its prompts' blocks never give a run free hits, and the
+        engine's own cache comes back as it was.
+
+        The prefill costs are given in the overlap model (``sim.ReplicaProfile.prefill_overlap``:
+        ``max(base, per_token * uncached) + per_cached_token * cached``): ``base`` is the
+        shortest misses' median, ``per_token`` the longest misses' median cost per token, and
+        ``per_cached_token`` what the hits of the most cached tokens cost above that, per
+        token. The host enqueues every layer whatever the length while the GPU works, so a short
+        prompt costs the host's floor and a long one its GPU work. The additive least-squares
+        fit (``base + per_token * uncached + per_cached_token * cached``, no negative cost) is
+        kept under ``prefill_linear``; on 2xH200 it priced a 2,112-token prompt at 35 ms where
+        the runs paid 26 ms.
 
         Decode, two ways:
 
@@ -798,7 +797,7 @@ class Engine:
 
         import numpy as np
 
-        from parlab.serve.sim import nonneg_lstsq
+        from parlab.serve.sim import ReplicaProfile, nonneg_lstsq
 
         assert not self.has_work(), "profile an idle engine"
         cfg = self.config
@@ -859,9 +858,16 @@ class Engine:
         # jitter (~1 ms) divided by them would swamp the per-token cost
         hit = [(n, c, t) for n, c, t in pre if c > 0]
         most = max((c for _, c, _ in hit), default=0)
+        uncached_only = ReplicaProfile(
+            prefill_base_s=floor,
+            prefill_per_token_s=per_tok,
+            decode_base_s=0.0,
+            decode_per_seq_s=0.0,
+            prefill_overlap=True,
+        )
         per_cached = (
             statistics.median(
-                max(0.0, t - max(floor, per_tok * n)) / c for n, c, t in hit if c == most
+                max(0.0, t - uncached_only.prefill_s(n, 0)) / c for n, c, t in hit if c == most
             )
             if hit
             else 0.0
