@@ -23,8 +23,6 @@ prints what was measured.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -154,25 +152,21 @@ def targets(results: Path) -> int:
 def plain_pp_rows(results: Path, docs: list) -> list[tuple[str, str, str, bool | None]]:
     """The plain pipelining script's runs, and parlab's best PP2 of the same call against its
     1F1B (rows)."""
+    from plain_common import plain_runs
+
     rows: list[tuple[str, str, str, bool | None]] = []
-    for f in sorted(results.glob("logs/gpu-*-plain_references/plain-pp-*.json.log")):
-        ref = json.loads(f.read_text())
-        stamp = f.parent.name.split("-")[1]
-        tps = ref["tokens_per_step"] / ref["world_size"] / ref["step_s_median"]
-        sched = ref["config"]["schedule"]
-        rows.append((f"plain PP2 {sched} ({stamp})", "reference", f"{tps:,.0f}", None))
-        if sched != "1f1b":
+    for ref in plain_runs(results, "plain-pp-*.json.log"):
+        tps = ref.tps_median
+        rows.append((f"plain PP2 {ref.schedule} ({ref.stamp})", "reference", f"{tps:,.0f}", None))
+        if ref.schedule != "1f1b":
             continue
-        start = dt.datetime.strptime(stamp, "%Y%m%dT%H%M").replace(tzinfo=dt.UTC)
         ours = [
             d
             for d in docs
             if d.status == "ok"
             and d.role == "candidate"
             and (d.layout.get("mesh") or {}).get("pp", 1) > 1
-            and dt.timedelta(0)
-            <= dt.datetime.fromisoformat(d.created.replace("Z", "+00:00")) - start
-            <= dt.timedelta(minutes=15)
+            and ref.same_call(d)
             and d.metric("tokens_per_s_per_gpu")
         ]
         for d in ours:

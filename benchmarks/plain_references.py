@@ -35,8 +35,9 @@ Modes (``--mode``):
   (``broadcast_buffers=False``: the only buffer, the RoPE table, is the same everywhere),
   forward under ``torch.autocast("cuda", dtype=torch.bfloat16)``.
 - ``pp``: ``torch.distributed.pipelining`` with bf16 parameters (initialised in fp32 like
-  the other modes, then cast before the optimizer is made), split by hand into stages of equal layer counts (first stage: embeddings + its layers;
-  last: its layers + final norm + output), one ``PipelineStage`` each.
+  the other modes, then cast before the optimizer is made), split by hand into stages of
+  equal layer counts (first stage: embeddings + its layers; last: its layers + final norm +
+  output), one ``PipelineStage`` each.
   ``--schedule 1f1b`` (``Schedule1F1B``, default), ``gpipe`` (``ScheduleGPipe``) or
   ``interleaved`` (``ScheduleInterleaved1F1B`` with two stages per rank: rank r holds
   stages r and r + world). ``--microbatches`` (default 8) micro-batches of

@@ -21,15 +21,14 @@ the second table puts parlab's runs beside the plain scripts of
 shapes) measured in the same GPU call: their JSON results, committed as
 ``results/logs/gpu-<stamp>-plain_references/plain-*.json.log``. Both sides are given at the
 median step time (the plain script's mean is printed too) and paired with the parlab runs
-of the same strategy written within 15 minutes after the call's stamp.
+of the same strategy written within 15 minutes after the call's stamp
+(``benchmarks/plain_common.py``).
 
 Run: ``.venv/bin/python benchmarks/training_throughput.py [RESULTS_DIR]``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -107,44 +106,37 @@ def main(argv: list[str]) -> int:
 
 def plain_table(folder: Path, docs: list) -> None:
     """parlab's runs beside the plain scripts measured in the same GPU call (printed)."""
+    from plain_common import plain_runs
+
     from parlab.projects.training_state import run_label
 
-    files = sorted(folder.glob("logs/gpu-*-plain_references/plain-*.json.log"))
-    if not files:
+    runs = [r for r in plain_runs(folder) if r.mode != "pp"]
+    if not runs:
         return
     print("\nplain torch scripts (benchmarks/plain_references.py) and parlab, same GPU call")
     print(f"{'call':<14} {'strategy':<14} {'plain median':>13} {'(mean)':>9} {'MFU':>7}   "
           f"{'parlab':>8} {'MFU':>7}  parlab / plain  run")  # fmt: skip
-    for f in files:
-        ref = json.loads(f.read_text())
-        cfg = ref["config"]
-        key = ref["mode"] + ("+compile" if cfg.get("compile") else "")
-        stamp = f.parent.name.split("-")[1]  # gpu-<stamp>-plain_references
-        start = dt.datetime.strptime(stamp, "%Y%m%dT%H%M").replace(tzinfo=dt.UTC)
-        tokens = ref["tokens_per_step"] / ref["world_size"]
-        med = tokens / ref["step_s_median"]
-        mfu = ref["mfu"] * ref["step_s"] / ref["step_s_median"] if ref.get("mfu") else None
+    for ref in runs:
         ours = [
             d
             for d in docs
             if d.status == "ok"
-            and run_label(d).split()[0] == key
-            and d.workload.get("preset") == cfg["model"]
-            and dt.timedelta(0)
-            <= dt.datetime.fromisoformat(d.created.replace("Z", "+00:00")) - start
-            <= dt.timedelta(minutes=15)
+            and run_label(d).split()[0] == ref.key
+            and d.workload.get("preset") == ref.model
+            and ref.same_call(d)
         ]
+        mfu = ref.mfu_median
         head = (
-            f"{stamp:<14} {key:<14} {med:>13,.0f} {tokens / ref['step_s']:>9,.0f} "
+            f"{ref.stamp:<14} {ref.key:<14} {ref.tps_median:>13,.0f} {ref.tps_mean:>9,.0f} "
             f"{'-' if mfu is None else f'{mfu:.1%}':>7}"
         )
         if not ours:
-            print(f"{head}   no parlab run of {key} in that call")
+            print(f"{head}   no parlab run of {ref.key} in that call")
         for d in ours:
             tps, m = d.metric("tokens_per_s_per_gpu"), d.metric("mfu")
             print(
                 f"{head}   {tps or 0:>8,.0f} {'-' if m is None else f'{m:.1%}':>7}  "
-                f"{(tps or 0) / med:>14.3f}  {d.run_id}"
+                f"{(tps or 0) / ref.tps_median:>14.3f}  {d.run_id}"
             )
 
 
