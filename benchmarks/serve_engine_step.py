@@ -114,6 +114,12 @@ def main() -> None:
         default=None,
         help="decode as CUDA graphs (default: the engine's, on for CUDA)",
     )
+    ap.add_argument(
+        "--prefill-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with CUDA graphs, prefill as CUDA graphs too (the engine's default)",
+    )
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -126,6 +132,7 @@ def main() -> None:
         prefix_cache=False,
         cudnn_attention=args.cudnn_attention,
         cuda_graphs=args.cuda_graphs,
+        prefill_graphs=args.prefill_graphs,
     )
     eng = Engine(model, cfg)
 
@@ -143,7 +150,9 @@ def main() -> None:
         + (
             f"measured on {name} (the engine alone: no HTTP, no communication); "
             f"cuDNN attention {'allowed' if args.cudnn_attention else 'excluded'}; "
-            f"decode {'as CUDA graphs' if eng.cuda_graphs else 'eager'}"
+            f"decode {'as CUDA graphs' if eng.cuda_graphs else 'eager'}, prefill "
+            f"{'as CUDA graphs' if eng._static_prefill else 'eager'} (capture "
+            f"{eng.graph_capture_s:.1f} s)"
             if gpu
             else "cpu-mechanism (CPU timings show per-row/per-layer overheads, not GPU speed)"
         )

@@ -23,6 +23,7 @@ from parlab.serve.engine import (
     Sequence,
     decode_buckets,
     encode,
+    prefill_buckets,
 )
 from parlab.serve.policy import PolicyConfig
 from parlab.serve.replica import ReplicaServer
@@ -327,7 +328,8 @@ def test_engine_profile_times_every_bucket_with_the_prefix_cache_on(model) -> No
     assert sorted((new, hit) for new, hit, _ in pre) == [
         (32, 0), (32, 0), (64, 32), (64, 32), (64, 128), (64, 128), (128, 0), (128, 0),
     ]  # fmt: skip
-    assert min(prof[k] for k in prof if k.endswith("_s") and k != "decode_bucket_s") >= 0
+    assert min(prof[k] for k in prof if k.endswith("_s") and "bucket" not in k) >= 0
+    assert prof["prefill_bucket_s"] is None  # an eager prefill: no table of pairs
     p = sim.ReplicaProfile.from_json(json.loads(json.dumps(prof)))
     assert [L for L, _ in p.decode_bucket_s] == [256, 300]
     # the overlap model: the shortest misses give the floor, the longest misses' cost is
@@ -568,3 +570,129 @@ def test_cuda_graphs_where_impossible_is_a_usage_error(model) -> None:
     eng = Engine(model, EngineConfig(max_batch=2, max_len=64, cuda_graphs=False))
     with pytest.raises(UsageError, match="off"):
         eng.warmup_graphs()
+
+
+@pytest.mark.parametrize("variant", ["gqa", "mha", "mqa", "learned"])
+def test_static_prefill_equals_the_eager_forward(variant: str) -> None:
+    """The static prefill (padded to its query length, attending over its key length of the
+    slot) gives the eager forward's logits and writes the same K/V at the prompt's
+    positions, for a miss and for prefix hits, at every pair that holds them."""
+    spec = _spec_variant(variant)
+    eng = Engine(build_model(spec, seed=0), EngineConfig(max_batch=3, max_len=300))
+    assert eng.prefill_lens == [64, 128, 256, 300] and eng.buckets == [256, 300]
+    assert eng.prefill_pairs() == [
+        (64, 256), (64, 300), (128, 256), (128, 300), (256, 256), (256, 300), (300, 300),
+    ]  # fmt: skip
+    caches = list(zip(eng.k_cache, eng.v_cache, strict=True))
+    torch.manual_seed(1)
+    for kc, vc in caches:  # stale K/V of earlier requests: only a mask keeps them out
+        kc.normal_()
+        vc.normal_()
+    stale = [(kc.clone(), vc.clone()) for kc, vc in caches]
+    prompt = encode("z" * 40 + "a prompt whose cached head is attended to" * 4)[:200]
+    # (start, n): a miss; hits of 96 and 160 cached tokens; the longest prompt that fits
+    for start, n in ((0, 200), (96, 104), (160, 40), (0, 299)):
+        toks = (prompt * 2)[: start + n]
+        for (kc, vc), (k0, v0) in zip(caches, stale, strict=True):
+            kc.copy_(k0)
+            vc.copy_(v0)
+        eng.forward(torch.tensor([toks[:start]]), [1], [0]) if start else None
+        head = [(kc[1, :, :start].clone(), vc[1, :, :start].clone()) for kc, vc in caches]
+        eager = eng.forward(torch.tensor([toks[start:]]), [1], [start])
+        eager_kv = [(kc[1, :, : start + n].clone(), vc[1, :, : start + n].clone())
+                    for kc, vc in caches]  # fmt: skip
+        Q = next(q for q in eng.prefill_lens if q >= n)
+        for L in [b for b in eng.buckets if b >= start + n]:
+            for (kc, vc), (k0, v0), (kh, vh) in zip(caches, stale, head, strict=True):
+                kc.copy_(k0)
+                vc.copy_(v0)
+                kc[1, :, :start] = kh  # the cached head, as the prefix-cache copy leaves it
+                vc[1, :, :start] = vh
+            logits_1V, picks_1, pair = eng._prefill_slot(toks[start:], 1, start, (Q, L))
+            assert pair == (Q, L) and logits_1V.shape == (1, spec.vocab_size)
+            torch.testing.assert_close(logits_1V, eager, rtol=1e-5, atol=1e-5)
+            assert picks_1.tolist() == (eager + eng.vocab_mask).argmax(-1).tolist()
+            for (kc, vc), (ke, ve) in zip(caches, eager_kv, strict=True):
+                torch.testing.assert_close(kc[1, :, : start + n], ke, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(vc[1, :, : start + n], ve, rtol=1e-5, atol=1e-5)
+            # the other slots are untouched
+            for (kc, vc), (k0, v0) in zip(caches, stale, strict=True):
+                assert torch.equal(kc[[0, 2]], k0[[0, 2]]) and torch.equal(vc[[0, 2]], v0[[0, 2]])
+
+
+def test_generate_with_static_prefill_and_decode_equals_eager(model) -> None:
+    """Tokens (greedy and seeded sampled) are the eager engine's with every prefill and decode
+    static, prefix-cache hits included; each request records the pair it ran at, the one of
+    its uncached tokens and its whole prompt."""
+    cfg = EngineConfig(max_batch=4, max_len=300, block=8)
+    eager, _ = _generate_mixed(Engine(model, cfg))
+    static = Engine(model, cfg)
+    static._static_decode = static._static_prefill = True  # the CPU hooks, run eagerly
+    out, graphs = _generate_mixed(static)
+    assert out == eager and graphs == {256, 300}
+    seqs = [Sequence(prompt=encode("y" * 248 + "tail"), max_tokens=2) for _ in range(2)]
+    for s in seqs:
+        static.add(s)
+    while static.has_work():
+        static.step()
+    assert seqs[1].cached_tokens == 248  # 31 blocks of 8 from the first (and _generate_mixed's)
+    assert [s.prefill_graph for s in seqs] in (
+        [(64, 256), (64, 256)],  # both hit the earlier 248-token prompt's blocks
+        [(256, 256), (64, 256)],
+    )
+    assert [s.output for s in seqs] == Engine(model, cfg).generate([s.prompt for s in seqs], 2)
+
+
+def test_prefill_buckets_pad_to_the_decode_buckets() -> None:
+    assert [prefill_buckets(n) for n in (4096, 300, 200, 100)] == [
+        [64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096], [64, 128, 256, 300],
+        [64, 128, 200], [64, 100],
+    ]  # fmt: skip
+
+
+def test_engine_profile_times_every_prefill_pair_and_fits_the_host_around_it(model) -> None:
+    """With the static prefill the idle profile times every pair's replay, and fits what the
+    prefills cost around it (hashing, cached blocks in, new ones out) to their remainder; the
+    simulator's prefill then costs the pair plus those terms."""
+    eng = Engine(model, EngineConfig(max_batch=4, max_len=300, block=16))
+    eng._static_decode = eng._static_prefill = True  # the CPU hooks: run eagerly
+    prof = eng.profile(prefill_lens=(32, 128), bucket_reps=2)
+    table = prof["prefill_bucket_s"]
+    assert [(q, L) for q, L, _ in table] == eng.prefill_pairs()
+    assert all(t > 0 for *_, t in table)
+    assert all(len(t) == 2 for *_, t in prof["samples"]["prefill_bucket"])
+    p = sim.ReplicaProfile.from_json(json.loads(json.dumps(prof)))
+    assert not p.prefill_overlap and p.prefill_bucket_s == tuple(map(tuple, table))
+    assert min(p.prefill_base_s, p.prefill_per_token_s, p.prefill_per_cached_token_s) >= 0
+    secs = {(q, L): t for q, L, t in table}
+    # a 32-token miss runs at (64, 256); a 64-token hit on 128 cached tokens at (64, 256);
+    # 128 new tokens on 160 cached at (128, 300)
+    host = p.prefill_base_s + p.prefill_per_token_s * 64 + p.prefill_per_cached_token_s * 128
+    assert p.prefill_s(64, 128) == pytest.approx(secs[64, 256] + host)
+    assert p.prefill_pair_s(32, 32) == secs[64, 256]
+    assert p.prefill_pair_s(128, 288) == secs[128, 300]
+    assert p.prefill_pair_s(129, 129) == secs[256, 256]
+    assert p.prefill_pair_s(5000, 9999) == secs[300, 300]  # past the table: its largest
+    # the eager prefill's model is kept beside it
+    assert set(prof["prefill_eager"]) >= {"prefill_base_s", "prefill_overlap"}
+    with pytest.raises(ValueError, match="L >= Q"):
+        dataclasses.replace(p, prefill_bucket_s=((256, 64, 0.1),))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_prefill_equals_the_static_prefill_run_eagerly() -> None:
+    """Replayed prefill (and decode) graphs give the tokens of the same static functions run
+    eagerly, prefix hits included; float32, so also those of the eager engine."""
+    m = build_model(get_spec("tiny"), device="cuda", dtype=torch.float32, seed=0)
+    cfg = EngineConfig(max_batch=4, max_len=300, block=8)
+    eager_static = Engine(m, dataclasses.replace(cfg, cuda_graphs=False))
+    eager_static._static_decode = eager_static._static_prefill = True
+    ref, _ = _generate_mixed(eager_static)
+    eng = Engine(m, cfg)
+    assert sorted(eng._prefill_graphs) == sorted(eng.prefill_pairs())
+    out, graphs = _generate_mixed(eng)
+    assert out == ref and graphs == {256, 300}
+    eager, _ = _generate_mixed(Engine(m, dataclasses.replace(cfg, cuda_graphs=False)))
+    assert out == eager
+    off = Engine(m, dataclasses.replace(cfg, prefill_graphs=False))
+    assert off.cuda_graphs and not off._prefill_graphs and not off._static_prefill

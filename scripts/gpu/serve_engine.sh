@@ -4,9 +4,11 @@
 # excluded (the engine's default) and allowed, to show what cuDNN's per-shape plans cost a
 # serving loop whose shapes change every step. About 25 s per run on an H200.
 #
-#   scripts/gpu/serve_engine.sh OUT_DIR     -> OUT_DIR/serve_engine_step-{default,cudnn,eager}.txt
+#   scripts/gpu/serve_engine.sh OUT_DIR
+#       -> OUT_DIR/serve_engine_step-{default,eager-prefill,cudnn,eager}.txt
 #
-# default: decode as CUDA graphs (the engine's default on CUDA); eager: the same without graphs.
+# default: decode and prefill as CUDA graphs (the engine's default on CUDA); eager-prefill:
+# decode as graphs, prefill eager; eager: neither.
 #
 # Without a GPU it runs the tiny model on the CPU (a dry run).
 set -uo pipefail
@@ -23,6 +25,8 @@ fi
 rc=0
 timeout 60 $PY benchmarks/serve_engine_step.py "${ARGS[@]}" 2>&1 \
   | tee "$OUT/serve_engine_step-default.txt" || rc=1
+timeout 60 $PY benchmarks/serve_engine_step.py "${ARGS[@]}" --no-prefill-graphs 2>&1 \
+  | tee "$OUT/serve_engine_step-eager-prefill.txt" || rc=1
 timeout 60 $PY benchmarks/serve_engine_step.py "${ARGS[@]}" --cudnn-attention --no-cuda-graphs \
   2>&1 | tee "$OUT/serve_engine_step-cudnn.txt" || rc=1
 timeout 60 $PY benchmarks/serve_engine_step.py "${ARGS[@]}" --no-cuda-graphs 2>&1 \

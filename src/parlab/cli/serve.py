@@ -249,6 +249,12 @@ def replica_cmd(
         help="Decode iterations as captured CUDA graphs (default: on for a CUDA --device "
         "with --tp 1 and no MoE; --cuda-graphs requires them).",
     ),
+    prefill_graphs: bool = typer.Option(
+        True,
+        "--prefill-graphs/--no-prefill-graphs",
+        help="With CUDA graphs, prefills as captured graphs too (one per padded prompt "
+        "length and key length).",
+    ),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     if tp > 1:
@@ -324,6 +330,7 @@ def replica_cmd(
             prefix_cache=prefix_cache,
             cache_blocks=cache_blocks,
             cuda_graphs=cuda_graphs,
+            prefill_graphs=prefill_graphs,
         ),
     )
     asyncio.run(

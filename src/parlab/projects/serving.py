@@ -734,6 +734,11 @@ def run_project(
                 profile["decode_per_seq_s"] * 1e3,
             )
             + "".join(f"; graph decode at {L} keys {t * 1e3:.2f} ms" for L, t in buckets.items())
+            + "".join(
+                f"; graph prefill of {q} tokens at {L} keys {t * 1e3:.2f} ms"
+                for q, L, t in profile.get("prefill_bucket_s") or []
+                if q == L or q == min(x[0] for x in profile["prefill_bucket_s"])
+            )
         )
         docs = asyncio.run(_run_policies(urls, p, pols, profile, root, con, cmd))
         failed += sum(d.status != "ok" for d in docs)

@@ -93,6 +93,16 @@ def decode_buckets(max_len: int) -> list[int]:
     return [*out, max_len]
 
 
+def prefill_buckets(max_len: int) -> list[int]:
+    """New-token counts the static prefill runs at (its query lengths): 64 and 128 where they
+    are shorter than the decode's first key length, then ``decode_buckets(max_len)`` (e.g.
+    4096: 64, 128, 256, 512, 1024, 1536, ..., 4096). A prompt's uncached tokens are padded
+    to the smallest that holds them: a prefix-cache hit's few new tokens run at 64, a
+    2,112-token miss at 2,560."""
+    keys = decode_buckets(max_len)
+    return [q for q in (64, 128) if q < keys[0]] + keys
+
+
 def _rope_rows(x_BSND: torch.Tensor, rope_TD2: torch.Tensor) -> torch.Tensor:
     """RoPE with a position per row and token: ``rope_TD2`` is the model's table for the
     ``T = B * S`` positions in row-major order (``[T, D/2, 2]``), applied in one call of the
@@ -165,6 +175,9 @@ class EngineConfig:
     all-reduce inside a captured graph (NCCL under capture, every rank replaying in step) is
     not attempted here. MoE models stay eager: the dropless MoE picks its tokens per expert
     with data-dependent shapes (``torch.where``), which a graph cannot capture."""
+    prefill_graphs: bool = True
+    """With ``cuda_graphs``, run prefills as captured graphs too (the module docstring: one per
+    query-length and key-length bucket); False: prefills stay eager."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_len < 2 or self.block < 1 or self.cache_blocks < 1:
@@ -197,6 +210,8 @@ class Sequence:
     cancelled: bool = False
     uid: int = -1
     """Engine-wide id (the same on every tensor-parallel rank)."""
+    prefill_graph: tuple[int, int] = (0, 0)
+    """The static prefill's (query length, key length) it ran at; (0, 0): the eager forward."""
 
     @property
     def finished(self) -> bool:
@@ -274,6 +289,20 @@ class Engine:
         on to run the function eagerly, without a graph."""
         self._graphs: dict[int, _Graph] = {}
         """The captured static decode of each bucket."""
+        self.prefill_lens = prefill_buckets(cfg.max_len)
+        """Query lengths of the static prefill (``prefill_buckets``); its key lengths are
+        ``buckets``."""
+        q_max = self.prefill_lens[-1]
+        self._in_P = torch.zeros(q_max + 3, dtype=torch.long, device=self.device)
+        """The static prefill's inputs, at a fixed address: the new tokens (zero-padded to
+        ``q_max``), then the slot, the first new token's position and the count of new tokens."""
+        host_P = torch.zeros(q_max + 3, dtype=torch.long)
+        self._host_P = host_P.pin_memory() if self.device.type == "cuda" else host_P
+        self._static_prefill = self.cuda_graphs and cfg.prefill_graphs
+        """Prefill through ``_prefill_static``: on with CUDA graphs unless
+        ``EngineConfig.prefill_graphs`` is off; a CPU test turns it on to run it eagerly."""
+        self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
+        """The captured static prefill of each (query length, key length) pair."""
         self.graph_capture_s = self.warmup_graphs() if self.cuda_graphs else 0.0
         """Seconds the start-up capture took (``warmup_graphs``)."""
 
@@ -436,16 +465,22 @@ class Engine:
         return h, rope
 
     def _blocks(
-        self, h_BSH: torch.Tensor, attend: Callable[[int, torch.Tensor], torch.Tensor]
+        self,
+        h_BSH: torch.Tensor,
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+        last_1: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The model's blocks over ``h_BSH`` with ``attend(layer, x_BSH)`` as each one's
-        attention, then the final norm and output of each row's last token: logits ``[B, V]``."""
+        attention, then the final norm and output of each row's last token: logits ``[B, V]``.
+        ``last_1``: the index of that token on the device (the static prefill's, whose rows
+        are padded); default the last position."""
         m = self.model
         for li, layer in enumerate(m.layers):
             h_BSH = h_BSH + self._reduce(attend(li, layer.attention_norm(h_BSH)))
             ffn = layer.moe if layer.moe is not None else layer.feed_forward
             h_BSH = h_BSH + self._reduce(ffn(layer.ffn_norm(h_BSH)))
-        return m.output(m.norm(h_BSH[:, -1])).float()
+        h_BH = h_BSH[:, -1] if last_1 is None else h_BSH.index_select(1, last_1)[:, 0]
+        return m.output(m.norm(h_BH)).float()
 
     @torch.no_grad()
     def forward(self, tokens_BS: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
@@ -481,29 +516,42 @@ class Engine:
         return logits_MV, (logits_MV + self.vocab_mask).argmax(dim=-1)
 
     def warmup_graphs(self) -> float:
-        """Capture the static decode of every bucket as a CUDA graph, all in one memory pool
+        """Capture the static decode of every bucket and, with ``prefill_graphs``, the static
+        prefill of every pair (``prefill_pairs``) as CUDA graphs, all in one memory pool
         (replacing any captured before); return the seconds it took.
 
         Only on an idle engine: warming up and capturing run the static decode with every slot
-        free, which writes K/V at position 0 of every slot. The graphs share their pool safely
+        free, which writes K/V at position 0 of every slot (the prefill, at slot 0's first
+        positions). The graphs share their pool safely
         because each replay reads only its own outputs, right after it, and nothing a graph
         keeps across replays (the cache, the inputs) lives in the pool."""
         if not self.cuda_graphs:
             raise UsageError("CUDA graphs are off for this engine (EngineConfig.cuda_graphs)")
         assert not self.running, "capture on an idle engine: it overwrites every slot's position 0"
         t0 = time.perf_counter()
-        self._graphs = {}
+        self._graphs, self._prefill_graphs = {}, {}
+        pairs = self.prefill_pairs() if self._static_prefill else []
         with torch.cuda.device(self.device):
             self._in_2M.zero_()
+            self._in_P.zero_()
+            self._in_P[-1] = 1  # one new token (slot 0, position 0): its last row is row 0
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS, SDPA's choice
-                for L in self.buckets:
-                    for _ in range(2):
+                for _ in range(2):
+                    for L in self.buckets:
                         self._decode_static(L)
+                    for Q, L in pairs:
+                        self._prefill_static(Q, L)
             torch.cuda.current_stream().wait_stream(side)
             pool = torch.cuda.graph_pool_handle()
-            for L in reversed(self.buckets):  # the largest first; the smaller reuse its blocks
+            # the largest first; the smaller reuse its blocks
+            for Q, L in sorted(pairs, key=lambda p: p[0] * p[1], reverse=True):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    logits_1V, picks_1 = self._prefill_static(Q, L)
+                self._prefill_graphs[Q, L] = _Graph(g, logits_1V, picks_1)
+            for L in reversed(self.buckets):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
                     logits_MV, picks_M = self._decode_static(L)
@@ -534,6 +582,93 @@ class Engine:
             return self._decode_static(L)
         g.graph.replay()
         return g.logits_MV, g.picks_M
+
+    @torch.no_grad()
+    def _prefill_static(self, Q: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One request's prefill at fixed shapes (what a CUDA graph captures): logits of its
+        last new token ``[1, V]`` and the greedy pick ``[1]`` (printable tokens only).
+
+        Its inputs are in ``_in_P``: ``n`` new tokens (padded with zeros to ``Q``), for slot
+        ``slot`` from position ``start``. Every one of the ``Q`` rows runs; row ``i`` sits at
+        position ``start + i``, clamped to ``max_len - 1``, writes its K/V there and attends
+        to keys ``0 .. its position`` of the first ``L`` of its slot. The ``n`` real rows
+        write and read exactly what the eager forward does (``start + n <= max_len - 1``:
+        ``_prefill`` runs longer prompts eagerly, and a request has at least one output token,
+        so a prompt is at most ``max_len - 1`` long); the padding rows write K/V at the
+        positions after the prompt, which nothing reads before the decode rewrites them (the
+        decode writes a token's K/V before it attends), and their outputs are dropped."""
+        q_max = self.prefill_lens[-1]
+        tok_Q = self._in_P[:Q]
+        slot_1 = self._in_P[q_max : q_max + 1]
+        start, n = self._in_P[q_max + 1], self._in_P[q_max + 2]
+        pos_1Q = (start + torch.arange(Q, device=self.device)).clamp(max=self.config.max_len - 1)
+        pos_1Q = pos_1Q[None]
+        h, rope = self._embed(tok_Q[None], pos_1Q)
+        slot_1Q = slot_1[:, None].expand(1, Q)
+        mask_11QL = self._mask(pos_1Q, L)[:, None]
+        logits_1V = self._blocks(
+            h,
+            lambda li, x: self._attn_prefill(li, x, rope, slot_1Q, pos_1Q, mask_11QL),
+            last_1=(n - 1).reshape(1),
+        )
+        return logits_1V, (logits_1V + self.vocab_mask).argmax(dim=-1)
+
+    def _attn_prefill(
+        self,
+        li: int,
+        x_1QH: torch.Tensor,
+        rope_QD2: torch.Tensor | None,
+        slot_1Q: torch.Tensor,
+        pos_1Q: torch.Tensor,
+        mask_11QL: torch.Tensor,
+    ) -> torch.Tensor:
+        """The static prefill's attention: the new tokens' K/V written at their positions of
+        the slot, then every new token attends over the slot's first ``L`` cached keys."""
+        attn = self.model.layers[li].attention
+        Q = x_1QH.shape[1]
+        L = mask_11QL.shape[-1]
+        q, k, v = self._qkv(attn, x_1QH, rope_QD2)
+        kc, vc = self.k_cache[li], self.v_cache[li]
+        kc[slot_1Q, :, pos_1Q] = k  # index tensors on the device: capturable
+        vc[slot_1Q, :, pos_1Q] = v
+        keys, vals = kc[slot_1Q[:, 0], :, :L], vc[slot_1Q[:, 0], :, :L]  # 1 K L D
+        rep = q.shape[2] // keys.shape[1]
+        if rep > 1:  # one mask row per query serves every head; memory-efficient attention
+            keys = keys.repeat_interleave(rep, dim=1)  # takes no grouped heads with a mask
+            vals = vals.repeat_interleave(rep, dim=1)
+        with self._sdpa_backends():
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask_11QL)
+        return attn.wo(o.transpose(1, 2).reshape(1, Q, -1))
+
+    def _prefill_slot(
+        self, tokens: list[int], slot: int, start: int, pair: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """The static prefill of ``tokens`` into ``slot`` from position ``start``: its inputs in
+        one host-to-device copy, then the replay of its pair's graph (without graphs, the
+        function run eagerly); ``(logits_1V, picks_1, (Q, L))``. The pair: the smallest query
+        length that holds the tokens, the smallest key length that holds ``start`` + them
+        (``pair`` sets it: the profile's timing)."""
+        n = len(tokens)
+        Q, L = pair or (
+            next(q for q in self.prefill_lens if q >= n),
+            next(b for b in self.buckets if b >= start + n),
+        )
+        # the previous prefill's copy out of this host buffer is done: its picks were read
+        host = self._host_P.numpy()
+        host[:n] = tokens
+        host[n:Q] = 0
+        host[-3:] = (slot, start, n)
+        self._in_P.copy_(self._host_P, non_blocking=True)
+        g = self._prefill_graphs.get((Q, L))
+        if g is None:
+            return (*self._prefill_static(Q, L), (Q, L))
+        g.graph.replay()
+        return g.logits_MV, g.picks_M, (Q, L)
+
+    def prefill_pairs(self) -> list[tuple[int, int]]:
+        """The static prefill's (query length, key length) pairs: every key length that holds
+        the query length (a prompt's ``L`` holds its ``start + n >= n`` tokens)."""
+        return [(Q, L) for Q in self.prefill_lens for L in self.buckets if L >= Q]
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
@@ -630,8 +765,12 @@ class Engine:
                 kc[slot, :, :start] = kv[li, 0]
                 vc[slot, :, :start] = kv[li, 1]
         seq.cached_tokens = start
-        new = torch.tensor([seq.prompt[start:]], device=self.device)
-        logits = self.forward(new, [slot], [start])
+        picks: torch.Tensor | None = None
+        if self._static_prefill and len(seq.prompt) < cfg.max_len:
+            logits, picks, seq.prefill_graph = self._prefill_slot(seq.prompt[start:], slot, start)
+        else:
+            new = torch.tensor([seq.prompt[start:]], device=self.device)
+            logits = self.forward(new, [slot], [start])
         seq.length = len(seq.prompt)
         if cfg.prefix_cache and len(hashes) > n:
             a, b = start, len(hashes) * cfg.block
@@ -645,7 +784,7 @@ class Engine:
                 o = (j - n) * cfg.block
                 block_kv = kv[:, :, :, o : o + cfg.block]
                 self.prefix.put(hashes[j], block_kv.clone(memory_format=torch.contiguous_format))
-        seq.output.extend(self._sample(logits, [seq]))
+        seq.output.extend(self._sample(logits, [seq], picks))
 
     def _release(self, seq: Sequence) -> None:
         if seq.slot >= 0:
@@ -824,6 +963,7 @@ class Engine:
         pre: list[tuple[int, int, float]] = []
         dec: list[tuple[int, float]] = []
         buckets: dict[int, list[float]] | None = None
+        pairs: dict[tuple[int, int], list[float]] | None = None
         try:
             for n in lens:
                 misses = [fresh() + [65] * (n - 2) for _ in range(3)]
@@ -841,6 +981,8 @@ class Engine:
                 dec.extend((b, s) for s in steps[1:])
             if self._static_decode:
                 buckets = self._time_buckets(bucket_reps)
+            if self._static_prefill:
+                pairs = self._time_prefill_pairs(bucket_reps)
         finally:
             self.prefix = own_cache
             self.log.clear()
@@ -874,23 +1016,73 @@ class Engine:
         )
         da = np.asarray(dec, dtype=float)
         db, ds = nonneg_lstsq(np.column_stack([np.ones(len(da)), da[:, 0]]), da[:, 1])
-        return {
+        linear = {
+            "prefill_base_s": float(pb),
+            "prefill_per_token_s": float(pt),
+            "prefill_per_cached_token_s": float(pc),
+        }
+        prefill: dict[str, Any] = {
             "prefill_base_s": float(floor),
             "prefill_per_token_s": float(per_tok),
             "prefill_per_cached_token_s": float(per_cached),
             "prefill_overlap": True,
-            "prefill_linear": {
-                "prefill_base_s": float(pb),
-                "prefill_per_token_s": float(pt),
-                "prefill_per_cached_token_s": float(pc),
-            },
+        }
+        table = None
+        if pairs is not None:
+            # the static prefill: each pair's replay as timed, and what the prefills cost
+            # around it (hashing, the cached blocks copied in, the new ones stored) fitted
+            # to their remainder
+            table = [[Q, L, statistics.median(t)] for (Q, L), t in sorted(pairs.items())]
+            replay = ReplicaProfile(
+                prefill_base_s=0.0,
+                prefill_per_token_s=0.0,
+                decode_base_s=0.0,
+                decode_per_seq_s=0.0,
+                prefill_bucket_s=tuple((q, L, t) for q, L, t in table),
+            )
+            rest = np.asarray([t - replay.prefill_s(n, c) for n, c, t in pre])
+            hb, ht, hc = nonneg_lstsq(np.column_stack([np.ones(len(pa)), pa[:, :2]]), rest)
+            prefill = {
+                "prefill_base_s": float(hb),
+                "prefill_per_token_s": float(ht),
+                "prefill_per_cached_token_s": float(hc),
+                "prefill_overlap": False,
+                "prefill_eager": prefill,
+            }
+        return {
+            **prefill,
+            "prefill_bucket_s": table,
+            "prefill_linear": linear,
             "decode_base_s": float(db),
             "decode_per_seq_s": float(ds),
             "decode_bucket_s": None
             if buckets is None
             else {L: statistics.median(t) for L, t in buckets.items()},
-            "samples": {"prefill": pre, "decode": dec, "decode_bucket": buckets},
+            "samples": {
+                "prefill": pre,
+                "decode": dec,
+                "decode_bucket": buckets,
+                "prefill_bucket": None if pairs is None else [[*k, t] for k, t in pairs.items()],
+            },
         }
+
+    def _time_prefill_pairs(self, reps: int) -> dict[tuple[int, int], list[float]]:
+        """Seconds of one static prefill at each pair (``prefill_pairs``), ``reps`` times after
+        one warm-up, as ``_prefill`` pays it: the inputs' copy to the device, the replay, the
+        greedy pick read back. Slot 0, ``Q`` new tokens ending at key ``L``."""
+        assert not self.running, "timed on an idle engine: it overwrites slot 0's keys"
+        out: dict[tuple[int, int], list[float]] = {}
+        for Q, L in self.prefill_pairs():
+            times = []
+            for i in range(reps + 1):
+                t0 = time.perf_counter()
+                _, picks_1, _ = self._prefill_slot([65] * Q, 0, L - Q, (Q, L))
+                picks_1.tolist()
+                self._sync()
+                if i:
+                    times.append(time.perf_counter() - t0)
+            out[Q, L] = times
+        return out
 
     def _time_buckets(self, reps: int) -> dict[int, list[float]]:
         """Seconds of one static decode iteration at each bucket, ``reps`` times after one

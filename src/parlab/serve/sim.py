@@ -100,13 +100,54 @@ class ReplicaProfile:
     length, and the GPU runs them meanwhile, so a prompt costs its GPU work only once that
     exceeds the host's time (``Engine.profile``'s prefill model)."""
 
+    prefill_bucket_s: tuple[tuple[int, int, float], ...] | None = None
+    """``(Q, L, seconds)`` per pair of a static (CUDA-graph) prefill: ``Q`` new tokens (the
+    request's uncached ones, zero-padded) attending over ``L`` keys of its slot; None: an eager
+    prefill. When set, a request's prefill costs the seconds of its pair -- the smallest
+    ``Q`` that holds its uncached tokens, the smallest ``L`` of that ``Q`` that holds its
+    whole prompt, as the engine's ``_prefill_slot`` picks its graph -- plus the additive host
+    terms ``prefill_base_s + prefill_per_token_s * uncached + prefill_per_cached_token_s *
+    cached`` (what the engine does around the replay: hashing the prompt, copying its cached
+    blocks in, storing its new ones). From ``Engine.profile`` (every pair: their replays
+    timed, the host terms fitted to its prefills' remainder)."""
+
+    _pairs: Any = field(default=None, init=False, repr=False, compare=False)
+    """``prefill_pair_s``'s lookup (``__post_init__``): the query lengths in order, and each
+    one's key lengths and seconds."""
+
     def prefill_s(self, uncached: int, cached: int) -> float:
-        """Seconds of one request's prefill (``prefill_overlap`` says how the terms add)."""
+        """Seconds of one request's prefill (``prefill_bucket_s``, else ``prefill_overlap``,
+        say how the terms add)."""
         work = self.prefill_per_token_s * uncached
+        if self.prefill_bucket_s is not None:
+            host = self.prefill_base_s + work + self.prefill_per_cached_token_s * cached
+            return self.prefill_pair_s(uncached, uncached + cached) + host
         own = max(self.prefill_base_s, work) if self.prefill_overlap else self.prefill_base_s + work
         return own + self.prefill_per_cached_token_s * cached
 
+    def prefill_pair_s(self, new: int, total: int) -> float:
+        """The replay seconds of the static prefill pair for ``new`` uncached tokens of a
+        ``total``-token prompt (the largest ``Q``, or ``L``, where none holds it)."""
+        qs, by_q = self._pairs
+        q = qs[min(bisect.bisect_left(qs, new), len(qs) - 1)]
+        ls, secs = by_q[q]
+        return secs[min(bisect.bisect_left(ls, total), len(ls) - 1)]
+
     def __post_init__(self) -> None:
+        pairs: dict[int, tuple[list[int], list[float]]] = {}
+        if self.prefill_bucket_s is not None:
+            for Q, L, t in sorted(self.prefill_bucket_s):
+                if L < Q or t < 0 or (Q in pairs and pairs[Q][0][-1] == L):
+                    raise ValueError(
+                        "prefill_bucket_s: give (Q, L, seconds) triples, L >= Q, each pair once, "
+                        f"seconds >= 0; got {self.prefill_bucket_s!r}"
+                    )
+                ls, secs = pairs.setdefault(Q, ([], []))
+                ls.append(L)
+                secs.append(t)
+            if not pairs:
+                raise ValueError("prefill_bucket_s: give at least one (Q, L, seconds) triple")
+        object.__setattr__(self, "_pairs", (sorted(pairs), pairs))
         if self.decode_bucket_s is not None:
             ls = [L for L, _ in self.decode_bucket_s]
             if not ls or ls != sorted(set(ls)) or any(s < 0 for _, s in self.decode_bucket_s):
@@ -118,7 +159,8 @@ class ReplicaProfile:
     @classmethod
     def from_json(cls, data: dict[str, Any], **over: Any) -> ReplicaProfile:
         """A profile from ``Engine.profile``'s or ``fit_profile``'s dictionary (or its JSON:
-        ``decode_bucket_s`` as ``{L: seconds}``, its keys strings or ints, or as pairs);
+        ``decode_bucket_s`` as ``{L: seconds}``, its keys strings or ints, or as pairs;
+        ``prefill_bucket_s`` as ``[Q, L, seconds]`` triples);
         fields it lacks keep their defaults, ``over`` sets any field."""
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
         extra = ("prefill_per_cached_token_s", "decode_per_token_s")
@@ -128,6 +170,9 @@ class ReplicaProfile:
             over = {"decode_bucket_s": tuple(sorted((int(L), float(t)) for L, t in pairs)), **over}
         if data.get("prefill_overlap"):
             over = {"prefill_overlap": True, **over}
+        if data.get("prefill_bucket_s") is not None:
+            triples = tuple((int(q), int(L), float(t)) for q, L, t in data["prefill_bucket_s"])
+            over = {"prefill_bucket_s": triples, **over}
         return cls(
             **{k: float(data[k]) for k in keys},
             **{k: float(data[k]) for k in extra if k in data},
