@@ -395,12 +395,17 @@ def markdown(folder: Path) -> str:
 
     train = rows_from_documents(folder)
     gpu_train = [r for r in train if r["level"] == "real-training"]
-    from parlab.plan.calibrate import collectives_calibration, unmodelled
+    from parlab.plan.calibrate import collectives_calibration, host_bound, unmodelled
+    from parlab.plan.host import host_dispatch_calibration
 
     runs = pa.gpu_runs(folder)
     cal = collectives_calibration(folder)
+    host = host_dispatch_calibration(folder)
     old = pa.mfu_model_rows(runs, cal) if runs else {}
     rf = pa.roofline_rows(runs, cal) if runs else {"pred": {}, "loo": {}, "calibrating": {}}
+    # DTensor TP runs: max(roofline, ops x host seconds per op) where a calibration describes them
+    bounds = {d.run_id: b for d in runs if (b := host_bound(d, rf["pred"].get(d.run_id), host))}
+    rf["pred"].update({rid: b[0] for rid, b in bounds.items()})
     lines: list[str] = []
     add = lines.append
     add("# Accuracy: what parlab predicted against what the GPUs measured")
@@ -485,13 +490,16 @@ def markdown(folder: Path) -> str:
         loo = old.get(d.run_id, (None, None, None))[1]
         cal_of = rf["calibrating"].get(d.run_id, "")
         roof = rf["loo"].get(d.run_id) if cal_of else rf["pred"].get(d.run_id)
+        bound = bounds.get(d.run_id)
         pm = d.predictions.get("peak_memory")
         peak, peak_p = d.metric("peak_memory"), (pm.value if pm is not None else None)
         cm, cp = _comm_pairs(d)
         rv = revised.get(d.run_id)
         if d.project == "PAR-MODEL-INTERNAL":
             rv = revised_model_internal_peak(d)
-        note = f"calibrates {cal_of}" if cal_of else (unmodelled(d) or "")
+        note = f"calibrates {cal_of}" if cal_of else (unmodelled(d, host=host) or "")
+        if bound is not None and host is not None:
+            note = f"{bound[1]}-bound: host {bound[2] * 1e3:.0f} ms ({host.run_id})"
         add(
             f"| {d.run_id} | {_ms(meas)} | {_ms(loo)} | {_pct(rel(meas, loo))} | {_ms(roof)} | "
             f"{_pct(rel(meas, roof))} | {_gib(peak)} | "

@@ -16,10 +16,14 @@ Two tables.
      stated steps of ``parlab.plan.calibrate.LAB_STEPS`` (the table lists the
      runs of each step). A calibration run's verdict uses its leave-one-group-out
      prediction (every step refitted without all repeats of its configuration),
-     so every verdict is out of sample.
+     so every verdict is out of sample. torch's DTensor TP runs are host-bound:
+     with a host-dispatch calibration under the same folder
+     (``benchmarks/host_dispatch_probe.py``, ``parlab.plan.host``) their
+     prediction is max(roofline, ops per step x host seconds per op).
 
-   The last column names the calibration step a run belongs to, or why the
-   model does not describe it. Counts: over all runs, the current
+   The last column names the calibration step a run belongs to, why the
+   model does not describe it, or for a DTensor TP run which term (host or
+   GPU) set its prediction. Counts: over all runs, the current
    implementation (documents recording ``norm_kernel``), and the runs the model
    describes. Predicted peak memory against its ``peak_memory`` (target:
    within 5 %), twice: *recorded*, the ledger's prediction the run recorded
@@ -180,9 +184,11 @@ def table_gpu_runs(root: Path) -> None:
     if not docs:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
-    from parlab.plan.calibrate import collectives_calibration
+    from parlab.plan.calibrate import collectives_calibration, host_bound
+    from parlab.plan.host import host_dispatch_calibration
 
     cal = collectives_calibration(root)
+    host = host_dispatch_calibration(root)
     old = mfu_model_rows(docs, cal)
     rf = roofline_rows(docs, cal)
     head = (
@@ -203,10 +209,20 @@ def table_gpu_runs(root: Path) -> None:
         impl = implementation_of(d).norm_kernel
         _, mfu_loo, planner_peak = old.get(d.run_id, (None, None, None))
         pred = rf["pred"].get(d.run_id)
+        bound = host_bound(d, pred, host)
+        if bound is not None:  # DTensor TP: max(roofline, ops x host seconds per op)
+            pred, term, host_s = bound
         cal_of = rf["calibrating"].get(d.run_id, "")
         loo = rf["loo"].get(d.run_id) if cal_of else None
         out_of_sample = loo if cal_of else pred
-        why = unmodelled(d)
+        why = unmodelled(d, host=host)
+        if bound is not None:
+            gpu_s = rf["pred"][d.run_id]
+            why = (
+                f"host-bound: host {host_s:.3f} s > roofline {gpu_s:.3f} s"
+                if term == "host"
+                else f"GPU-bound: roofline {gpu_s:.3f} s >= host {host_s:.3f} s"
+            )
         pm = d.predictions.get("peak_memory")
         peak_meas = d.metric("peak_memory")
         peak_pred = pm.value if pm is not None else planner_peak
@@ -249,6 +265,20 @@ def table_gpu_runs(root: Path) -> None:
     )
     for step, ids in rf["used"]:
         print(f"  {', '.join(step.free)} fitted on {len(ids)} {step.runs}: {', '.join(ids)}")
+    if host is not None:
+        print(
+            f"DTensor TP runs: max(roofline, host), host = ops per step x host seconds per op "
+            f"({host.label}; ops = micro-batches x ({host.microbatch_fixed:.0f} + "
+            f"{host.microbatch_per_layer:.0f} x layers) + {host.optimizer_fixed:.0f} + "
+            f"{host.optimizer_per_layer:.0f} x layers, counted on {host.model}'s structure, "
+            f"{host.norm_kernel} implementation); the roofline column shows the max, the note "
+            "the term that set it."
+        )
+    else:
+        print(
+            "DTensor TP runs: no host-dispatch calibration under the results folder "
+            "(benchmarks/host_dispatch_probe.py on the GPU machine writes one): not modelled."
+        )
     print(
         "<10%: the out-of-sample prediction -- the roofline's for runs outside the calibration, "
         "the LOO column (every step refitted without all repeats of the run's configuration) for "

@@ -16,6 +16,10 @@ the lab uses (``LAB_STEPS``):
    runs (DDP, ZeRO, FSDP) of Llama-style models in the current implementation, without
    recompute or compile (two widths: the 1.3B's 2048 and the 8B's 4096).
 
+torch's DTensor tensor-parallel runs are host-bound: ``host_bound`` predicts them as
+max(the roofline's step, ops per step x host seconds per op) under a host-dispatch calibration
+(``parlab.plan.host``); without one, ``unmodelled`` says they are not modelled.
+
 Nothing here crosses a wire or imports torch.
 """
 
@@ -61,16 +65,60 @@ def group_of(doc: Any) -> str:
     return "/".join(p for p in parts if p)
 
 
-def unmodelled(doc: Any) -> str:
-    """Why the planner's model does not describe this run ("" when it does)."""
-    k = knobs(doc)
+def is_dtensor_tp(doc: Any) -> bool:
+    """torch's DTensor tensor parallelism (``implementation: torch`` at tp > 1)."""
     mesh = (doc.layout or {}).get("mesh") or {}
+    return knobs(doc).get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1
+
+
+def _model_name(doc: Any) -> str:
     model = doc.workload.get("model")
-    name = str(
+    return str(
         doc.workload.get("preset") or (model.get("name") if isinstance(model, dict) else model)
     )
-    if k.get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1:
-        return "DTensor TP: host-bound per-op dispatch (not modelled)"
+
+
+def host_term(doc: Any, host: Any = None) -> tuple[float | None, str]:
+    """(host seconds per step, "") of a DTensor TP run under the host-dispatch calibration
+    ``host`` (``parlab.plan.host.HostDispatch``), or (None, why it is not modelled)."""
+    from parlab.models import get_spec
+    from parlab.plan.host import block
+
+    if host is None:
+        return None, "DTensor TP: host-bound per-op dispatch (not modelled)"
+    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
+    try:
+        spec = get_spec(_model_name(doc))
+    except ValueError:
+        return (
+            None,
+            f"DTensor TP: host-bound per-op dispatch (not modelled: no spec for {_model_name(doc)})",
+        )
+    mb = int(doc.workload.get("microbatches") or 1)
+    impl = implementation_of(doc).norm_kernel
+    why = ""
+    if gpus[0].get("name") != host.device:
+        why = f"its host seconds per op were measured beside {host.device}"
+    elif block(spec) != host.block:
+        why = f"its op counts are of the {host.model}'s structure"
+    elif mb != host.microbatches:
+        why = f"its op counts are of {host.microbatches} micro-batch(es) a step"
+    elif knobs(doc).get("sequence_parallel"):
+        why = "its op counts are without sequence parallelism"
+    elif impl != host.norm_kernel:
+        why = f"its op counts are of the {host.norm_kernel} implementation, this run is {impl}"
+    if why:
+        return None, f"DTensor TP: host-bound per-op dispatch (not modelled: {why})"
+    return host.host_s(spec.layers, mb), ""
+
+
+def unmodelled(doc: Any, host: Any = None) -> str:
+    """Why the planner's model does not describe this run ("" when it does); ``host``: the
+    host-dispatch calibration that describes DTensor TP runs (``host_term``)."""
+    name = _model_name(doc)
+    if is_dtensor_tp(doc):
+        return host_term(doc, host)[1]
+    k = knobs(doc)
     if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
         return "DeepSpeed's engine: its own buckets, partitions and prefetch (not modelled)"
     if doc.project == "PAR-TRAINING-STATE" and k.get("recompute") == "selective":
@@ -187,6 +235,21 @@ def predict(doc: Any, roofline: Roofline, *, calibration: Any = None) -> StepEst
         return None
     req, cand, sp = made
     return evaluate(req, cand, sp=sp).estimate
+
+
+def host_bound(doc: Any, gpu_s: float | None, host: Any = None) -> tuple[float, str, float] | None:
+    """(predicted step, the term that sets it -- ``host`` or ``gpu`` --, host seconds) of a DTensor
+    TP run: max(``gpu_s``, the roofline's step, and its host time under ``host``); None where
+    the run is not one or ``host`` does not describe it (``host_term``)."""
+    from parlab.plan.host import bound
+
+    if gpu_s is None or not is_dtensor_tp(doc):
+        return None
+    host_s, _ = host_term(doc, host)
+    if host_s is None:
+        return None
+    step, term = bound(gpu_s, host_s)
+    return step, term, host_s
 
 
 def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow | None:

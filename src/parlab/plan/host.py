@@ -1,0 +1,143 @@
+"""The host's share of a step: ops dispatched per step x host seconds per dispatched op.
+
+torch's DTensor tensor parallelism dispatches every op on a DTensor through Python (sharding
+propagation, redistribution, the local op). On a fast GPU the host then issues the step's
+kernels more slowly than the GPU runs them, and the step takes the host's time, not the GPU's.
+The planner's model of such a run::
+
+    host_s = ops_per_step x host_s_per_op
+    ops_per_step = microbatches x (a + b x layers) + (c + d x layers)
+    step_s = max(gpu_s, host_s)        (gpu_s: the roofline's step)
+
+``a, b`` (each micro-batch: batch to the device, forward, loss, backward) and ``c, d`` (the
+optimizer step) are op counts, and ``host_s_per_op`` a measurement, from one
+``benchmarks/host_dispatch_probe.py`` document (a ``host-dispatch-calibration`` under
+``PAR-MODEL-INTERNAL``): the runs' DTensor TP step at a width where the GPU idles, its step time
+divided by the ops it dispatched. The counts are per model structure (norm, activation,
+attention kind; ``block``), not per width, so the law carries to other layer counts of the same
+structure; the seconds per op belong to the probe's host, torch and GPU.
+
+Not modelled: the step reads its loss back (a device sync) between backward and the optimizer
+step, so the optimizer's host time cannot hide under the GPU's backward; ``max`` treats the step
+as one overlapped stretch. Nothing here imports torch or a process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parlab.errors import UsageError
+
+FORMAT = "parlab-host-dispatch/v1"
+KIND = "host-dispatch-calibration"
+
+
+def block(spec: Any) -> str:
+    """The structure that sets a model's op count per layer (not its widths)."""
+    kv = spec.kv_heads or spec.heads
+    return "/".join(
+        (
+            spec.norm,
+            spec.activation,
+            spec.position,
+            "mla" if spec.mla is not None else "mha" if kv == spec.heads else "gqa",
+            "moe" if spec.moe is not None else "dense",
+            "bias" if spec.linear_bias or spec.qkv_bias else "nobias",
+            "tied" if spec.tied_embeddings else "untied",
+        )
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostDispatch:
+    """One host-dispatch calibration (``benchmarks/host_dispatch_probe.py``)."""
+
+    run_id: str
+    """The probe document it comes from."""
+    evidence_level: str
+    """``real-training`` (GPU, NCCL) or ``cpu-mechanism`` (gloo)."""
+    device: str
+    """The GPU it ran on (``cpu`` on gloo)."""
+    model: str
+    """The model whose structure it ran (layers, heads, vocabulary kept; width cut)."""
+    block: str
+    """That model's ``block`` signature."""
+    microbatch_fixed: float
+    """Ops per micro-batch outside the layers (``a``)."""
+    microbatch_per_layer: float
+    """Ops per micro-batch per layer (``b``)."""
+    optimizer_fixed: float
+    """Ops of the optimizer step outside the layers (``c``)."""
+    optimizer_per_layer: float
+    """Ops of the optimizer step per layer (``d``)."""
+    microbatches: int
+    """Micro-batches per step in the probe (the law is measured there only)."""
+    norm_kernel: str
+    """The implementation whose ops it counted (``fused`` on CUDA: one kernel per RMSNorm)."""
+    host_s_per_op: float
+    """Host seconds per dispatched op: the probe's step time / its ops per step."""
+
+    def __post_init__(self) -> None:
+        if self.host_s_per_op <= 0:
+            raise ValueError(f"{self.run_id}: host seconds per op {self.host_s_per_op} <= 0")
+
+    def ops_per_step(self, layers: int, microbatches: int = 1) -> float:
+        """Ops dispatched per step by ``layers`` layers and ``microbatches`` micro-batches."""
+        per_mb = self.microbatch_fixed + self.microbatch_per_layer * layers
+        return microbatches * per_mb + self.optimizer_fixed + self.optimizer_per_layer * layers
+
+    def host_s(self, layers: int, microbatches: int = 1) -> float:
+        """Host seconds per step."""
+        return self.ops_per_step(layers, microbatches) * self.host_s_per_op
+
+    @property
+    def label(self) -> str:
+        return f"host-dispatch:{self.run_id} ({self.host_s_per_op * 1e6:.1f} us/op, {self.device})"
+
+
+def bound(gpu_s: float, host_s: float) -> tuple[float, str]:
+    """(predicted step, the term that sets it: ``host`` or ``gpu``) = max of the two."""
+    return (host_s, "host") if host_s > gpu_s else (gpu_s, "gpu")
+
+
+def load_host_dispatch(doc: Any) -> HostDispatch:
+    """The calibration a probe document holds; ``UsageError`` when it holds none."""
+    body = (doc.workload or {}).get("calibration") or {}
+    if doc.workload.get("kind") != KIND or body.get("format") != FORMAT:
+        raise UsageError(f"{doc.run_id}: not a {KIND} document ({FORMAT})")
+    from parlab.models import get_spec
+
+    ops = body["ops"]
+    return HostDispatch(
+        run_id=doc.run_id,
+        evidence_level=doc.evidence_level,
+        device=str(body["device"]),
+        model=str(body["model"]),
+        block=block(get_spec(str(body["model"]))),
+        microbatch_fixed=float(ops["microbatch"]["fixed"]),
+        microbatch_per_layer=float(ops["microbatch"]["per_layer"]),
+        optimizer_fixed=float(ops["optimizer"]["fixed"]),
+        optimizer_per_layer=float(ops["optimizer"]["per_layer"]),
+        microbatches=int(body.get("microbatches", 1)),
+        norm_kernel=str(body.get("norm_kernel", "")),
+        host_s_per_op=float(body["host_s_per_op"]),
+    )
+
+
+def host_dispatch_calibration(root: Any) -> HostDispatch | None:
+    """The newest GPU (``real-training``) host-dispatch calibration under
+    ``root``/PAR-MODEL-INTERNAL, or None."""
+    from parlab.contract import read_document
+
+    best = None
+    for path in sorted((Path(root) / "PAR-MODEL-INTERNAL").glob("host-dispatch-*.json")):
+        try:
+            doc = read_document(path)
+            cal = load_host_dispatch(doc)
+        except (ValueError, KeyError, TypeError, UsageError):
+            continue
+        if doc.evidence_level == "real-training" and (best is None or doc.created >= best[0]):
+            best = (doc.created, cal)
+    return None if best is None else best[1]
