@@ -23,6 +23,7 @@ from parlab.serve.engine import (
     Sequence,
     decode_buckets,
     encode,
+    miss_buckets,
     prefill_buckets,
 )
 from parlab.serve.policy import PolicyConfig
@@ -575,12 +576,15 @@ def test_cuda_graphs_where_impossible_is_a_usage_error(model) -> None:
 @pytest.mark.parametrize("variant", ["gqa", "mha", "mqa", "learned"])
 def test_static_prefill_equals_the_eager_forward(variant: str) -> None:
     """The static prefill (padded to its query length, attending over its key length of the
-    slot) gives the eager forward's logits and writes the same K/V at the prompt's
-    positions, for a miss and for prefix hits, at every pair that holds them."""
+    slot, or causally over its own tokens for a miss) gives the eager forward's logits and
+    writes the same K/V at the prompt's positions, for a miss and for prefix hits, at every
+    pair that holds them."""
     spec = _spec_variant(variant)
     eng = Engine(build_model(spec, seed=0), EngineConfig(max_batch=3, max_len=300))
     assert eng.prefill_lens == [64, 128, 256, 300] and eng.buckets == [256, 300]
+    assert eng.miss_lens == [64, 128, 256, 300]
     assert eng.prefill_pairs() == [
+        (64, 0), (128, 0), (256, 0), (300, 0),
         (64, 256), (64, 300), (128, 256), (128, 300), (256, 256), (256, 300), (300, 300),
     ]  # fmt: skip
     caches = list(zip(eng.k_cache, eng.v_cache, strict=True))
@@ -602,7 +606,11 @@ def test_static_prefill_equals_the_eager_forward(variant: str) -> None:
         eager_kv = [(kc[1, :, : start + n].clone(), vc[1, :, : start + n].clone())
                     for kc, vc in caches]  # fmt: skip
         Q = next(q for q in eng.prefill_lens if q >= n)
-        for L in [b for b in eng.buckets if b >= start + n]:
+        pairs = [(Q, L) for L in eng.buckets if start + n <= L]
+        if start == 0:  # a miss runs causally over its own tokens; the masked path serves too
+            pairs.append((next(q for q in eng.miss_lens if q >= n), 0))
+        assert eng._prefill_slot(toks[start:], 1, start)[2] == pairs[-1 if start == 0 else 0]
+        for Q, L in pairs:
             for (kc, vc), (k0, v0), (kh, vh) in zip(caches, stale, head, strict=True):
                 kc.copy_(k0)
                 vc.copy_(v0)
@@ -638,7 +646,7 @@ def test_generate_with_static_prefill_and_decode_equals_eager(model) -> None:
     assert seqs[1].cached_tokens == 248  # 31 blocks of 8 from the first (and _generate_mixed's)
     assert [s.prefill_graph for s in seqs] in (
         [(64, 256), (64, 256)],  # both hit the earlier 248-token prompt's blocks
-        [(256, 256), (64, 256)],
+        [(256, 0), (64, 256)],  # the first missed (its blocks were evicted)
     )
     assert [s.output for s in seqs] == Engine(model, cfg).generate([s.prompt for s in seqs], 2)
 
@@ -648,6 +656,10 @@ def test_prefill_buckets_pad_to_the_decode_buckets() -> None:
         [64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096], [64, 128, 256, 300],
         [64, 128, 200], [64, 100],
     ]  # fmt: skip
+    # a miss pads its whole prompt, in steps of 256 past 256
+    assert miss_buckets(4096) == [64, 128, *range(256, 4096, 256), 4096]
+    assert [miss_buckets(n) for n in (300, 200, 100)] == [[64, 128, 256, 300], [64, 128, 200],
+                                                          [64, 100]]  # fmt: skip
 
 
 def test_engine_profile_times_every_prefill_pair_and_fits_the_host_around_it(model) -> None:
@@ -658,21 +670,22 @@ def test_engine_profile_times_every_prefill_pair_and_fits_the_host_around_it(mod
     eng._static_decode = eng._static_prefill = True  # the CPU hooks: run eagerly
     prof = eng.profile(prefill_lens=(32, 128), bucket_reps=2)
     table = prof["prefill_bucket_s"]
-    assert [(q, L) for q, L, _ in table] == eng.prefill_pairs()
+    assert [(q, L) for q, L, _ in table] == sorted(eng.prefill_pairs())
     assert all(t > 0 for *_, t in table)
     assert all(len(t) == 2 for *_, t in prof["samples"]["prefill_bucket"])
     p = sim.ReplicaProfile.from_json(json.loads(json.dumps(prof)))
     assert not p.prefill_overlap and p.prefill_bucket_s == tuple(map(tuple, table))
     assert min(p.prefill_base_s, p.prefill_per_token_s, p.prefill_per_cached_token_s) >= 0
     secs = {(q, L): t for q, L, t in table}
-    # a 32-token miss runs at (64, 256); a 64-token hit on 128 cached tokens at (64, 256);
-    # 128 new tokens on 160 cached at (128, 300)
+    # a 64-token hit on 128 cached tokens runs at (64, 256); a 32-token miss at (64, 0),
+    # causal; 128 new tokens on 160 cached at (128, 300)
     host = p.prefill_base_s + p.prefill_per_token_s * 64 + p.prefill_per_cached_token_s * 128
     assert p.prefill_s(64, 128) == pytest.approx(secs[64, 256] + host)
-    assert p.prefill_pair_s(32, 32) == secs[64, 256]
+    assert p.prefill_pair_s(32, 32) == secs[64, 0]
     assert p.prefill_pair_s(128, 288) == secs[128, 300]
-    assert p.prefill_pair_s(129, 129) == secs[256, 256]
+    assert p.prefill_pair_s(129, 129) == secs[256, 0]
     assert p.prefill_pair_s(5000, 9999) == secs[300, 300]  # past the table: its largest
+    assert p.prefill_pair_s(5000, 5000) == secs[300, 0]
     # the eager prefill's model is kept beside it
     assert set(prof["prefill_eager"]) >= {"prefill_base_s", "prefill_overlap"}
     with pytest.raises(ValueError, match="L >= Q"):
@@ -696,3 +709,43 @@ def test_cuda_graph_prefill_equals_the_static_prefill_run_eagerly() -> None:
     assert out == eager
     off = Engine(m, dataclasses.replace(cfg, prefill_graphs=False))
     assert off.cuda_graphs and not off._prefill_graphs and not off._static_prefill
+
+
+def test_sim_charges_the_serving_loop_around_every_iteration() -> None:
+    """``loop_base_s + loop_per_seq_s * requests`` is added to each prefill and decode
+    iteration: a lone request's TTFT and TPOT grow by exactly one iteration's loop cost."""
+    loop = dataclasses.replace(PROF, loop_base_s=0.002, loop_per_seq_s=0.0005)
+    one = {"replicas": 1, "policy": PolicyConfig()}
+    base = sim.simulate(_work([0.0]), profile=PROF, **one)
+    r = sim.simulate(_work([0.0]), profile=loop, **one)
+    assert r["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(2.5)
+    assert r["mean_tpot_ms"] - base["mean_tpot_ms"] == pytest.approx(2.5)
+    assert loop.decode_step_s(3, 0, 0) == pytest.approx(PROF.decode_step_s(3, 0, 0) + 0.0035)
+
+
+def test_fit_loop_recovers_the_serving_loop_beyond_the_engine_costs() -> None:
+    """What a served iteration cost beyond the engine's idle-profile price (its bucket, or a
+    one-request prefill's cost) is fitted as ``base + per_seq * batch``; prefill iterations
+    of several requests and logs without the serving loop's times are left out."""
+    prof = dataclasses.replace(PROF, decode_bucket_s=((256, 0.004), (512, 0.006)))
+    base, per_seq = 0.0006, 0.00002
+    log: list[dict[str, float]] = []
+    for b, L in ((1, 256), (4, 256), (16, 512), (32, 512), (8, 256)):
+        wall = prof.decode_bucket_s[L == 512][1] + base + per_seq * b - 1e-4
+        log.append({"kind": 1, "batch": b, "tokens": 10 * b, "graph": L, "s": 1.0,
+                    "wall": wall, "gap": 1e-4})  # fmt: skip
+    wall = prof.prefill_s(100, 32) + base + per_seq
+    log.append({"kind": 0, "batch": 1, "tokens": 100, "cached": 32, "s": 1.0, "wall": wall})
+    log.append({"kind": 0, "batch": 3, "tokens": 300, "cached": 0, "s": 1.0, "wall": 9.0})
+    log.append({"kind": 1, "batch": 2, "tokens": 20, "graph": 256, "s": 1.0})  # no wall
+    fit = sim.fit_loop(log, prof)
+    assert fit["loop_base_s"] == pytest.approx(base) and fit["loop_per_seq_s"] == pytest.approx(
+        per_seq
+    )
+    assert fit["loop_iterations"] == 6
+    costs = {k: getattr(PROF, k) for k in ("prefill_base_s", "prefill_per_token_s",
+                                           "decode_base_s", "decode_per_seq_s")}  # fmt: skip
+    loaded = sim.ReplicaProfile.from_json({**costs, **json.loads(json.dumps(fit))})
+    assert loaded.loop_base_s == pytest.approx(base)
+    with pytest.raises(ValueError, match="at least two"):
+        sim.fit_loop(log[-2:], prof)

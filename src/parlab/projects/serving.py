@@ -240,6 +240,34 @@ async def _get_json(url: str) -> dict[str, Any]:
         return await r.json()
 
 
+async def loop_probe(url: str, p: Preset, profile: dict[str, Any]) -> dict[str, Any]:
+    """The serving loop's own cost per iteration (``sim.fit_loop``), from a short probe of the
+    replica at ``url`` after its idle profile: random 32-token prompts of 16 tokens each,
+    streamed over HTTP from this process, in a closed loop of 2 and then of ``max_batch``
+    requests at once; the replica's log and prefix cache are reset before and after. The
+    probe shares no prompt, length or rate with the measured workload: it prices what the
+    idle profile does not see (the hand-offs to the engine thread and back, streaming each
+    token), not the workload."""
+    from parlab.serve import bench, datasets, sim
+    from parlab.serve.procs import post_json
+
+    await post_json(url + "/engine/reset")
+    for conc in (2, p.max_batch):
+        ds = datasets.synthetic(num_prompts=3 * conc, input_len=32, output_len=16, seed=conc)
+        cfg = bench.BenchConfig(
+            base_url=url,
+            max_concurrency=conc,
+            seed=conc,
+            request_timeout_s=60.0,
+            max_duration_s=60.0,
+            progress=False,
+        )
+        await bench.arun(cfg, ds)
+    log = await _get_json(url + "/engine/log")
+    await post_json(url + "/engine/reset")
+    return sim.fit_loop(log, sim.ReplicaProfile.from_json(profile))
+
+
 async def _run_policies(
     urls: list[str],
     p: Preset,
@@ -721,6 +749,7 @@ def run_project(
         procs = [wait_replica(x) for x in pending]
         urls = [r.url for r in procs]
         profile = asyncio.run(post_json(urls[0] + "/engine/profile"))
+        profile.update(asyncio.run(loop_probe(urls[0], p, profile)))
         buckets = profile.get("decode_bucket_s") or {}
         con.print(
             "replica profile: prefill {}{:.3f} ms, {:.4f} ms/token{} + {:.4f} ms/cached token; "
@@ -733,6 +762,8 @@ def run_project(
                 profile["decode_base_s"] * 1e3,
                 profile["decode_per_seq_s"] * 1e3,
             )
+            + f"; serving loop {profile['loop_base_s'] * 1e3:.3f} ms + "
+            f"{profile['loop_per_seq_s'] * 1e3:.4f} ms/request an iteration"
             + "".join(f"; graph decode at {L} keys {t * 1e3:.2f} ms" for L, t in buckets.items())
             + "".join(
                 f"; graph prefill of {q} tokens at {L} keys {t * 1e3:.2f} ms"

@@ -76,6 +76,8 @@ MIN_BUCKET = 256
 """Shortest key length of the static decode (``decode_buckets``)."""
 BUCKET_STEP = 512
 """Spacing of the static decode's key lengths past ``2 * BUCKET_STEP`` (``decode_buckets``)."""
+MISS_STEP = 256
+"""Spacing of the static prefill's prompt lengths for misses (``miss_buckets``)."""
 
 
 def decode_buckets(max_len: int) -> list[int]:
@@ -94,13 +96,22 @@ def decode_buckets(max_len: int) -> list[int]:
 
 
 def prefill_buckets(max_len: int) -> list[int]:
-    """New-token counts the static prefill runs at (its query lengths): 64 and 128 where they
-    are shorter than the decode's first key length, then ``decode_buckets(max_len)`` (e.g.
-    4096: 64, 128, 256, 512, 1024, 1536, ..., 4096). A prompt's uncached tokens are padded
-    to the smallest that holds them: a prefix-cache hit's few new tokens run at 64, a
-    2,112-token miss at 2,560."""
+    """New-token counts the static prefill of a prefix-cache hit runs at (its query lengths):
+    64 and 128 where they are shorter than the decode's first key length, then
+    ``decode_buckets(max_len)`` (e.g. 4096: 64, 128, 256, 512, 1024, 1536, ..., 4096). A
+    hit's uncached tokens are padded to the smallest that holds them (a few new tokens after
+    a cached system prompt run at 64), and it attends over a key length of the same list."""
     keys = decode_buckets(max_len)
     return [q for q in (64, 128) if q < keys[0]] + keys
+
+
+def miss_buckets(max_len: int) -> list[int]:
+    """Prompt lengths the static prefill of a miss (nothing cached) runs at: 64 and 128, then
+    every ``MISS_STEP`` below ``max_len``, then ``max_len`` (e.g. 4096: 64, 128, 256, 512,
+    ..., 3840, 4096). A miss's whole prompt is computed, so its padding costs every layer's
+    GEMMs: the finer steps keep a 2,112-token prompt at 2,304, not 2,560."""
+    out = [q for q in (64, 128) if q < max_len] + list(range(MISS_STEP, max_len, MISS_STEP))
+    return [*out, max_len]
 
 
 def _rope_rows(x_BSND: torch.Tensor, rope_TD2: torch.Tensor) -> torch.Tensor:
@@ -290,9 +301,11 @@ class Engine:
         self._graphs: dict[int, _Graph] = {}
         """The captured static decode of each bucket."""
         self.prefill_lens = prefill_buckets(cfg.max_len)
-        """Query lengths of the static prefill (``prefill_buckets``); its key lengths are
-        ``buckets``."""
-        q_max = self.prefill_lens[-1]
+        """Query lengths of the static prefill of a prefix-cache hit (``prefill_buckets``); its
+        key lengths are ``buckets``."""
+        self.miss_lens = miss_buckets(cfg.max_len)
+        """Prompt lengths of the static prefill of a miss (``miss_buckets``)."""
+        q_max = cfg.max_len
         self._in_P = torch.zeros(q_max + 3, dtype=torch.long, device=self.device)
         """The static prefill's inputs, at a fixed address: the new tokens (zero-padded to
         ``q_max``), then the slot, the first new token's position and the count of new tokens."""
@@ -546,7 +559,7 @@ class Engine:
             torch.cuda.current_stream().wait_stream(side)
             pool = torch.cuda.graph_pool_handle()
             # the largest first; the smaller reuse its blocks
-            for Q, L in sorted(pairs, key=lambda p: p[0] * p[1], reverse=True):
+            for Q, L in sorted(pairs, key=lambda p: p[0] * max(p), reverse=True):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
                     logits_1V, picks_1 = self._prefill_static(Q, L)
@@ -597,7 +610,7 @@ class Engine:
         so a prompt is at most ``max_len - 1`` long); the padding rows write K/V at the
         positions after the prompt, which nothing reads before the decode rewrites them (the
         decode writes a token's K/V before it attends), and their outputs are dropped."""
-        q_max = self.prefill_lens[-1]
+        q_max = self.config.max_len
         tok_Q = self._in_P[:Q]
         slot_1 = self._in_P[q_max : q_max + 1]
         start, n = self._in_P[q_max + 1], self._in_P[q_max + 2]
@@ -605,7 +618,7 @@ class Engine:
         pos_1Q = pos_1Q[None]
         h, rope = self._embed(tok_Q[None], pos_1Q)
         slot_1Q = slot_1[:, None].expand(1, Q)
-        mask_11QL = self._mask(pos_1Q, L)[:, None]
+        mask_11QL = self._mask(pos_1Q, L)[:, None] if L else None
         logits_1V = self._blocks(
             h,
             lambda li, x: self._attn_prefill(li, x, rope, slot_1Q, pos_1Q, mask_11QL),
@@ -620,24 +633,37 @@ class Engine:
         rope_QD2: torch.Tensor | None,
         slot_1Q: torch.Tensor,
         pos_1Q: torch.Tensor,
-        mask_11QL: torch.Tensor,
+        mask_11QL: torch.Tensor | None,
     ) -> torch.Tensor:
         """The static prefill's attention: the new tokens' K/V written at their positions of
-        the slot, then every new token attends over the slot's first ``L`` cached keys."""
+        the slot, then every new token attends over the slot's first ``L`` cached keys (the
+        mask's width); without a mask (a miss: its tokens start at position 0), causally over
+        the new tokens themselves, as the eager forward does."""
         attn = self.model.layers[li].attention
         Q = x_1QH.shape[1]
-        L = mask_11QL.shape[-1]
         q, k, v = self._qkv(attn, x_1QH, rope_QD2)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kc[slot_1Q, :, pos_1Q] = k  # index tensors on the device: capturable
         vc[slot_1Q, :, pos_1Q] = v
-        keys, vals = kc[slot_1Q[:, 0], :, :L], vc[slot_1Q[:, 0], :, :L]  # 1 K L D
+        if mask_11QL is None:
+            keys, vals = k.transpose(1, 2), v.transpose(1, 2)  # 1 K Q D
+        else:
+            L = mask_11QL.shape[-1]
+            keys, vals = kc[slot_1Q[:, 0], :, :L], vc[slot_1Q[:, 0], :, :L]  # 1 K L D
         rep = q.shape[2] // keys.shape[1]
-        if rep > 1:  # one mask row per query serves every head; memory-efficient attention
-            keys = keys.repeat_interleave(rep, dim=1)  # takes no grouped heads with a mask
+        gqa = rep > 1 and self.device.type == "cpu"  # CPU SDPA groups heads without a copy
+        if rep > 1 and not gqa:  # CUDA's memory-efficient attention takes no grouped heads
+            keys = keys.repeat_interleave(rep, dim=1)
             vals = vals.repeat_interleave(rep, dim=1)
         with self._sdpa_backends():
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask_11QL)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                keys,
+                vals,
+                attn_mask=mask_11QL,
+                is_causal=mask_11QL is None,
+                enable_gqa=gqa,
+            )
         return attn.wo(o.transpose(1, 2).reshape(1, Q, -1))
 
     def _prefill_slot(
@@ -645,14 +671,18 @@ class Engine:
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """The static prefill of ``tokens`` into ``slot`` from position ``start``: its inputs in
         one host-to-device copy, then the replay of its pair's graph (without graphs, the
-        function run eagerly); ``(logits_1V, picks_1, (Q, L))``. The pair: the smallest query
-        length that holds the tokens, the smallest key length that holds ``start`` + them
-        (``pair`` sets it: the profile's timing)."""
+        function run eagerly); ``(logits_1V, picks_1, (Q, L))``. The pair: for a miss
+        (``start`` 0) the smallest prompt length that holds the tokens and ``L = 0`` (causal
+        over them); for a hit the smallest query length that holds the tokens and the smallest
+        key length that holds ``start`` + them (``pair`` sets it: the profile's timing)."""
         n = len(tokens)
-        Q, L = pair or (
-            next(q for q in self.prefill_lens if q >= n),
-            next(b for b in self.buckets if b >= start + n),
-        )
+        if pair is not None:
+            Q, L = pair
+        elif start == 0:
+            Q, L = next(q for q in self.miss_lens if q >= n), 0
+        else:
+            Q = next(q for q in self.prefill_lens if q >= n)
+            L = next(b for b in self.buckets if b >= start + n)
         # the previous prefill's copy out of this host buffer is done: its picks were read
         host = self._host_P.numpy()
         host[:n] = tokens
@@ -666,9 +696,11 @@ class Engine:
         return g.logits_MV, g.picks_M, (Q, L)
 
     def prefill_pairs(self) -> list[tuple[int, int]]:
-        """The static prefill's (query length, key length) pairs: every key length that holds
-        the query length (a prompt's ``L`` holds its ``start + n >= n`` tokens)."""
-        return [(Q, L) for Q in self.prefill_lens for L in self.buckets if L >= Q]
+        """The static prefill's (query length, key length) pairs: each miss length with key
+        length 0 (causal over its own tokens), then each hit query length with every key
+        length that holds it (a hit's ``L`` holds its ``start + n >= n`` tokens)."""
+        misses = [(Q, 0) for Q in self.miss_lens]
+        return misses + [(Q, L) for Q in self.prefill_lens for L in self.buckets if L >= Q]
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
@@ -1069,14 +1101,14 @@ class Engine:
     def _time_prefill_pairs(self, reps: int) -> dict[tuple[int, int], list[float]]:
         """Seconds of one static prefill at each pair (``prefill_pairs``), ``reps`` times after
         one warm-up, as ``_prefill`` pays it: the inputs' copy to the device, the replay, the
-        greedy pick read back. Slot 0, ``Q`` new tokens ending at key ``L``."""
+        greedy pick read back. Slot 0, ``Q`` new tokens ending at key ``L`` (a miss: from 0)."""
         assert not self.running, "timed on an idle engine: it overwrites slot 0's keys"
         out: dict[tuple[int, int], list[float]] = {}
         for Q, L in self.prefill_pairs():
             times = []
             for i in range(reps + 1):
                 t0 = time.perf_counter()
-                _, picks_1, _ = self._prefill_slot([65] * Q, 0, L - Q, (Q, L))
+                _, picks_1, _ = self._prefill_slot([65] * Q, 0, max(L - Q, 0), (Q, L))
                 picks_1.tolist()
                 self._sync()
                 if i:

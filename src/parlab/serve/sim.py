@@ -102,18 +102,28 @@ class ReplicaProfile:
 
     prefill_bucket_s: tuple[tuple[int, int, float], ...] | None = None
     """``(Q, L, seconds)`` per pair of a static (CUDA-graph) prefill: ``Q`` new tokens (the
-    request's uncached ones, zero-padded) attending over ``L`` keys of its slot; None: an eager
-    prefill. When set, a request's prefill costs the seconds of its pair -- the smallest
-    ``Q`` that holds its uncached tokens, the smallest ``L`` of that ``Q`` that holds its
-    whole prompt, as the engine's ``_prefill_slot`` picks its graph -- plus the additive host
+    request's uncached ones, zero-padded) attending over ``L`` keys of its slot, or, with
+    ``L = 0``, a miss's ``Q`` tokens attending causally to themselves; None: an eager
+    prefill. When set, a request's prefill costs the seconds of its pair -- a miss: the
+    smallest ``Q`` of ``L = 0`` that holds its prompt; a hit: the smallest ``Q`` that holds
+    its uncached tokens, and the smallest ``L`` of that ``Q`` that holds its whole prompt, as
+    the engine's ``_prefill_slot`` picks its graph -- plus the additive host
     terms ``prefill_base_s + prefill_per_token_s * uncached + prefill_per_cached_token_s *
     cached`` (what the engine does around the replay: hashing the prompt, copying its cached
     blocks in, storing its new ones). From ``Engine.profile`` (every pair: their replays
     timed, the host terms fitted to its prefills' remainder)."""
 
+    loop_base_s: float = 0.0
+    """The serving loop's cost per iteration beyond the engine's modelled one (the hand-off to
+    the engine thread and back, streaming the new tokens, the wait for the next iteration),
+    fixed part; added to every prefill and decode iteration."""
+    loop_per_seq_s: float = 0.0
+    """The same, per request that gets a token in the iteration (the decode batch, or the
+    requests a prefill iteration admitted). Both from ``loop_overhead`` on a short probe of
+    the replica's own serving loop; 0: the engine alone, as ``Engine.profile`` times it."""
     _pairs: Any = field(default=None, init=False, repr=False, compare=False)
-    """``prefill_pair_s``'s lookup (``__post_init__``): the query lengths in order, and each
-    one's key lengths and seconds."""
+    """``prefill_pair_s``'s lookup (``__post_init__``): the misses' prompt lengths and seconds,
+    and each hit query length's key lengths and seconds."""
 
     def prefill_s(self, uncached: int, cached: int) -> float:
         """Seconds of one request's prefill (``prefill_bucket_s``, else ``prefill_overlap``,
@@ -127,27 +137,35 @@ class ReplicaProfile:
 
     def prefill_pair_s(self, new: int, total: int) -> float:
         """The replay seconds of the static prefill pair for ``new`` uncached tokens of a
-        ``total``-token prompt (the largest ``Q``, or ``L``, where none holds it)."""
-        qs, by_q = self._pairs
+        ``total``-token prompt (the largest ``Q``, or ``L``, where none holds it; a miss
+        without ``L = 0`` pairs is priced as a hit)."""
+        misses, hits = self._pairs
+        if new == total and misses[0]:
+            qs, secs = misses
+            return secs[min(bisect.bisect_left(qs, new), len(qs) - 1)]
+        qs = sorted(hits)
         q = qs[min(bisect.bisect_left(qs, new), len(qs) - 1)]
-        ls, secs = by_q[q]
+        ls, secs = hits[q]
         return secs[min(bisect.bisect_left(ls, total), len(ls) - 1)]
 
     def __post_init__(self) -> None:
         pairs: dict[int, tuple[list[int], list[float]]] = {}
+        misses: tuple[list[int], list[float]] = ([], [])
         if self.prefill_bucket_s is not None:
+            seen: set[tuple[int, int]] = set()
             for Q, L, t in sorted(self.prefill_bucket_s):
-                if L < Q or t < 0 or (Q in pairs and pairs[Q][0][-1] == L):
+                if (0 < L < Q) or t < 0 or (Q, L) in seen:
                     raise ValueError(
-                        "prefill_bucket_s: give (Q, L, seconds) triples, L >= Q, each pair once, "
-                        f"seconds >= 0; got {self.prefill_bucket_s!r}"
+                        "prefill_bucket_s: give (Q, L, seconds) triples, L >= Q (or 0: a miss), "
+                        f"each pair once, seconds >= 0; got {self.prefill_bucket_s!r}"
                     )
-                ls, secs = pairs.setdefault(Q, ([], []))
-                ls.append(L)
+                seen.add((Q, L))
+                ls, secs = misses if L == 0 else pairs.setdefault(Q, ([], []))
+                ls.append(Q if L == 0 else L)
                 secs.append(t)
             if not pairs:
-                raise ValueError("prefill_bucket_s: give at least one (Q, L, seconds) triple")
-        object.__setattr__(self, "_pairs", (sorted(pairs), pairs))
+                raise ValueError("prefill_bucket_s: give at least one (Q, L >= Q, seconds) triple")
+        object.__setattr__(self, "_pairs", (misses, pairs))
         if self.decode_bucket_s is not None:
             ls = [L for L, _ in self.decode_bucket_s]
             if not ls or ls != sorted(set(ls)) or any(s < 0 for _, s in self.decode_bucket_s):
@@ -163,7 +181,12 @@ class ReplicaProfile:
         ``prefill_bucket_s`` as ``[Q, L, seconds]`` triples);
         fields it lacks keep their defaults, ``over`` sets any field."""
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
-        extra = ("prefill_per_cached_token_s", "decode_per_token_s")
+        extra = (
+            "prefill_per_cached_token_s",
+            "decode_per_token_s",
+            "loop_base_s",
+            "loop_per_seq_s",
+        )
         buckets = data.get("decode_bucket_s")
         if buckets is not None:
             pairs = buckets.items() if isinstance(buckets, dict) else buckets
@@ -182,7 +205,11 @@ class ReplicaProfile:
     def decode_step_s(self, batch: int, context: float, longest: int) -> float:
         """Seconds of one decode iteration: ``batch`` running requests holding ``context``
         tokens in all, the longest ``longest`` (its bucket's seconds with
-        ``decode_bucket_s``, else the linear cost)."""
+        ``decode_bucket_s``, else the linear cost), plus the serving loop's (``loop_s``)."""
+        return self.engine_decode_s(batch, context, longest) + self.loop_s(batch)
+
+    def engine_decode_s(self, batch: int, context: float, longest: int) -> float:
+        """``decode_step_s`` without the serving loop's part (``loop_s``)."""
         if self.decode_bucket_s is not None:
             ls = [L for L, _ in self.decode_bucket_s]
             j = min(bisect.bisect_right(ls, longest), len(ls) - 1)
@@ -190,6 +217,10 @@ class ReplicaProfile:
         return (
             self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_token_s * context
         )
+
+    def loop_s(self, requests: int) -> float:
+        """The serving loop's seconds around one iteration that gives ``requests`` a token."""
+        return self.loop_base_s + self.loop_per_seq_s * requests
 
 
 def nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -208,6 +239,40 @@ def nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
             best, best_err = np.zeros(k), err
             best[cols] = c
     return best
+
+
+def fit_loop(log: list[dict[str, float]], engine: ReplicaProfile) -> dict[str, Any]:
+    """The serving loop's cost per iteration (``ReplicaProfile.loop_base_s`` and
+    ``loop_per_seq_s``) from the iteration log of a replica that served real requests (its
+    ``wall`` and ``gap``, as the serving loop saw them) and the engine's own costs in
+    ``engine`` (its idle profile): least squares, non-negative, of ``wall + gap -`` the
+    iteration's engine cost (a static decode's bucket, else the linear decode cost; a prefill
+    of one request, ``prefill_s``) against the requests that got a token. Prefill iterations
+    of several requests are left out (the log sums their tokens)."""
+    rows: list[tuple[float, float]] = []
+    for e in log:
+        if "wall" not in e:
+            continue
+        if e["kind"] == 1:
+            graph = int(e.get("graph", 0))
+            cost = engine.engine_decode_s(int(e["batch"]), e["tokens"], max(graph - 1, 0))
+            if graph and engine.decode_bucket_s is None:
+                continue  # a static decode without the table that prices it
+        elif e["batch"] == 1:
+            cost = engine.prefill_s(int(e["tokens"]), int(e.get("cached", 0)))
+        else:
+            continue
+        rows.append((e["batch"], e["wall"] + e.get("gap", 0.0) - cost))
+    if len(rows) < 2:
+        raise ValueError("fit_loop needs the log of at least two served iterations")
+    a = np.asarray(rows, dtype=float)
+    base, per_seq = nonneg_lstsq(np.column_stack([np.ones(len(a)), a[:, 0]]), a[:, 1])
+    return {
+        "loop_base_s": float(base),
+        "loop_per_seq_s": float(per_seq),
+        "loop_iterations": len(rows),
+        "loop_median_s": float(statistics.median(a[:, 1])),
+    }
 
 
 def fit_profile(log: list[dict[str, float]]) -> dict[str, Any]:
@@ -438,6 +503,7 @@ def simulate(
                     dur += p.prefill_s(plen - hit, hit)
                     budget -= plen - hit
                     adm.append(r)
+                dur += p.loop_s(len(adm))
                 rep.busy, rep.kind = True, 0
                 rep.version += 1
                 push(now + dur, _END, i, rep.version)
@@ -456,13 +522,14 @@ def simulate(
                 j = bisect.bisect_right(bucket_ls, longest)
                 if j < len(bucket_ls):
                     k = min(k, bucket_ls[j] - longest)
-                t = bucket_s[min(j, len(bucket_s) - 1)]
+                t = bucket_s[min(j, len(bucket_s) - 1)] + p.loop_s(b)
             else:
                 # context tokens at this step: sum of (prompt + tokens generated so far); the
                 # leap's steps are timed at its mean context (it grows by b tokens a step);
                 # ReplicaProfile.decode_step_s, inline (the hot path)
                 ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
                 t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
+                t += p.loop_s(b)
             rep.busy, rep.kind = True, 1
             rep.leap_start, rep.leap_t, rep.leap_k = now, t, k
             rep.version += 1
