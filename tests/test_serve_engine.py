@@ -721,6 +721,11 @@ def test_sim_charges_the_serving_loop_around_every_iteration() -> None:
     assert r["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(2.5)
     assert r["mean_tpot_ms"] - base["mean_tpot_ms"] == pytest.approx(2.5)
     assert loop.decode_step_s(3, 0, 0) == pytest.approx(PROF.decode_step_s(3, 0, 0) + 0.0035)
+    # the request's path through the router adds to TTFT and E2E, not to TPOT
+    path = sim.simulate(_work([0.0]), profile=dataclasses.replace(PROF, path_s=0.003), **one)
+    assert path["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(3.0)
+    assert path["mean_e2el_ms"] - base["mean_e2el_ms"] == pytest.approx(3.0)
+    assert path["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"])
 
 
 def test_fit_loop_recovers_the_serving_loop_beyond_the_engine_costs() -> None:
@@ -749,3 +754,28 @@ def test_fit_loop_recovers_the_serving_loop_beyond_the_engine_costs() -> None:
     assert loaded.loop_base_s == pytest.approx(base)
     with pytest.raises(ValueError, match="at least two"):
         sim.fit_loop(log[-2:], prof)
+
+
+def test_loop_probe_prices_the_serving_loop_and_the_request_path(model) -> None:
+    """The project's probe of a live replica (here in this process, on the CPU): the serving
+    loop's fit, a positive request path from 8 lone requests through a router, and the
+    replica left as it was (empty log and prefix cache)."""
+    from parlab.projects.serving import get_preset, loop_probe
+
+    async def main() -> tuple[dict, ReplicaServer]:
+        eng = Engine(model, EngineConfig(max_batch=4, max_len=256))
+        srv = ReplicaServer(eng, name="tiny")
+        await srv.start()
+        try:
+            prof = eng.profile(prefill_lens=(32,), batches=(1, 4))
+            preset = dataclasses.replace(get_preset("cpu"), max_batch=4)
+            return await loop_probe(srv.url, preset, prof), srv
+        finally:
+            await srv.stop()
+
+    out, srv = asyncio.run(main())
+    assert out["loop_iterations"] >= 20 and min(out["loop_base_s"], out["loop_per_seq_s"]) >= 0
+    assert len(out["path_samples"]) == 8 and out["path_s"] > 0
+    assert not srv.engine.log and not srv.engine.prefix._d
+    p = sim.ReplicaProfile.from_json({**PROF.__dict__, **out} | {"prefill_overlap": False})
+    assert p.path_s == out["path_s"] and p.loop_base_s == out["loop_base_s"]

@@ -241,31 +241,56 @@ async def _get_json(url: str) -> dict[str, Any]:
 
 
 async def loop_probe(url: str, p: Preset, profile: dict[str, Any]) -> dict[str, Any]:
-    """The serving loop's own cost per iteration (``sim.fit_loop``), from a short probe of the
-    replica at ``url`` after its idle profile: random 32-token prompts of 16 tokens each,
-    streamed over HTTP from this process, in a closed loop of 2 and then of ``max_batch``
-    requests at once; the replica's log and prefix cache are reset before and after. The
-    probe shares no prompt, length or rate with the measured workload: it prices what the
-    idle profile does not see (the hand-offs to the engine thread and back, streaming each
-    token), not the workload."""
-    from parlab.serve import bench, datasets, sim
-    from parlab.serve.procs import post_json
+    """What the idle profile does not see, from a short probe of the replica at ``url`` right
+    after it: the serving loop's own cost per iteration (``sim.fit_loop``: the hand-offs to
+    the engine thread and back, streaming each token) and a request's path from the client
+    through a router and back (``path_s``). Random 32-token prompts, streamed over HTTP from
+    this process: 16 tokens each in a closed loop of 2 and then of ``max_batch`` requests at
+    once, straight to the replica; then 8 lone requests of one token each through a
+    one-replica router, the path being each one's TTFT as the client saw it less its prefill
+    iteration as the replica's serving loop saw it (the median). The replica's log and prefix
+    cache are reset before and after. The probe shares no prompt, length or rate with the
+    measured workload: it prices the serving machinery, not the workload."""
+    import statistics
 
-    await post_json(url + "/engine/reset")
-    for conc in (2, p.max_batch):
-        ds = datasets.synthetic(num_prompts=3 * conc, input_len=32, output_len=16, seed=conc)
-        cfg = bench.BenchConfig(
-            base_url=url,
+    from parlab.serve import bench, datasets, sim
+    from parlab.serve.policy import PolicyConfig
+    from parlab.serve.procs import post_json
+    from parlab.serve.router import Router, RouterConfig
+
+    def config(base: str, conc: int) -> bench.BenchConfig:
+        return bench.BenchConfig(
+            base_url=base,
             max_concurrency=conc,
             seed=conc,
             request_timeout_s=60.0,
             max_duration_s=60.0,
             progress=False,
         )
-        await bench.arun(cfg, ds)
-    log = await _get_json(url + "/engine/log")
+
     await post_json(url + "/engine/reset")
-    return sim.fit_loop(log, sim.ReplicaProfile.from_json(profile))
+    for conc in (2, p.max_batch):
+        ds = datasets.synthetic(num_prompts=3 * conc, input_len=32, output_len=16, seed=conc)
+        await bench.arun(config(url, conc), ds)
+    loop = sim.fit_loop(await _get_json(url + "/engine/log"), sim.ReplicaProfile.from_json(profile))
+    await post_json(url + "/engine/reset")
+    router = Router(RouterConfig(replicas=(url,), policy=PolicyConfig(name="round_robin")))
+    await router.start()
+    try:
+        lone = datasets.synthetic(num_prompts=8, input_len=32, output_len=1, seed=7)
+        res = await bench.arun(config(router.url, 1), lone)
+    finally:
+        await router.stop()
+    pre = [e for e in await _get_json(url + "/engine/log") if e["kind"] == 0]
+    await post_json(url + "/engine/reset")
+    ok = [o for o in res.outcomes if o.success]
+    if len(ok) != len(lone.requests) or len(pre) != len(ok):
+        raise RuntimeError(
+            f"path probe: {len(ok)} of {len(lone.requests)} lone requests answered, "
+            f"{len(pre)} prefill iterations logged"
+        )
+    paths = [o.ttft - e["wall"] for o, e in zip(ok, pre, strict=True)]
+    return {**loop, "path_s": float(max(0.0, statistics.median(paths))), "path_samples": paths}
 
 
 async def _run_policies(
@@ -763,7 +788,8 @@ def run_project(
                 profile["decode_per_seq_s"] * 1e3,
             )
             + f"; serving loop {profile['loop_base_s'] * 1e3:.3f} ms + "
-            f"{profile['loop_per_seq_s'] * 1e3:.4f} ms/request an iteration"
+            f"{profile['loop_per_seq_s'] * 1e3:.4f} ms/request an iteration; request path "
+            f"{profile['path_s'] * 1e3:.3f} ms"
             + "".join(f"; graph decode at {L} keys {t * 1e3:.2f} ms" for L, t in buckets.items())
             + "".join(
                 f"; graph prefill of {q} tokens at {L} keys {t * 1e3:.2f} ms"

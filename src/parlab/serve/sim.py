@@ -121,6 +121,12 @@ class ReplicaProfile:
     """The same, per request that gets a token in the iteration (the decode batch, or the
     requests a prefill iteration admitted). Both from ``loop_overhead`` on a short probe of
     the replica's own serving loop; 0: the engine alone, as ``Engine.profile`` times it."""
+    path_s: float = 0.0
+    """A request's way from the client through the router to the replica's engine and its
+    first token's way back (HTTP, the router, the replica's hand-off), seconds: added to
+    every request's TTFT and end-to-end latency. From ``loop_overhead``'s lone requests
+    (their TTFT as the client saw it less their prefill iteration as the replica's serving
+    loop did); 0: the replica alone."""
     _pairs: Any = field(default=None, init=False, repr=False, compare=False)
     """``prefill_pair_s``'s lookup (``__post_init__``): the misses' prompt lengths and seconds,
     and each hit query length's key lengths and seconds."""
@@ -186,6 +192,7 @@ class ReplicaProfile:
             "decode_per_token_s",
             "loop_base_s",
             "loop_per_seq_s",
+            "path_s",
         )
         buckets = data.get("decode_bucket_s")
         if buckets is not None:
@@ -621,8 +628,8 @@ def simulate(
                         rep.served += 1
             start(i, now)
     arr = work.arrival
-    t_ttft = ttft - arr
-    e2e = finish - arr
+    t_ttft = ttft - arr + p.path_s
+    e2e = finish - arr + p.path_s
     out = work.output_len.astype(np.float64)
     multi = out > 1
     tpot = np.where(multi, (e2e - t_ttft) / np.maximum(out - 1, 1), 0.0)
