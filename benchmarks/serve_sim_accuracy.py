@@ -37,6 +37,12 @@ Older logs have no ``cached`` field on prefill iterations; for a dataset whose p
 have one length (``shared-prefix``) the script fills it in as ``batch x prompt length -
 tokens``, and says so.
 
+The idle profile grew over the project's life (``profile_kind``): prefills timed eagerly;
+then per static-prefill pair (CUDA graphs); then with the replica's serving loop probed
+(``sim.fit_loop``: what an iteration costs beyond the engine's own work); then with a
+request's path through the router (``ReplicaProfile.path_s``). The last lines count the idle
+source by generation.
+
 Run: ``python benchmarks/serve_sim_accuracy.py [RESULTS_DIR]`` (default ``results``).
 Prints one table per set and the count of runs within 10 % per cost source.
 """
@@ -55,6 +61,25 @@ from parlab.serve.policy import PolicyConfig
 
 PROJECT = "PAR-DISTRIBUTED-INFERENCE"
 SOURCES = ("idle", "first", "others", "own")
+KINDS = (
+    "eager prefill",
+    "graph prefill",
+    "graph prefill + serving loop",
+    "graph prefill + serving loop + request path",
+)
+"""What the idle profile of a set priced (``profile_kind``), in the order parlab gained them."""
+
+
+def profile_kind(profile: dict[str, Any] | None) -> str:
+    """Which generation of the idle profile a document recorded: prefills timed eagerly, or
+    per static-prefill pair (``prefill_bucket_s``); with the serving loop's probe
+    (``loop_base_s``); with the request's path through the router (``path_s``)."""
+    p = profile or {}
+    if p.get("prefill_bucket_s") is None:
+        return KINDS[0]
+    if "loop_base_s" not in p:
+        return KINDS[1]
+    return KINDS[3] if "path_s" in p else KINDS[2]
 
 
 def load_log(doc: Document, folder: Path) -> list[dict[str, Any]] | None:
@@ -137,6 +162,7 @@ def main(argv: list[str]) -> int:
     folder = root / PROJECT
     docs = [e.doc for e in read_results(root)[0]]
     within = {s: [0, 0] for s in SOURCES}
+    by_kind = {k: [0, 0] for k in KINDS}
     for group in sets_of(docs):
         logs: dict[str, list[dict[str, Any]]] = {}
         works: dict[str, sim.Workload] = {}
@@ -148,7 +174,9 @@ def main(argv: list[str]) -> int:
             filled |= fill_cached(log, plen)
             logs[d.run_id], works[d.run_id] = log, work
         first = sim.fit_profile(logs[group[0].run_id])
+        kind = profile_kind(group[0].workload.get("replica_profile"))
         print(f"== set of {len(group)} runs from {group[0].created} ({group[0].command})")
+        print(f"   idle profile: {kind}")
         if filled:
             print("   (prefill 'cached' filled in from the fixed prompt length: older logs)")
         head = f"{'policy':<18} {'measured TTFT':>13} {'TPOT':>6}  " + "  ".join(
@@ -175,8 +203,12 @@ def main(argv: list[str]) -> int:
                 res = simulate(d, works[d.run_id], costs)
                 e1 = res["mean_ttft_ms"] / d.metric("mean_ttft_ms") - 1
                 e2 = res["mean_tpot_ms"] / d.metric("mean_tpot_ms") - 1
-                within[s][0] += abs(e1) <= 0.10 and abs(e2) <= 0.10
+                ok = abs(e1) <= 0.10 and abs(e2) <= 0.10
+                within[s][0] += ok
                 within[s][1] += 1
+                if s == "idle":
+                    by_kind[kind][0] += ok
+                    by_kind[kind][1] += 1
                 cells.append(
                     f"{res['mean_ttft_ms']:>12.1f} {e1:>+6.0%} {res['mean_tpot_ms']:>6.1f} {e2:>+6.0%}"
                 )
@@ -200,8 +232,9 @@ def main(argv: list[str]) -> int:
                 host.append(f"{d.layout['policy']} {wall:.1f} / {cpu:.1f}")
         if host:
             print(
-                "   decode iteration, median wall / engine-thread CPU ms (equal: host-bound, "
-                "the GPU waits for the Python that enqueues it): " + "; ".join(host)
+                "   decode iteration, median wall / engine-thread CPU ms (equal: the engine "
+                "thread was busy throughout -- eagerly, enqueueing the kernels the GPU waits "
+                "for; with graphs, spinning in torch.cuda.synchronize): " + "; ".join(host)
             )
         print(
             "   fitted on the first run: "
@@ -215,6 +248,10 @@ def main(argv: list[str]) -> int:
     print("runs with both mean TTFT and mean TPOT within 10 %, per cost source:")
     for s in SOURCES:
         print(f"  {s:<7} {within[s][0]} of {within[s][1]}")
+    print("the idle profile (what the project predicts before its runs), by what it priced:")
+    for k in KINDS:
+        if by_kind[k][1]:
+            print(f"  {k:<44} {by_kind[k][0]} of {by_kind[k][1]}")
     return 0
 
 

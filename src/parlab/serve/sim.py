@@ -12,11 +12,17 @@ running request's prompt and generated tokens) -- or, for an engine whose
 decode is a static CUDA graph over every KV slot per key-length bucket
 (``ReplicaProfile.decode_bucket_s``), in the measured seconds of the smallest
 bucket above the longest running request's length, as the engine picks its
-graph. Those numbers come from a short measured profile of a real replica
-(``Engine.profile``, the replica's ``POST /engine/profile``: all but
-``decode_per_token_s``), or from the iteration log of a real run
-(``fit_profile``: all, the buckets its log saw), so simulated times rest on
-measured ones.
+graph. A prefill of an engine whose prefills are static graphs
+(``ReplicaProfile.prefill_bucket_s``) costs its graph's measured seconds plus the
+host work around it. Every iteration also pays the replica's serving loop
+(``loop_base_s + loop_per_seq_s * requests``: the hand-offs to the engine thread and
+the streamed tokens), and every request its path through the router
+(``path_s``, added to TTFT and end-to-end latency). Those numbers come from a
+short measured profile of a real replica (``Engine.profile``, the replica's
+``POST /engine/profile``, and the serving project's ``loop_probe`` of its serving
+loop: all but ``decode_per_token_s``), or from the iteration log of a real run
+(``fit_profile``: all, the buckets its log saw, its serving loop included), so
+simulated times rest on measured ones.
 A cached prompt token is not free: the reference engine copies its KV into the
 request's slot and the new tokens attend to it (on 2xH200 a prefix-cache hit
 cost about as much as a miss: ``benchmarks/serve_sim_accuracy.py``). Each replica has a prefix cache (``BlockLRU``); the router runs the
