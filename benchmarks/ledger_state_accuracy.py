@@ -403,7 +403,7 @@ def markdown(folder: Path) -> str:
     host = host_dispatch_calibration(folder)
     old = pa.mfu_model_rows(runs, cal) if runs else {}
     rf = pa.roofline_rows(runs, cal) if runs else {"pred": {}, "loo": {}, "calibrating": {}}
-    # DTensor TP runs: max(roofline, ops x host seconds per op) where a calibration describes them
+    # DTensor TP runs: roofline and ops x host seconds per op (sum or max: parlab.plan.host)
     bounds = {d.run_id: b for d in runs if (b := host_bound(d, rf["pred"].get(d.run_id), host))}
     rf["pred"].update({rid: b[0] for rid, b in bounds.items()})
     lines: list[str] = []

@@ -19,7 +19,9 @@ Two tables.
      so every verdict is out of sample. torch's DTensor TP runs are host-bound:
      with a host-dispatch calibration under the same folder
      (``benchmarks/host_dispatch_probe.py``, ``parlab.plan.host``) their
-     prediction is max(roofline, ops per step x host seconds per op).
+     prediction combines the roofline and ops per step x host seconds per op:
+     their sum where the probe found them serialized (its step grew with its
+     width at a fixed op count), else their max.
 
    The last column names the calibration step a run belongs to, why the
    model does not describe it, or for a DTensor TP run which term (host or
@@ -210,7 +212,7 @@ def table_gpu_runs(root: Path) -> None:
         _, mfu_loo, planner_peak = old.get(d.run_id, (None, None, None))
         pred = rf["pred"].get(d.run_id)
         bound = host_bound(d, pred, host)
-        if bound is not None:  # DTensor TP: max(roofline, ops x host seconds per op)
+        if bound is not None:  # DTensor TP: roofline and ops x host seconds per op
             pred, term, host_s = bound
         cal_of = rf["calibrating"].get(d.run_id, "")
         loo = rf["loo"].get(d.run_id) if cal_of else None
@@ -218,11 +220,11 @@ def table_gpu_runs(root: Path) -> None:
         why = unmodelled(d, host=host)
         if bound is not None:
             gpu_s = rf["pred"][d.run_id]
-            why = (
-                f"host-bound: host {host_s:.3f} s > roofline {gpu_s:.3f} s"
-                if term == "host"
-                else f"GPU-bound: roofline {gpu_s:.3f} s >= host {host_s:.3f} s"
-            )
+            why = {
+                "host": f"host-bound: host {host_s:.3f} s > roofline {gpu_s:.3f} s",
+                "gpu": f"GPU-bound: roofline {gpu_s:.3f} s >= host {host_s:.3f} s",
+                "host+gpu": f"serialized: host {host_s:.3f} s + roofline {gpu_s:.3f} s",
+            }[term]
         pm = d.predictions.get("peak_memory")
         peak_meas = d.metric("peak_memory")
         peak_pred = pm.value if pm is not None else planner_peak
@@ -267,12 +269,15 @@ def table_gpu_runs(root: Path) -> None:
         print(f"  {', '.join(step.free)} fitted on {len(ids)} {step.runs}: {', '.join(ids)}")
     if host is not None:
         print(
-            f"DTensor TP runs: max(roofline, host), host = ops per step x host seconds per op "
+            f"DTensor TP runs: {'roofline + host (serialized' if host.serialized else 'max(roofline, host'}"
+            f": the probe's step grew with its width by "
+            f"{max(host.step_s_by_hidden)[1] / min(host.step_s_by_hidden)[1] - 1:+.0%} at a fixed "
+            "op count), host = ops per step x host seconds per op "
             f"({host.label}; ops = micro-batches x ({host.microbatch_fixed:.0f} + "
             f"{host.microbatch_per_layer:.0f} x layers) + {host.optimizer_fixed:.0f} + "
             f"{host.optimizer_per_layer:.0f} x layers, counted on {host.model}'s structure, "
-            f"{host.norm_kernel} implementation); the roofline column shows the max, the note "
-            "the term that set it."
+            f"{host.norm_kernel} implementation); the roofline column shows the prediction, the "
+            "note its terms."
         )
     else:
         print(

@@ -13,7 +13,13 @@ import pytest
 
 from parlab.contract import read_document, write_result
 from parlab.plan import calibrate
-from parlab.plan.host import HostDispatch, bound, host_dispatch_calibration, load_host_dispatch
+from parlab.plan.host import (
+    HostDispatch,
+    bound,
+    combine,
+    host_dispatch_calibration,
+    load_host_dispatch,
+)
 from parlab.runtime.testing import run_ranks
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "host_dispatch_probe.py"
@@ -107,6 +113,24 @@ def test_prediction_is_the_max_of_roofline_and_host_and_names_the_term() -> None
     # parlab's own TP is not host-bound: no host term, whatever the calibration
     assert calibrate.host_bound(run(impl="parlab"), 0.1, h) is None
     assert calibrate.host_bound(run(), None, h) is None
+
+
+def test_a_probe_whose_step_grows_with_its_width_serializes_host_and_gpu() -> None:
+    """The probe times one op count at two widths: a step that grows by more than 5 % means the
+    GPU's time added to the host's, and the prediction is their sum; a flat one keeps the max."""
+    flat = host(step_s_by_hidden=((128, 0.200), (256, 0.205)))
+    grew = host(step_s_by_hidden=((128, 0.200), (256, 0.224)))
+    assert not host().serialized and not flat.serialized and grew.serialized
+    host_s = grew.host_s(24)
+    assert calibrate.host_bound(run(), 0.1, flat) == (pytest.approx(host_s), "host",
+                                                      pytest.approx(host_s))  # fmt: skip
+    assert calibrate.host_bound(run(), 0.1, grew) == (
+        pytest.approx(host_s + 0.1),
+        "host+gpu",
+        pytest.approx(host_s),
+    )
+    assert combine(0.1, 0.3, True) == (pytest.approx(0.4), "host+gpu")
+    assert combine(0.1, 0.3, False) == bound(0.1, 0.3)
 
 
 def test_no_or_foreign_calibration_keeps_dtensor_runs_not_modelled(tmp_path: Path) -> None:

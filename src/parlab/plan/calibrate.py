@@ -16,8 +16,9 @@ the lab uses (``LAB_STEPS``):
    runs (DDP, ZeRO, FSDP) of Llama-style models in the current implementation, without
    recompute or compile (two widths: the 1.3B's 2048 and the 8B's 4096).
 
-torch's DTensor tensor-parallel runs are host-bound: ``host_bound`` predicts them as
-max(the roofline's step, ops per step x host seconds per op) under a host-dispatch calibration
+torch's DTensor tensor-parallel runs are host-bound: ``host_bound`` predicts them from the
+roofline's step and ops per step x host seconds per op -- their max, or their sum where the
+calibration found the two serialized -- under a host-dispatch calibration
 (``parlab.plan.host``); without one, ``unmodelled`` says they are not modelled.
 
 Nothing here crosses a wire or imports torch.
@@ -238,17 +239,18 @@ def predict(doc: Any, roofline: Roofline, *, calibration: Any = None) -> StepEst
 
 
 def host_bound(doc: Any, gpu_s: float | None, host: Any = None) -> tuple[float, str, float] | None:
-    """(predicted step, the term that sets it -- ``host`` or ``gpu`` --, host seconds) of a DTensor
-    TP run: max(``gpu_s``, the roofline's step, and its host time under ``host``); None where
+    """(predicted step, how -- ``host`` or ``gpu`` where the larger sets it, ``host+gpu`` where
+    they add --, host seconds) of a DTensor TP run: ``gpu_s``, the roofline's step, and its host
+    time under ``host`` combined as the probe found (``parlab.plan.host.combine``); None where
     the run is not one or ``host`` does not describe it (``host_term``)."""
-    from parlab.plan.host import bound
+    from parlab.plan.host import combine
 
     if gpu_s is None or not is_dtensor_tp(doc):
         return None
     host_s, _ = host_term(doc, host)
     if host_s is None:
         return None
-    step, term = bound(gpu_s, host_s)
+    step, term = combine(gpu_s, host_s, host.serialized)
     return step, term, host_s
 
 

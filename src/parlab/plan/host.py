@@ -7,7 +7,15 @@ The planner's model of such a run::
 
     host_s = ops_per_step x host_s_per_op
     ops_per_step = microbatches x (a + b x layers) + (c + d x layers)
-    step_s = max(gpu_s, host_s)        (gpu_s: the roofline's step)
+    step_s = max(gpu_s, host_s)        (gpu_s: the roofline's step), or, serialized,
+    step_s = host_s + gpu_s
+
+Which of the two is the probe's own finding (``HostDispatch.serialized``): it times the same
+step, the same ops, at two widths; if the wider step takes longer (by more than
+``SERIAL_GROWTH``), the GPU's work added to the host's instead of hiding under it -- the
+step's kernels do not run while the host dispatches the next ones -- and the two add. On an
+H200 the probe's step grew from 203 ms at hidden 128 to 224 ms at hidden 256 with 5,256 ops
+each (``results/PAR-MODEL-INTERNAL/host-dispatch-20261130T211413-10ee83.json``): serialized.
 
 ``a, b`` (each micro-batch: batch to the device, forward, loss, backward) and ``c, d`` (the
 optimizer step) are op counts, and ``host_s_per_op`` a measurement, from one
@@ -17,9 +25,10 @@ divided by the ops it dispatched. The counts are per model structure (norm, acti
 attention kind; ``block``), not per width, so the law carries to other layer counts of the same
 structure; the seconds per op belong to the probe's host, torch and GPU.
 
-Not modelled: the step reads its loss back (a device sync) between backward and the optimizer
-step, so the optimizer's host time cannot hide under the GPU's backward; ``max`` treats the step
-as one overlapped stretch. Nothing here imports torch or a process group.
+Not modelled: why the two serialize (syncs inside DTensor's dispatch, or the step's loss read
+back between backward and the optimizer); the probe's host seconds per op include its own
+small GPU time, so a serialized prediction counts that much twice. Nothing here imports torch
+or a process group.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from parlab.errors import UsageError
 
 FORMAT = "parlab-host-dispatch/v1"
 KIND = "host-dispatch-calibration"
+SERIAL_GROWTH = 0.05
+"""A probe step that grows by more than this when its width doubles is serialized."""
 
 
 def block(spec: Any) -> str:
@@ -78,6 +89,17 @@ class HostDispatch:
     """The implementation whose ops it counted (``fused`` on CUDA: one kernel per RMSNorm)."""
     host_s_per_op: float
     """Host seconds per dispatched op: the probe's step time / its ops per step."""
+    step_s_by_hidden: tuple[tuple[int, float], ...] = ()
+    """The probe's step seconds at each width it ran (the same ops at every width)."""
+
+    @property
+    def serialized(self) -> bool:
+        """The probe's step grew with its width (``SERIAL_GROWTH``): the GPU's time adds to the
+        host's (``combine``)."""
+        if len(self.step_s_by_hidden) < 2:
+            return False
+        (_, narrow), (_, wide) = min(self.step_s_by_hidden), max(self.step_s_by_hidden)
+        return wide > narrow * (1 + SERIAL_GROWTH)
 
     def __post_init__(self) -> None:
         if self.host_s_per_op <= 0:
@@ -102,6 +124,11 @@ def bound(gpu_s: float, host_s: float) -> tuple[float, str]:
     return (host_s, "host") if host_s > gpu_s else (gpu_s, "gpu")
 
 
+def combine(gpu_s: float, host_s: float, serialized: bool) -> tuple[float, str]:
+    """(predicted step, how): serialized, ``host_s + gpu_s`` (``"host+gpu"``); else ``bound``."""
+    return (host_s + gpu_s, "host+gpu") if serialized else bound(gpu_s, host_s)
+
+
 def load_host_dispatch(doc: Any) -> HostDispatch:
     """The calibration a probe document holds; ``UsageError`` when it holds none."""
     body = (doc.workload or {}).get("calibration") or {}
@@ -123,6 +150,10 @@ def load_host_dispatch(doc: Any) -> HostDispatch:
         microbatches=int(body.get("microbatches", 1)),
         norm_kernel=str(body.get("norm_kernel", "")),
         host_s_per_op=float(body["host_s_per_op"]),
+        step_s_by_hidden=tuple(
+            (int(h), float(t))
+            for h, t in zip(body.get("hidden", []), body.get("step_s_by_hidden", []), strict=False)
+        ),
     )
 
 
