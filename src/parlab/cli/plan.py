@@ -149,7 +149,10 @@ def plan_cmd(
     micro_batches: str = typer.Option("1,2,4,8", help="Micro-batch sizes to try."),
     strategies: str = typer.Option("ddp,zero1,zero2,zero3,fsdp", help="Strategies to try."),
     recompute: str = typer.Option("none,selective,full", help="Recompute modes to try."),
-    schedules: str = typer.Option("1f1b,gpipe,interleaved", help="Pipeline schedules to try."),
+    schedules: str = typer.Option(
+        "1f1b,gpipe,interleaved",
+        help="Pipeline schedules to try (also zbv: torch's zero-bubble V).",
+    ),
     dtype: str = typer.Option("bf16-mixed", help="Ledger dtype policy."),
     optimizer: str = typer.Option("adamw", help="Ledger optimizer."),
     overlap: float = typer.Option(1.0, help="Fraction of backward that hides non-blocking comm."),

@@ -40,7 +40,12 @@ before any backward; other schedules at p = 1 are gradient accumulation, 1);
 1F1B ``min(p - k, m)``; interleaved 1F1B with v chunks
 ``min(2 (p - k - 1) + (v - 1) p + 1, m v)`` chunks of ``L / (p v)`` layers
 (Megatron's warm-up count plus one; rank 0 holds ``L (1 + (p-1)/(p v))``
-layer-micro-batches).
+layer-micro-batches); the zero-bubble V (``zbv``: Qi et al., "Zero Bubble Pipeline
+Parallelism", ICLR 2024, Section 6; torch's ``ScheduleZBVZeroBubble``), two chunks of
+``L / (2p)`` layers per rank, ``min(2m, m + 1 + k, 2p)`` chunks -- counted on torch's action
+lists from each chunk's forward to its deferred weight-gradient pass (torch's input-gradient
+pass retains the whole graph for it), so every rank holds ``L`` layer-micro-batches once
+``m >= 2p - 1``: the paper's ``p M_B``, 1F1B's rank 0, on every rank.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ NORM_KERNELS = ("fused", "composite", "explicit")
 (CPU); ``explicit`` is the reference model's RMSNorm before it called ``F.rms_norm``
 (``x.float() * rsqrt(mean(x^2) + eps)``, cast back, times the weight), what the run
 documents without a ``norm_kernel`` knob ran."""
-PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zbv")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +276,9 @@ def in_flight(schedule: str, pp: int, stage: int, microbatches: int, virtual: in
         return float(microbatches)
     if pp == 1:
         return 1.0
+    if schedule == "zbv":  # chunk k and 2p - 1 - k, each alive from forward to weight-gradient
+        m = microbatches
+        return min(2 * m, m + 1 + stage, 2 * pp) / 2
     if schedule == "1f1b" or virtual == 1:
         return float(min(pp - stage, microbatches))
     chunks = min(2 * (pp - stage - 1) + (virtual - 1) * pp + 1, microbatches * virtual)

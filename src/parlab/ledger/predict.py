@@ -397,11 +397,13 @@ def _stage_numbers(
     strategy: str,
     n: int,
     vocab_parallel: bool = True,
+    v_shape: bool = False,
 ) -> _StageNumbers:
     """Element counts of one stage's rank under a strategy (cached: fit calls this a lot)."""
     h = holding(
-        spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual, vocab_parallel=vocab_parallel
-    )
+        spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual, vocab_parallel=vocab_parallel,
+        v_shape=v_shape,
+    )  # fmt: skip
     held = h.numel
     matmul = h.matmul_numel
     head = sum(u.numel for u in h.sizes if u.name == "head")
@@ -505,8 +507,11 @@ def predict(
     if seq_len % topo.cp:
         raise UsageError(f"seq_len = {seq_len} is not divisible by cp = {topo.cp}")
     pp_schedule = act.schedule_name(pp_schedule)
-    if virtual_stages > 1 and pp_schedule != "interleaved":
+    if pp_schedule == "zbv" and (virtual_stages != 2 or topo.pp < 2):
+        raise UsageError("pp_schedule = 'zbv' needs pp > 1 and virtual_stages = 2 (the V)")
+    if virtual_stages > 1 and pp_schedule not in ("interleaved", "zbv"):
         raise UsageError("virtual_stages > 1 needs pp_schedule = 'interleaved'")
+    v_shape = pp_schedule == "zbv"  # rank 0 holds the first and the last chunk, and the loss
     if loss_parallel and not vocab_parallel:
         raise UsageError(
             "loss_parallel needs vocab_parallel (the output layer split over the vocabulary)"
@@ -559,7 +564,9 @@ def predict(
     peaks: list[int] = []
     phases: list[str] = []
     for stage in range(pp):
-        sn = _stage_numbers(spec, tp, pp, ep, stage, virtual_stages, strategy, n, vocab_parallel)
+        sn = _stage_numbers(
+            spec, tp, pp, ep, stage, virtual_stages, strategy, n, vocab_parallel, v_shape
+        )
         p_el, g_el, o_el = sn.params, sn.grads, sn.optim
         largest_unit, root_el = sn.largest_unit, sn.root
         row: dict[str, int] = {}
@@ -584,12 +591,12 @@ def predict(
             else 0
         )
         # activations
-        layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages)
+        layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages, v_shape)
         flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
         # micro-batches whose loss graph is alive at once on the last stage: GPipe's every one
         loss_flight = microbatches if pp_schedule == "gpipe" else 1
         kept = sum(layer_bytes(i)[0] for i in layer_ids)
-        last = stage == pp - 1
+        last = stage == (0 if v_shape else pp - 1)  # the rank that computes the loss
         head = (
             act.head_bytes_per_token(
                 spec,
@@ -762,10 +769,12 @@ def _offloaded(offload: str) -> set[str]:
     return set()
 
 
-def _stage_layer_ids(spec: ModelSpec, pp: int, stage: int, virtual: int) -> list[int]:
+def _stage_layer_ids(
+    spec: ModelSpec, pp: int, stage: int, virtual: int, v_shape: bool = False
+) -> list[int]:
     from parlab.ledger.sharding import stage_layers
 
-    return stage_layers(spec.layers, pp, stage, virtual)
+    return stage_layers(spec.layers, pp, stage, virtual, v_shape=v_shape)
 
 
 def _ffn_width(spec: ModelSpec, layer_ids: list[int]) -> int:

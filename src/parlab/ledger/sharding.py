@@ -16,7 +16,9 @@ Rules (each a function other code calls, so predictions and meters agree):
   ``[k*L/p, (k+1)*L/p)``; interleaved with v chunks per rank, rank k holds
   chunks ``k, k+p, ..., k+(v-1)p`` of ``L/(p*v)`` layers. Embeddings live on
   the first stage, the final norm and the output on the last (a tied output is
-  a second copy there when p > 1).
+  a second copy there when p > 1). The zero-bubble V (``v_shape``, v = 2) gives
+  rank k chunks ``k`` and ``2p - 1 - k``: rank 0 holds the first and the last
+  chunk, the embeddings and the head.
 - **ZeRO-1/2/3** (``zero_units`` / ``flat_shard_numel``): parameters are
   grouped into units -- ``embeddings``, each block, ``head`` (final norm +
   output) -- each flattened into one buffer padded to a multiple of the shard
@@ -168,12 +170,15 @@ def tp_local_shape(
     return shape
 
 
-def stage_layers(layers: int, pp: int, stage: int, virtual: int = 1) -> list[int]:
-    """The layer ids pipeline rank ``stage`` holds (interleaved when ``virtual`` > 1)."""
+def stage_layers(
+    layers: int, pp: int, stage: int, virtual: int = 1, *, v_shape: bool = False
+) -> list[int]:
+    """The layer ids pipeline rank ``stage`` holds (interleaved when ``virtual`` > 1; with
+    ``v_shape``, the zero-bubble V's chunks ``stage`` and ``2 pp - 1 - stage``)."""
     per = layers // (pp * virtual)
     out: list[int] = []
     for c in range(virtual):
-        chunk = stage + c * pp
+        chunk = (stage if c == 0 else 2 * pp - 1 - stage) if v_shape else stage + c * pp
         out += list(range(chunk * per, (chunk + 1) * per))
     return out
 
@@ -278,14 +283,16 @@ def holding(
     stage: int = 0,
     virtual: int = 1,
     vocab_parallel: bool = True,
+    v_shape: bool = False,
 ) -> Holding:
     """What a rank of pipeline ``stage`` holds under ``tp``/``ep`` (cached; specs are hashable).
 
     ``vocab_parallel=False``: the embeddings and the output layer stay whole on every TP rank
     (torch's ``parallelize_module`` plan over the blocks only); True: split over the
-    vocabulary, as parlab's TP and Megatron do."""
+    vocabulary, as parlab's TP and Megatron do. ``v_shape``: the zero-bubble V (two chunks per
+    rank, ``stage`` and ``2 pp - 1 - stage``): rank 0 holds the embeddings and the head."""
     vtp = tp if vocab_parallel else 1
-    layer_ids = stage_layers(spec.layers, pp, stage, virtual)
+    layer_ids = stage_layers(spec.layers, pp, stage, virtual, v_shape=v_shape)
     by_block: dict[bool, list[tuple[str, tuple[int, ...]]]] = {}
     units: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
     head = spec._norm_shapes("norm", spec.hidden)
@@ -312,7 +319,7 @@ def holding(
         units.append((f"layers.{i}", dense))
         exp = tuple((f"layers.{i}.{n}", s) for n, s in params if ".experts." in f".{n}")
         units.append((f"layers.{i}.experts", exp))
-    if stage == pp - 1:
+    if stage == (0 if v_shape else pp - 1):
         units.append(("head", tuple((n, tp_local_shape(spec, n, s, vtp, ep)) for n, s in head)))
     return Holding(units=tuple(units))
 

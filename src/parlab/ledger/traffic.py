@@ -123,8 +123,13 @@ def traffic(
     bucket_bytes: int = 25 * 1024**2,
     reshard_after_forward: bool = True,
     stage: int = 0,
+    v_shape: bool = False,
 ) -> list[WireItem]:
-    """The wire table of one rank of pipeline ``stage`` (see the module docstring)."""
+    """The wire table of one rank of pipeline ``stage`` (see the module docstring).
+
+    ``v_shape``: the zero-bubble V (two chunks per rank, ``stage`` and ``2 pp - 1 - stage``):
+    rank 0 holds the embeddings and the head, and the V's tip (chunks p - 1 and p, both on the
+    last rank) passes its activations on the rank, not over the wire."""
     topo = topology or Topology(world_size=1)
     seq_len = seq_len or spec.max_seq_len
     pol = dtype_policy(dtype)
@@ -136,7 +141,7 @@ def traffic(
     e = pol.compute_bytes
     gb, pb = pol.grad_bytes, pol.param_bytes
     gather_b = min(e, pb)
-    h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages)
+    h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages, v_shape=v_shape)
     out: list[WireItem] = []
 
     def add(coll: str, axis: str, group: int, sizes: list[tuple[int, int]], count: int, phase: str,
@@ -212,7 +217,8 @@ def traffic(
 
     # ---- tensor parallel --------------------------------------------------------------------
     tokens = micro_batch * seq_len // cp
-    layer_ids = stage_layers(spec.layers, pp, stage, virtual_stages)
+    layer_ids = stage_layers(spec.layers, pp, stage, virtual_stages, v_shape=v_shape)
+    first, last = stage == 0, stage == (0 if v_shape else pp - 1)
     act = tokens * spec.hidden * e
     nl = len(layer_ids)
     if tp > 1:
@@ -227,18 +233,20 @@ def traffic(
                 "sum of b s h partial outputs after attention (wo) and MLP (w2)")  # fmt: skip
             add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "backward", True, "tp",
                 "sum of b s h input gradients of attention and MLP")  # fmt: skip
-        if stage == 0:
+        if first:
             add("all-reduce", "tp", tp, [(act, 1)], m, "forward", True, "tp",
                 "vocab-parallel embedding output")  # fmt: skip
-        if stage == pp - 1 and not loss_parallel:
+        if last and not loss_parallel:
             add("all-gather", "tp", tp, [(tokens * spec.vocab_size * e, 1)], m, "forward", True, "tp",
                 "column-parallel output: gather the logits")  # fmt: skip
     # ---- pipeline ---------------------------------------------------------------------------
     if pp > 1:
         msg = act // (tp if sp else 1)
-        add("send-recv", "pp", pp, [(msg, 1)], m * virtual_stages, "forward", True, "pp",
+        # the V sends on from chunk k (not the tip's, on the rank) and 2p - 1 - k (not the last)
+        sends = int(stage < pp - 1) + int(stage > 0) if v_shape else virtual_stages
+        add("send-recv", "pp", pp, [(msg, 1)], m * sends, "forward", True, "pp",
             "one micro-batch's activations to the next stage")  # fmt: skip
-        add("send-recv", "pp", pp, [(msg, 1)], m * virtual_stages, "backward", True, "pp",
+        add("send-recv", "pp", pp, [(msg, 1)], m * sends, "backward", True, "pp",
             "their gradient back to the previous stage")  # fmt: skip
     # ---- context parallel -------------------------------------------------------------------
     if cp > 1:

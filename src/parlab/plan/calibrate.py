@@ -122,6 +122,12 @@ def unmodelled(doc: Any, host: Any = None) -> str:
     k = knobs(doc)
     if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
         return "DeepSpeed's engine: its own buckets, partitions and prefetch (not modelled)"
+    if (doc.layout or {}).get("pp_schedule") == "zbv":
+        return (
+            "torch's zero-bubble V: measured slower than its 1F1B, which the bubble model cannot "
+            "give; what its runtime adds (input- and weight-gradient passes as separate autograd "
+            "calls, one transfer per action) is not modelled"
+        )
     if doc.project == "PAR-TRAINING-STATE" and k.get("recompute") == "selective":
         return (
             "runtime's selective = op-level SAC under a dispatch mode; "
@@ -221,7 +227,7 @@ def run_request(
         microbatches=max(1, gb // (dp * mb)),
         recompute=str(k.get("recompute") or "none"),
         schedule=schedule,
-        vpp=vpp if schedule == "interleaved" else 1,
+        vpp=vpp if schedule in ("interleaved", "zbv") else 1,  # zbv: the V, 2 chunks a rank
     )
     sp = bool(k.get("sequence_parallel", tp > 1))
     return req, cand, sp

@@ -38,6 +38,8 @@ pp-1 are both timed and the slower one counts. Overlap:
 **Bubble**: (compute + exposed blocking comm) x (pp - 1) / (v x m) for m
 micro-batches and v virtual stages (GPipe and 1F1B alike; interleaving
 divides by v); under the roofline the once-per-step optimizer work is not in it.
+The zero-bubble V (``zbv``) splits the backward into input- and weight-gradient passes
+and has its own bubble (``zbv_bubble``).
 
 Nothing here crosses a wire: it predicts what will.
 """
@@ -114,6 +116,54 @@ def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str) -> floa
     if recompute == "selective":
         return 4.0 * spec.layers * spec.heads * flops.attention_head_dim(spec) * seq
     return 0.0
+
+
+def zbv_passes(parts: ComputeParts | None) -> tuple[float, float, float]:
+    """Shares (forward, input gradient, weight gradient) of the per-micro-batch compute.
+
+    The weight gradients are the GEMMs' ``2 N`` FLOPs per token of their ``(6 + 2 rc) N``
+    (``rc`` = 1 under full recompute); the forward is its plain pass, the same share of every
+    kind of work (the roofline's ``forward_fraction`` is ``(2 + 2 rc) / (6 + 2 rc)``, its plain
+    part ``(1 - forward_fraction) / 2``); the input-gradient pass is the rest: the GEMMs'
+    input gradients, the attention core's and the elementwise backward, and any recompute
+    (torch's input-gradient pass replays a checkpointed forward). Without ``parts`` (the MFU
+    model) all of it is GEMMs: a third each.
+    """
+    if parts is None or parts.per_token_s <= 0:
+        return 1 / 3, 1 / 3, 1 / 3
+    fwd = (1.0 - parts.forward_fraction) / 2.0
+    w = parts.gemm_s / parts.per_token_s * fwd
+    return fwd, 1.0 - fwd - w, w
+
+
+def zbv_bubble(pp: int, microbatches: int, t_b: float, t_w: float) -> float:
+    """Idle seconds per step of torch's zero-bubble V (``ScheduleZBVZeroBubble``) on ``pp`` ranks.
+
+    ``t_b``, ``t_w``: one micro-batch's input- and weight-gradient pass through one chunk (half a
+    rank's layers). The bubble is ``(pp - 1) x max(t_b, 2 (t_b - t_w))``, whatever the
+    micro-batch count.
+
+    Where it comes from: the V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
+    Section 6: 2p chunks, rank k holding chunks k and 2p - 1 - k, the backward split into B and
+    W, the W passes deferred into the gaps) as torch 2.x orders it per rank (warm-up
+    ``2(p - k) - 1`` forwards of chunk k, then ``k`` pairs, then ``p - k`` F-I-W of chunk
+    2p - 1 - k, the steady F I W of each chunk, a cool-down of I passes and the deferred W
+    passes). Replaying those action lists with fixed pass times ``t_f``, ``t_b``, ``t_w`` (a
+    forward needs the previous chunk's forward, an input gradient the next chunk's, or the
+    chunk's own forward on the last chunk, a weight gradient its own input gradient; transfers
+    free) gives exactly this bubble whenever ``t_f <= t_b``, ``t_w <= t_b`` and
+    ``m >= 2 pp - 1`` (``tests/test_plan_zbv.py`` replays them); outside that region the replay
+    idles longer and this is a lower bound. The paper's zero bubble at ``T_F = T_B = T_W`` is
+    its steady state over iterations (the parallelogram, with its optimizer post-validation);
+    one step of torch's lists, timed alone, starts its last rank (p - 1) chunk-forwards late and
+    ends with the input-gradient chain of the last micro-batches: ``(p - 1) t_b`` at equal
+    times, a sixth of 1F1B's ``(p - 1)(T_F + T_B + T_W)`` (whole-stage times, twice a chunk's).
+    Assumed: equal chunks, fixed pass times, and no transfer time in the chain (the estimate
+    times the transfers as blocking communication and scales the passes by them, as for 1F1B).
+    """
+    if pp < 2:
+        return 0.0
+    return (pp - 1) * max(t_b, 2.0 * (t_b - t_w))
 
 
 def _span(cand: Candidate, axis: str, gpus_per_node: int) -> tuple[int, int]:
@@ -296,7 +346,12 @@ def estimate(
             comp = compute_s + contention * hidden_total
         # the bubble idles the per-micro-batch work, not the once-per-step optimizer
         piped = comp if parts is None else comp - parts.step_s
-        bubble = (piped + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
+        if cand.schedule == "zbv":  # a chunk is half the rank's layers: its passes / (2 m)
+            _, b_share, w_share = zbv_passes(parts)
+            chunk = (piped + blocking) / (2 * cand.microbatches)
+            bubble = zbv_bubble(cand.pp, cand.microbatches, b_share * chunk, w_share * chunk)
+        else:
+            bubble = (piped + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
         step = comp + exposed + bubble
         timed.sort(key=lambda x: -x[1])
         est = StepEstimate(

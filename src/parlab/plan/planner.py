@@ -7,7 +7,9 @@ Admission, in order (the first failing check is the reason, with its ``kind``):
    layers by pp x v, sequence by 2 cp, ep dividing dp, tp within a node);
 2. ``batch`` -- the global batch is not a whole number of micro-batches of
    ``micro_batch`` sequences on each of the dp ranks, or interleaving has a
-   micro-batch count that is not a multiple of pp (Megatron's rule);
+   micro-batch count that is not a multiple of pp (Megatron's rule), or the
+   zero-bubble V has fewer than 2p - 1 micro-batches (torch's schedule pads to
+   that many to fill the V, and the bubble model needs them);
 3. ``unsupported`` -- the ledger refuses the layout (its own message);
 4. ``memory`` -- the ledger's predicted per-rank peak (``parlab.ledger.predict``)
    exceeds the usable memory, by how much. The states alone (params, grads,
@@ -47,6 +49,7 @@ from parlab.plan.estimate import (
 from parlab.plan.roofline import Implementation, Roofline, work
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
+    DEFAULT_SCHEDULES,
     RECOMPUTE,
     SCHEDULES,
     STRATEGIES,
@@ -81,8 +84,8 @@ class PlanRequest:
     """Data-parallel strategies to try."""
     recompute: tuple[str, ...] = RECOMPUTE
     """Recompute modes to try."""
-    schedules: tuple[str, ...] = SCHEDULES
-    """Pipeline schedules to try (when pp > 1)."""
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    """Pipeline schedules to try (when pp > 1; ``zbv`` only when asked)."""
     dtype: str = "bf16-mixed"
     """The ledger's dtype policy."""
     optimizer: str = "adamw"
@@ -301,6 +304,17 @@ def plan(req: PlanRequest) -> PlanResult:
                                 )
                             )
                             continue
+                        if sched == "zbv" and m < 2 * pp - 1:
+                            rejected.append(
+                                Verdict(
+                                    cand=cand,
+                                    admitted=False,
+                                    kind="batch",
+                                    reason=f"zero-bubble V needs at least 2 pp - 1 = {2 * pp - 1} "
+                                    f"micro-batches, not {m}",
+                                )
+                            )
+                            continue
                         if floor is not None and floor > usable:
                             rejected.append(
                                 Verdict(
@@ -375,6 +389,7 @@ def plan(req: PlanRequest) -> PlanResult:
                                     sp=tp > 1,
                                     virtual_stages=vpp,
                                     stage=s,
+                                    v_shape=sched == "zbv",
                                 )
                                 for s in stages
                             }
@@ -449,7 +464,9 @@ def plan(req: PlanRequest) -> PlanResult:
             comm_note,
             f"overlap: non-blocking items hide behind {100 * req.overlap:.0f} % of the backward "
             "pass (2/3 of compute); blocking items are exposed in full",
-            "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+            "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches); zbv: (pp - 1) x "
+            "max(B, 2 (B - W)) of one chunk's input- and weight-gradient passes "
+            "(parlab.plan.estimate.zbv_bubble)",
             *tail,
         ]
     else:
@@ -475,7 +492,9 @@ def plan(req: PlanRequest) -> PlanResult:
             f"under forward, the CP ring under attention; {100 * req.overlap:.0f} % of each), one "
             f"call exposed; TP, PP and EP transfers exposed in full; compute loses "
             f"{roof.contention:.3f} x the hidden time (contention)",
-            "bubble: (per-micro-batch compute + blocking comm) x (pp - 1) / (v x micro-batches)",
+            "bubble: (per-micro-batch compute + blocking comm) x (pp - 1) / (v x micro-batches); "
+            "zbv: (pp - 1) x max(B, 2 (B - W)) of one chunk's input- and weight-gradient passes "
+            "(parlab.plan.estimate.zbv_bubble)",
             *tail,
         ]
     return PlanResult(
@@ -604,6 +623,7 @@ def evaluate(req: PlanRequest, cand: Candidate, *, sp: bool | None = None) -> Ve
             sp=sp,
             virtual_stages=cand.vpp,
             stage=st,
+            v_shape=cand.schedule == "zbv",
         )
         for st in sorted({0, cand.pp - 1})
     }

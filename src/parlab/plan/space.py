@@ -17,7 +17,10 @@ The candidate space (``candidates``) is every combination of
   accumulation steps, or the pipeline's micro-batches;
 - activation recompute: ``none``, ``selective``, ``full``;
 - pipeline schedule when pp > 1: ``1f1b``, ``gpipe``, ``interleaved`` (with the
-  smallest virtual-stage count v > 1 that divides the layers).
+  smallest virtual-stage count v > 1 that divides the layers); on request (not in
+  ``DEFAULT_SCHEDULES``) ``zbv``, torch's zero-bubble V: v = 2, 2p stages, rank k
+  holding stages k and 2p - 1 - k (the layout's constraint table asks 2p to divide the
+  layers).
 
 Sequence parallelism is on whenever tp > 1 (Megatron's pairing; it only saves
 memory and moves the same bytes as all-gather + reduce-scatter). Whether a
@@ -38,7 +41,10 @@ from parlab.hardware.catalog import GPUSpec, require
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zbv")
+DEFAULT_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+"""The schedules searched unless asked: ``zbv``'s one measured run (torch's, pp 2) is slower
+than its 1F1B, which the bubble model does not describe (``parlab.plan.estimate``)."""
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTER_NODE_BW = 50e9
 """Bytes/s per GPU between nodes when not given: one 400 Gb/s NIC per GPU (assumed)."""
@@ -200,9 +206,9 @@ class Candidate:
     recompute: str
     """``none``, ``selective`` or ``full``."""
     schedule: str
-    """``1f1b``, ``gpipe``, ``interleaved``; ``-`` when pp = 1."""
+    """``1f1b``, ``gpipe``, ``interleaved``, ``zbv``; ``-`` when pp = 1."""
     vpp: int = 1
-    """Virtual stages per rank (interleaved only)."""
+    """Virtual stages per rank (interleaved; 2 for ``zbv``)."""
 
     @property
     def sp(self) -> bool:
@@ -264,4 +270,5 @@ def schedules_for(pp: int, layers: int) -> list[tuple[str, int]]:
     v = next((v for v in range(2, per + 1) if per % v == 0), None) if per else None
     if v:
         out.append(("interleaved", v))
+    out.append(("zbv", 2))  # the layout's constraint table rejects it where 2p does not divide L
     return out
