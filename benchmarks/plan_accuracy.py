@@ -148,10 +148,12 @@ def mfu_model_rows(
     return out
 
 
-def roofline_rows(docs: list[Any], cal: Any) -> dict[str, Any]:
+def roofline_rows(docs: list[Any], cal: Any, shapes: Any = None) -> dict[str, Any]:
     """The roofline fitted on its calibration runs (``parlab.plan.calibrate.LAB_STEPS``), every
     run's prediction, and for each calibration run its leave-one-group-out prediction (the
-    steps refitted without every repeat of that run's configuration)."""
+    steps refitted without every repeat of that run's configuration); ``shapes``: a GEMM-shape
+    calibration whose measured factor replaces the width law for the runs it covers
+    (``parlab.plan.shapes``; the fit itself keeps the width law)."""
     from parlab.errors import UsageError
     from parlab.plan.calibrate import fit_steps, group_of, predict
 
@@ -159,7 +161,7 @@ def roofline_rows(docs: list[Any], cal: Any) -> dict[str, Any]:
     calibrating = {rid: ", ".join(step.free) for step, ids in used for rid in ids}
     pred = {}
     for d in docs:
-        e = predict(d, roof, calibration=cal)
+        e = predict(d, roof, calibration=cal, shapes=shapes)
         pred[d.run_id] = e.step_s if e else None
     loo: dict[str, float | None] = {}
     groups: dict[str, list[Any]] = {}
@@ -173,7 +175,7 @@ def roofline_rows(docs: list[Any], cal: Any) -> dict[str, Any]:
         except UsageError:
             roof_g = None
         for d in members:
-            e = predict(d, roof_g, calibration=cal) if roof_g is not None else None
+            e = predict(d, roof_g, calibration=cal, shapes=shapes) if roof_g is not None else None
             loo[d.run_id] = e.step_s if e else None
     return {"roof": roof, "used": used, "calibrating": calibrating, "pred": pred, "loo": loo}
 
@@ -191,8 +193,11 @@ def table_gpu_runs(root: Path) -> None:
 
     cal = collectives_calibration(root)
     host = host_dispatch_calibration(root)
+    from parlab.plan.shapes import gemm_shape_calibration, run_shape, shape_factor
+
+    shapes = gemm_shape_calibration(root)
     old = mfu_model_rows(docs, cal)
-    rf = roofline_rows(docs, cal)
+    rf = roofline_rows(docs, cal, shapes)
     head = (
         f"{'run':<44}{'impl':<9}{'step meas':>10}{'MFU LOO':>9}{'err':>9}{'roofline':>9}{'err':>9}"
         f"{'LOO':>9}{'<10%':>5}{'peak meas':>10}{'recorded':>9}{'err':>8}{'current':>9}"
@@ -217,7 +222,10 @@ def table_gpu_runs(root: Path) -> None:
         cal_of = rf["calibrating"].get(d.run_id, "")
         loo = rf["loo"].get(d.run_id) if cal_of else None
         out_of_sample = loo if cal_of else pred
-        why = unmodelled(d, host=host)
+        why = unmodelled(d, host=host, shapes=shapes, roofline=rf["roof"])
+        shaped = shape_factor(d, rf["roof"], shapes)
+        if shaped is not None and shaped[1] == run_shape(d)[0]:
+            shaped = None  # the reference's own runs: factor 1, as under the width law
         if bound is not None:
             gpu_s = rf["pred"][d.run_id]
             why = {
@@ -246,6 +254,9 @@ def table_gpu_runs(root: Path) -> None:
                 counts[name][1] += ok
                 counts[name][2] += old_ok
         note = f"cal: {cal_of}" if cal_of else why
+        if shaped is not None:  # GEMM shapes measured: the factor replaced the width law
+            gemm_note = f"GEMM x {shaped[0]:.3f} (shapes measured against {shaped[1]})"
+            note = f"{note}; {gemm_note}" if note else gemm_note
         if peak_note:
             note = f"{note}; peak: {peak_note}" if note else f"peak: {peak_note}"
         print(
@@ -267,6 +278,13 @@ def table_gpu_runs(root: Path) -> None:
     )
     for step, ids in rf["used"]:
         print(f"  {', '.join(step.free)} fitted on {len(ids)} {step.runs}: {', '.join(ids)}")
+    if shapes is not None:
+        print(
+            f"GEMM shapes: {shapes.label}; where it measured the run's model and the reference "
+            f"(hidden {roof.gemm_width:.0f}) at the run's tokens per micro-batch (tp 1), the "
+            "run's GEMM efficiency is GEMM x eff(model) / eff(reference) instead of the width "
+            "law (note 'GEMM x'); the attention core stays the attention term."
+        )
     if host is not None:
         print(
             f"DTensor TP runs: {'roofline + host (serialized' if host.serialized else 'max(roofline, host'}"

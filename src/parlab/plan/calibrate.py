@@ -21,6 +21,11 @@ roofline's step and ops per step x host seconds per op -- their max, or their su
 calibration found the two serialized -- under a host-dispatch calibration
 (``parlab.plan.host``); without one, ``unmodelled`` says they are not modelled.
 
+Models whose GEMM shapes the width law does not describe (GPT-2 1.5B: hidden 1600, vocabulary
+50257) are predicted with the measured GEMM-shape factor where a GPU GEMM-shape calibration
+covers them (``parlab.plan.shapes``; ``predict``'s ``shapes``), and are "not modelled" without
+one. The fit never uses it: ``fit_steps`` keeps the width law and leaves those runs out.
+
 Nothing here crosses a wire or imports torch.
 """
 
@@ -113,9 +118,12 @@ def host_term(doc: Any, host: Any = None) -> tuple[float | None, str]:
     return host.host_s(spec.layers, mb), ""
 
 
-def unmodelled(doc: Any, host: Any = None) -> str:
+def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any = None) -> str:
     """Why the planner's model does not describe this run ("" when it does); ``host``: the
-    host-dispatch calibration that describes DTensor TP runs (``host_term``)."""
+    host-dispatch calibration that describes DTensor TP runs (``host_term``); ``shapes`` and
+    ``roofline``: a GEMM-shape calibration (``parlab.plan.shapes``) that, where it covers the
+    run against ``roofline``'s reference width, describes its unaligned GEMMs (the head dim stays
+    the attention term's, as for every model)."""
     name = _model_name(doc)
     if is_dtensor_tp(doc):
         return host_term(doc, host)[1]
@@ -140,6 +148,10 @@ def unmodelled(doc: Any, host: Any = None) -> str:
     except ValueError:
         return ""
     if spec.vocab_size % 64:
+        from parlab.plan.shapes import shape_factor
+
+        if roofline is not None and shape_factor(doc, roofline, shapes) is not None:
+            return ""
         return (
             f"vocab {spec.vocab_size} not a multiple of 64: unaligned output GEMM, and head dim "
             f"{spec.d_head} (not modelled)"
@@ -233,10 +245,16 @@ def run_request(
     return req, cand, sp
 
 
-def predict(doc: Any, roofline: Roofline, *, calibration: Any = None) -> StepEstimate | None:
-    """The planner's step estimate of one measured run under ``roofline``."""
+def predict(
+    doc: Any, roofline: Roofline, *, calibration: Any = None, shapes: Any = None
+) -> StepEstimate | None:
+    """The planner's step estimate of one measured run under ``roofline``; with a GEMM-shape
+    calibration ``shapes`` covering the run, its measured shape factor replaces the width law
+    (``parlab.plan.shapes.shaped_roofline``)."""
     from parlab.plan.planner import evaluate
+    from parlab.plan.shapes import shaped_roofline
 
+    roofline = shaped_roofline(doc, roofline, shapes)
     made = run_request(doc, roofline=roofline, calibration=calibration)
     if made is None:
         return None
