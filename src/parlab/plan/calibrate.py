@@ -51,22 +51,42 @@ def knobs(doc: Any) -> dict[str, Any]:
 
 def implementation_of(doc: Any) -> Implementation:
     """What the run's document records of its implementation: ``norm_kernel`` (absent: the
-    reference model before it fused RMSNorm and RoPE, ``explicit``) and ``compile``."""
+    reference model before it fused RMSNorm and RoPE, ``explicit``), ``compile``, and for
+    parlab's sequence parallelism ``sp_saved_input`` (absent: before commit 02e7fd8, when each
+    linear copied the gathered sequence, ``sp_gather = "per-linear"``)."""
     k = knobs(doc)
+    old_sp = (
+        bool(k.get("sequence_parallel"))
+        and k.get("implementation", "parlab") == "parlab"
+        and not k.get("sp_saved_input")
+    )
+    gather = "per-linear" if old_sp else "shared"
     if k.get("compile"):
-        return Implementation(norm_kernel="compiled")
-    return Implementation(norm_kernel=str(k.get("norm_kernel") or "explicit"))
+        return Implementation(norm_kernel="compiled", sp_gather=gather)
+    return Implementation(norm_kernel=str(k.get("norm_kernel") or "explicit"), sp_gather=gather)
+
+
+def recompute_of(doc: Any) -> str:
+    """The run's recompute in the planner's names: ``parlab train --recompute selective``
+    (PAR-TRAINING-STATE documents) ran the runtime's op-level policy, ``op-selective``
+    (``parlab.plan.roofline``); the planner's own ``selective`` is Megatron's attention core."""
+    rc = str(knobs(doc).get("recompute") or "none")
+    if rc == "selective" and doc.project == "PAR-TRAINING-STATE":
+        return "op-selective"
+    return rc
 
 
 def group_of(doc: Any) -> str:
     """Runs that repeat one configuration: the run id without its time stamp, and the knobs
     that change the work (implementation, recompute, resharding)."""
     k = knobs(doc)
+    impl = implementation_of(doc)
     parts = [
         _STAMP.sub("", doc.run_id),
-        implementation_of(doc).norm_kernel,
+        impl.norm_kernel,
         str(k.get("recompute") or "none"),
         "keep" if k.get("reshard_after_forward") is False else "",
+        "sp-per-linear" if impl.sp_gather == "per-linear" else "",
     ]
     return "/".join(p for p in parts if p)
 
@@ -127,7 +147,6 @@ def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any 
     name = _model_name(doc)
     if is_dtensor_tp(doc):
         return host_term(doc, host)[1]
-    k = knobs(doc)
     if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
         return "DeepSpeed's engine: its own buckets, partitions and prefetch (not modelled)"
     if (doc.layout or {}).get("pp_schedule") == "zbv":
@@ -136,10 +155,10 @@ def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any 
             "give; what its runtime adds (input- and weight-gradient passes as separate autograd "
             "calls, one transfer per action) is not modelled"
         )
-    if doc.project == "PAR-TRAINING-STATE" and k.get("recompute") == "selective":
+    if recompute_of(doc) == "op-selective":
         return (
-            "runtime's selective = op-level SAC under a dispatch mode; "
-            "planner's = Megatron's attention core"
+            "runtime's selective = op-level SAC (priced as recompute=op-selective); the per-op "
+            "host cost of its dispatch mode not modelled"
         )
     try:
         from parlab.models import get_spec
@@ -237,7 +256,7 @@ def run_request(
         strategy=strategy,
         micro_batch=mb,
         microbatches=max(1, gb // (dp * mb)),
-        recompute=str(k.get("recompute") or "none"),
+        recompute=recompute_of(doc),
         schedule=schedule,
         vpp=vpp if schedule in ("interleaved", "zbv") else 1,  # zbv: the V, 2 chunks a rank
     )

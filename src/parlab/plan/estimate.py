@@ -107,7 +107,8 @@ def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str) -> floa
     """Extra FLOPs per token that recompute adds (``parlab.models.flops`` counting).
 
     Full: one more forward (2N + 4LHQT). Selective: the attention core's forward again
-    (4LHQT: scores and their weighted sum).
+    (4LHQT: scores and their weighted sum). Op-selective (the runtime's op-level policy) saves
+    every matmul and attention output: no FLOP again.
     """
     from parlab.models import flops
 

@@ -485,7 +485,8 @@ def plan(req: PlanRequest) -> PlanResult:
             f"bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s catalog HBM) "
             f"-- {roof.source or 'efficiencies as given'}",
             "recompute: full replays the forward (GEMMs, attention, elementwise), selective the "
-            "attention core's forward (Megatron's)",
+            "attention core's forward (Megatron's); op-selective (parlab train's --recompute "
+            "selective, op-level) the blocks' elementwise forward",
             comm_note,
             f"overlap: each collective hides under its mechanism's window (DDP/ZeRO/FSDP gradient "
             f"collectives under backward, FSDP/ZeRO-3 gathers under their phase, ZeRO-1/2 gathers "

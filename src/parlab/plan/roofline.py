@@ -22,7 +22,18 @@ micro-batches) is split into work that runs at different speeds:
   (float32 RMSNorm and RoPE written out op by op: the reference model before it fused them,
   and torch's decomposition on the CPU) and ``compiled`` (``torch.compile`` fuses each group
   into one read and one write). Under tensor parallelism the norms and residual adds run on
-  every token of every rank unless sequence parallelism splits them.
+  every token of every rank unless sequence parallelism splits them. parlab's sequence
+  parallelism before commit 02e7fd8 (``Implementation.sp_gather = "per-linear"``) handed the
+  linears a strided view of the gathered sequence, and each of wq/wk/wv and w1/w3 copied it
+  (``sp_copy_bytes_per_token``).
+
+Recompute modes: ``none``; ``selective``, the planner's (Megatron's, Korthikanti et al. 2022:
+the attention core's forward again); ``full`` (the whole forward again); ``op-selective``, the
+runtime's (``parlab train --recompute selective``: ``parlab.parallel.fsdp._selective_policy``,
+torchtitan's op-level policy, the ledger's name): every matmul and attention output is saved, so
+no FLOP is recomputed, and every other op of the block -- norms, RoPE, the activation, the
+attention layout copy, the first residual add -- runs its forward again in backward
+(``op_selective_bytes_per_token``).
 
 The efficiencies (``Roofline``) are not guessed: ``fit_roofline`` fits them by least squares
 (relative error) on stated measured runs, and the caller says which.
@@ -38,6 +49,12 @@ from parlab.models.spec import ModelSpec
 
 NORM_KERNELS = ("fused", "explicit", "compiled")
 """Implementations of the elementwise ops (``composite`` reads as ``explicit``)."""
+SP_GATHERS = ("shared", "per-linear")
+"""What parlab's sequence parallelism hands the column-parallel linears: one contiguous copy
+of the gathered sequence that they share (since commit 02e7fd8; documents record
+``sp_saved_input``), or a strided view that each linear copies (before it)."""
+RECOMPUTE = ("none", "selective", "full", "op-selective")
+"""Recompute modes ``work`` prices (the module docstring names them)."""
 ATTENTION_KERNELS = ("flash", "math")
 """Attention core kernels: flash (causal half, never materialised) or materialised scores."""
 
@@ -59,6 +76,17 @@ ELEMENTWISE: dict[str, dict[str, float]] = {
     "explicit": {"norm": 108, "residual": 12, "rope": 252, "swiglu": 26, "gelu": 10, "layout": 8},
     "compiled": {"norm": 10, "residual": 6, "rope": 8, "swiglu": 16, "gelu": 8, "layout": 8},
 }
+ELEMENTWISE_FORWARD: dict[str, dict[str, float]] = {
+    "fused": {"norm": 4, "residual": 6, "rope": 20, "swiglu": 10, "gelu": 4, "layout": 4},
+    "explicit": {"norm": 36, "residual": 6, "rope": 84, "swiglu": 10, "gelu": 4, "layout": 4},
+}
+"""The forward passes of ``ELEMENTWISE`` (the counts in its comment): what op-level selective
+recompute runs again. Eager implementations only: a compiled block's recompute is not counted."""
+FP32_STREAM_FORWARD = {"norm": 4.0, "residual": 4.0, "cast": 6.0}
+"""The forward passes of ``FP32_STREAM_BYTES``."""
+WEIGHT_RECAST_BYTES = 6.0
+"""Op-level selective recompute under autocast: the recompute enters a fresh autocast context
+(empty weight cache), so each block weight is cast to bf16 again (4 + 2) per micro-batch."""
 LOSS_BYTES_PER_LOGIT = 40.0
 """Cross-entropy on float32 logits: upcast (2+4), log-softmax with its two reductions (16),
 backward (12) and the cast of the gradient back (4+2)."""
@@ -129,6 +157,8 @@ class Implementation:
     """``fused``, ``explicit`` (or ``composite``) or ``compiled`` (``torch.compile``)."""
     attention_kernel: str = "flash"
     """``flash`` (causal half, never materialised) or ``math`` (materialised scores)."""
+    sp_gather: str = "shared"
+    """Sequence parallelism's gathered input to the linears (``SP_GATHERS``)."""
 
     def __post_init__(self) -> None:
         if self.norm_kernel == "composite":
@@ -142,6 +172,8 @@ class Implementation:
                 f"attention kernel {self.attention_kernel!r}: use one of "
                 f"{', '.join(ATTENTION_KERNELS)}"
             )
+        if self.sp_gather not in SP_GATHERS:
+            raise UsageError(f"SP gather {self.sp_gather!r}: use one of {', '.join(SP_GATHERS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +273,54 @@ def elementwise_bytes_per_token(
     return per_layer * spec.layers
 
 
+def op_selective_bytes_per_token(
+    spec: ModelSpec,
+    *,
+    impl: Implementation,
+    tp: int = 1,
+    sp: bool = False,
+    fp32_stream: bool = False,
+) -> float:
+    """Bytes per token that op-level selective recompute moves again in backward, every block,
+    on one tensor-parallel rank: the forward (``ELEMENTWISE_FORWARD``) of the block's two norms,
+    its RoPE, activation and attention layout copy, and of its first residual add (the second
+    follows the last saved matmul, where the recompute stops: torch's early stop), plus under
+    ``fp32_stream`` their float32 stream and the activation casts before the linears.
+    ``UsageError`` for compiled blocks."""
+    if impl.norm_kernel not in ELEMENTWISE_FORWARD:
+        raise UsageError(
+            f"op-level selective recompute of {impl.norm_kernel} blocks is not modelled "
+            f"(eager: {', '.join(ELEMENTWISE_FORWARD)})"
+        )
+    t = ELEMENTWISE_FORWARD[impl.norm_kernel]
+    h, f = spec.hidden, spec.ffn_hidden
+    q_width = spec.heads * spec.d_head
+    rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
+    act = t["swiglu"] if spec.activation == "swiglu" else t["gelu"]
+    replicated = (2 * t["norm"] + t["residual"]) * h
+    split = t["rope"] * rot + act * f + t["layout"] * q_width
+    if fp32_stream:
+        readers = 3 + (2 if spec.activation == "swiglu" else 1)
+        x = FP32_STREAM_FORWARD
+        replicated += (2 * x["norm"] + x["residual"] + readers * x["cast"]) * h
+    return (replicated / (tp if sp else 1) + split / tp) * spec.layers
+
+
+def sp_copy_bytes_per_token(
+    spec: ModelSpec, *, impl: Implementation, tp: int, micro_batch: int, elem: int = 2
+) -> float:
+    """Bytes per token that ``sp_gather = "per-linear"`` copies beyond the shared gather, every
+    block: the all-gather's output, (S, B, H) seen as a strided (B, S, H), is copied by each
+    linear that reads it -- wq, wk, wv and w1 (and w3) -- where the shared form copies it once
+    per gather (two a block): ``1 + mats_in`` more copies (read and write, ``elem`` bytes each)
+    of the whole gathered sequence in forward; backward is the same in both. None at
+    micro-batch 1 (the view is contiguous) or without tensor parallelism."""
+    if impl.sp_gather == "shared" or tp == 1 or micro_batch == 1:
+        return 0.0
+    mats_in = 2 if spec.activation == "swiglu" else 1
+    return (1 + mats_in) * 2 * elem * spec.hidden * spec.layers
+
+
 def work(
     spec: ModelSpec,
     *,
@@ -266,8 +346,10 @@ def work(
     blocks = spec.num_active_params(embedding=False) - spec.output_params()  # MoE: top-k experts
     out = spec.output_params() or spec.vocab_size * spec.hidden  # tied: still a matmul
     n_stage = (blocks / pp + out) / tp
-    if recompute not in ("none", "selective", "full"):
-        raise UsageError(f"recompute {recompute!r}: use none, selective or full")
+    if recompute not in RECOMPUTE:
+        raise UsageError(f"recompute {recompute!r}: use one of {', '.join(RECOMPUTE)}")
+    if recompute == "op-selective" and impl.attention_kernel != "flash":
+        raise UsageError("op-level selective recompute is modelled with flash attention only")
     rc_fwd = 1.0 if recompute == "full" else 0.0
     gemm = (6.0 + 2.0 * rc_fwd) * n_stage * tokens
     attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
@@ -278,6 +360,14 @@ def work(
     ew = elementwise_bytes_per_token(spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream)
     ew *= tokens / pp
     ew *= 1.0 + rc_fwd / 3.0  # full recompute replays the forward's elementwise ops
+    if recompute == "op-selective":  # the runtime's: the blocks' elementwise forward again
+        ew += op_selective_bytes_per_token(
+            spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream
+        ) * (tokens / pp)
+    if sp:
+        ew += sp_copy_bytes_per_token(
+            spec, impl=impl, tp=tp, micro_batch=micro_batch, elem=pol.compute_bytes
+        ) * (tokens / pp)
     ew += LOSS_BYTES_PER_LOGIT * spec.vocab_size / tp * tokens
     attention_flops = 0.0
     if impl.attention_kernel == "flash":
@@ -289,6 +379,8 @@ def work(
     # per parameter: mixed-precision casts every micro-batch, then the optimizer step
     params = spec.num_params() / (tp * pp)
     cast = CAST_BYTES_PER_PARAM * params * microbatches if pol.autocast else 0.0
+    if recompute == "op-selective" and pol.autocast:
+        cast += WEIGHT_RECAST_BYTES * blocks / (tp * pp) * microbatches
     master = pol.master_bytes or pol.param_bytes
     opt_params = params / dp if strategy in ("zero1", "zero2", "zero3", "fsdp") else params
     # fused AdamW: read grad, both states, the master; write both states, the master (and the
