@@ -155,3 +155,12 @@ def test_predict_of_a_committed_gpt2_run_uses_the_factor_only_with_a_calibration
     direct = calibrate.predict(doc, shaped_roofline(doc, ROOF, SHAPES))
     assert direct is not None and shaped.compute_s == pytest.approx(direct.compute_s)
     assert shaped.compute_s > plain.compute_s  # 0.6 is below the law's f(1600)/f(2048) = 0.95
+
+
+def test_the_shape_factor_skips_models_the_width_law_describes() -> None:
+    """Models whose every GEMM dimension divides into 128 (the law's own fitting runs) keep the
+    width law; GPT-2's 1,600 / 6,400 / 50,257 get the measured factor."""
+    from parlab.plan.shapes import aligned
+
+    assert aligned("1.3b") and aligned("8b") and aligned("llama3.1-8b")
+    assert not aligned("gpt2-1.5b") and aligned("no-such-model")

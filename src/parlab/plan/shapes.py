@@ -140,9 +140,31 @@ def shape_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float,
     if shapes is None or roof.gemm_width <= 0:
         return None
     model, tokens, tp, gpu = run_shape(doc)
-    if tp != 1 or gpu != shapes.device:
+    if tp != 1 or gpu != shapes.device or aligned(model):
         return None
     return shapes.factor(model, tokens, roof.gemm_width)
+
+
+ALIGN = 128
+"""The GEMM tile the width law's fitting runs all divide into (their every GEMM dimension)."""
+
+
+def aligned(model: str) -> bool:
+    """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
+    multiple of ``ALIGN``, as in the Llama-style runs the width law was fitted on: the law
+    describes it, and the measured factor is not applied. (On the H200s the probe put the 8B's
+    GEMMs at 0.92 of the 1.3B's while the runs the law was fitted on ran both at the law's
+    efficiency: a bare GEMM's ratio does not carry to aligned shapes inside a training step.)
+    Unknown models count as aligned (no factor)."""
+    from parlab.models import get_spec
+
+    try:
+        spec = get_spec(model)
+    except ValueError:
+        return True
+    kv = spec.kv_heads or spec.heads
+    dims = (spec.hidden, spec.ffn_hidden, spec.vocab_size, spec.q_dim, kv * spec.d_head)
+    return all(d % ALIGN == 0 for d in dims)
 
 
 def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
