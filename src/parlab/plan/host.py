@@ -157,18 +157,25 @@ def load_host_dispatch(doc: Any) -> HostDispatch:
     )
 
 
-def host_dispatch_calibration(root: Any) -> HostDispatch | None:
-    """The newest GPU (``real-training``) host-dispatch calibration under
-    ``root``/PAR-MODEL-INTERNAL, or None."""
+def newest_gpu_calibration(root: Any, project: str, prefix: str, load: Any) -> Any:
+    """``load(doc)`` of the newest GPU (``real-training``) document ``prefix-*.json`` under
+    ``root``/``project`` that ``load`` reads, or None (the probes' calibrations: this module's
+    host dispatch, ``parlab.plan.shapes``' GEMM shapes)."""
     from parlab.contract import read_document
 
     best = None
-    for path in sorted((Path(root) / "PAR-MODEL-INTERNAL").glob("host-dispatch-*.json")):
+    for path in sorted((Path(root) / project).glob(f"{prefix}-*.json")):
         try:
             doc = read_document(path)
-            cal = load_host_dispatch(doc)
+            cal = load(doc)
         except (ValueError, KeyError, TypeError, UsageError):
             continue
         if doc.evidence_level == "real-training" and (best is None or doc.created >= best[0]):
             best = (doc.created, cal)
     return None if best is None else best[1]
+
+
+def host_dispatch_calibration(root: Any) -> HostDispatch | None:
+    """The newest GPU (``real-training``) host-dispatch calibration under
+    ``root``/PAR-MODEL-INTERNAL, or None."""
+    return newest_gpu_calibration(root, "PAR-MODEL-INTERNAL", "host-dispatch", load_host_dispatch)

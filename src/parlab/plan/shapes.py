@@ -6,7 +6,7 @@ other widths by the width law ``f(n) = n / (n + n0)``, fitted on Llama-style run
 and 4096. The law sees only the width. GPT-2 1.5B (hidden 1600, FFN 6400, vocabulary 50257:
 none a multiple of 128) has GEMMs whose shapes run further from peak than the law says: a
 profile of its runs found 147-162 ms of GEMM kernels a step against ~100 ms for the 1.3B at
-similar FLOPs.
+similar FLOPs (``results/PAR-TRAINING-STATE/profile-train-{ddp,fsdp}-20261130T2136*``).
 
 ``benchmarks/gemm_shapes_probe.py`` times every GEMM of one layer and of the output layer of
 each model (forward, and the two backward GEMMs: the input gradient ``dgrad`` and the weight
@@ -33,7 +33,6 @@ optimizer terms. Nothing here imports torch or crosses a wire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from parlab.errors import UsageError
@@ -108,18 +107,9 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
 def gemm_shape_calibration(root: Any) -> GemmShapes | None:
     """The newest GPU (``real-training``) GEMM-shape calibration under ``root``/PAR-TRAINING-STATE,
     or None."""
-    from parlab.contract import read_document
+    from parlab.plan.host import newest_gpu_calibration
 
-    best = None
-    for path in sorted((Path(root) / PROJECT).glob(f"{PREFIX}-*.json")):
-        try:
-            doc = read_document(path)
-            cal = load_gemm_shapes(doc)
-        except (ValueError, KeyError, TypeError, UsageError):
-            continue
-        if doc.evidence_level == "real-training" and (best is None or doc.created >= best[0]):
-            best = (doc.created, cal)
-    return None if best is None else best[1]
+    return newest_gpu_calibration(root, PROJECT, PREFIX, load_gemm_shapes)
 
 
 def run_shape(doc: Any) -> tuple[str, int, int, str]:
@@ -153,7 +143,7 @@ def aligned(model: str) -> bool:
     """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
     multiple of ``ALIGN``, as in the Llama-style runs the width law was fitted on: the law
     describes it, and the measured factor is not applied. (On the H200s the probe put the 8B's
-    GEMMs at 0.92 of the 1.3B's while the runs the law was fitted on ran both at the law's
+    GEMMs at 0.92 of the 1.3B's (``gemm-shapes-20261130T232027-2c4a49``) while the runs the law was fitted on ran both at the law's
     efficiency: a bare GEMM's ratio does not carry to aligned shapes inside a training step.)
     Unknown models count as aligned (no factor)."""
     from parlab.models import get_spec

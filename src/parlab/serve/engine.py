@@ -430,18 +430,30 @@ class Engine:
                 q_R = q.new_zeros((keys.shape[0], *q.shape[1:]))
                 q_R[plan.scatter] = q
                 q = q_R
-        rep = q.shape[1] // keys.shape[1]
-        gqa = rep > 1 and self.device.type == "cpu"  # CPU SDPA groups heads without a copy
-        if rep > 1 and not gqa:
-            keys = keys.repeat_interleave(rep, dim=1)
-            vals = vals.repeat_interleave(rep, dim=1)
-        with self._sdpa_backends():
-            o = F.scaled_dot_product_attention(
-                q, keys, vals, attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=gqa
-            )
+        o = self._sdpa(q, keys, vals, plan.mask, plan.causal)
         if plan.scatter is not None:
             o = o[plan.scatter]
         return attn.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+    def _sdpa(
+        self,
+        q_BNSD: torch.Tensor,
+        keys_BKLD: torch.Tensor,
+        vals_BKLD: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+    ) -> torch.Tensor:
+        """SDPA with grouped KV heads: the CPU groups them without a copy; on CUDA the KV heads
+        are repeated (memory-efficient attention takes no grouped heads with a mask)."""
+        rep = q_BNSD.shape[1] // keys_BKLD.shape[1]
+        gqa = rep > 1 and self.device.type == "cpu"
+        if rep > 1 and not gqa:
+            keys_BKLD = keys_BKLD.repeat_interleave(rep, dim=1)
+            vals_BKLD = vals_BKLD.repeat_interleave(rep, dim=1)
+        with self._sdpa_backends():
+            return F.scaled_dot_product_attention(
+                q_BNSD, keys_BKLD, vals_BKLD, attn_mask=mask, is_causal=causal, enable_gqa=gqa
+            )
 
     def _sdpa_backends(self) -> Any:
         """The SDPA backends allowed here (``EngineConfig.cudnn_attention``)."""
@@ -662,20 +674,7 @@ class Engine:
         else:
             L = mask_11QL.shape[-1]
             keys, vals = kc[slot_1Q[:, 0], :, :L], vc[slot_1Q[:, 0], :, :L]  # 1 K L D
-        rep = q.shape[2] // keys.shape[1]
-        gqa = rep > 1 and self.device.type == "cpu"  # CPU SDPA groups heads without a copy
-        if rep > 1 and not gqa:  # CUDA's memory-efficient attention takes no grouped heads
-            keys = keys.repeat_interleave(rep, dim=1)
-            vals = vals.repeat_interleave(rep, dim=1)
-        with self._sdpa_backends():
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                keys,
-                vals,
-                attn_mask=mask_11QL,
-                is_causal=mask_11QL is None,
-                enable_gqa=gqa,
-            )
+        o = self._sdpa(q.transpose(1, 2), keys, vals, mask_11QL, mask_11QL is None)
         return attn.wo(o.transpose(1, 2).reshape(1, Q, -1))
 
     def _prefill_slot(
