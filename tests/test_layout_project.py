@@ -42,6 +42,8 @@ def test_parallel_runs_reproduce_single_rank_losses_and_write_valid_documents(
         for a, b in zip(par.workload["losses"], one.workload["losses"], strict=True):
             assert a == pytest.approx(b, abs=1e-4), name
         assert par.evidence_level == "cpu-mechanism" and par.role == "candidate"
+        # every measured step is kept, and step_time is their median (one step here)
+        assert par.workload["step_times"] == [par.metric("step_time")]
     pp = docs["pp2-1f1b"]
     # 4 micro-batches of 1 x 32 tokens x hidden 64 x fp32, sent once per boundary per rank
     assert pp.metric("comm_bytes_per_step.pp") == 4 * 32 * 64 * 4

@@ -603,6 +603,11 @@ def flops_per_token(cfg: RunConfig) -> float | None:
         return None
 
 
+def _step_times(results: list[dict[str, Any]]) -> list[float]:
+    """Each measured step's time: a step ends when its slowest rank ends."""
+    return [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+
+
 def document(
     cfg: RunConfig,
     results: list[dict[str, Any]] | None,
@@ -621,7 +626,7 @@ def document(
     if results:
         r0 = results[0]
         # a step ends when its slowest rank ends
-        times = [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+        times = _step_times(results)
         t = meters.median(times)
         tps = r0["tokens_per_step"] / t / cfg.nproc if t > 0 else None
         metrics["step_time"] = Metric(value=t, unit="s")
@@ -702,6 +707,8 @@ def document(
             "dtype": cfg.dtype,
             "dataset": "synthetic tokens (seed 0)",
             **({"losses": _losses(results)} if results else {}),
+            # every measured step (its slowest rank): the spread behind the median step_time
+            **({"step_times": _step_times(results)} if results else {}),
         },
         layout={
             "world_size": cfg.nproc,
