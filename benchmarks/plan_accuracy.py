@@ -203,7 +203,7 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
 
 
 # what a run's document records beyond its layout: compared between repeats of one configuration
-_NOT_KNOBS = ("losses", "steps", "warmup")
+_NOT_KNOBS = ("losses", "steps", "warmup", "step_times")
 
 
 def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
@@ -258,7 +258,7 @@ def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
 
 
 def table_gpu_runs(root: Path) -> None:
-    from parlab.plan.calibrate import implementation_of, knobs, recompute_of, unmodelled
+    from parlab.plan.calibrate import group_of, implementation_of, knobs, recompute_of, unmodelled
 
     docs = gpu_runs(root)
     print(f"== 1. measured GPU training runs under {root}: {len(docs)}")
@@ -288,6 +288,7 @@ def table_gpu_runs(root: Path) -> None:
     # recorded within 5 %, current within 5 %, runs with a current value; the same over the
     # runs the current ledger describes (no 'not modelled' peak note)
     mem = {"all": [0, 0, 0], "modelled": [0, 0, 0]}
+    repeats: dict[str, list[tuple[Any, float | None, bool]]] = {}
     for d in docs:
         meas = d.metric("step_time")
         impl = implementation_of(d).norm_kernel
@@ -337,6 +338,7 @@ def table_gpu_runs(root: Path) -> None:
                 counts[name][0] += 1
                 counts[name][1] += ok
                 counts[name][2] += old_ok
+        repeats.setdefault(group_of(d), []).append((d, out_of_sample, bool(why)))
         note = f"cal: {cal_of}" if cal_of else why
         if not note and not ok:  # a miss the model describes: does a repeat of it hit?
             note = repeat_note(d, docs, rf["pred"])
@@ -415,6 +417,59 @@ def table_gpu_runs(root: Path) -> None:
             f"peak memory within 5 %, {label}: current ledger {now_ok}/{n}; "
             f"recorded predictions {rec_ok}/{n}"
         )
+    table_repeats(repeats)
+
+
+def table_repeats(repeats: dict[str, list[tuple[Any, float | None, bool]]]) -> None:
+    """Configurations measured more than once (``parlab.plan.calibrate.group_of``): how far the
+    machine's own repeats spread, and the prediction against their median."""
+    from statistics import median
+
+    rows = {g: runs for g, runs in repeats.items() if len(runs) > 1}
+    print()
+    print(f"== 1b. configurations measured more than once: {len(rows)} (the machine's spread)")
+    head = (
+        f"{'configuration':<46}{'runs':>5}{'min':>8}{'median':>8}{'max':>8}{'spread':>8}"
+        f"{'in-run':>8}{'pred':>8}{'err':>9}{'<10%':>5}{'runs <10%':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    n_ok = n_wide = n_described = n_described_ok = 0
+    for g, runs in sorted(rows.items()):
+        times = sorted(d.metric("step_time") for d, _, _ in runs)
+        mid = median(times)
+        preds = [p for _, p, _ in runs if p is not None]
+        pred = median(preds) if preds else None
+        hits = sum(within(p, d.metric("step_time"), STEP_TARGET) == "yes" for d, p, _ in runs)
+        # within a run: the slowest measured step over the fastest (documents keeping them)
+        inner = [
+            max(ts) / min(ts) - 1
+            for d, _, _ in runs
+            if len(ts := d.workload.get("step_times") or []) > 1 and min(ts) > 0
+        ]
+        ok = within(pred, mid, STEP_TARGET)
+        spread = times[-1] / times[0] - 1
+        n_ok += ok == "yes"
+        n_wide += spread > 2 * STEP_TARGET
+        if not any(why for _, _, why in runs):
+            n_described += 1
+            n_described_ok += ok == "yes"
+        print(
+            f"{g[:45]:<46}{len(runs):>5}{times[0]:>8.3f}{mid:>8.3f}{times[-1]:>8.3f}"
+            f"{spread:>8.0%}{(f'{max(inner):.0%}' if inner else '-'):>8}{pred or 0:>8.3f}"
+            f"{pct(pred, mid):>9}{ok:>5}{f'{hits}/{len(runs)}':>10}"
+        )
+    print(
+        "spread: the slowest run's step over the fastest's; in-run: the largest spread of "
+        "measured steps within one run (documents keeping every step, workload.step_times); "
+        "pred: the out-of-sample prediction (as in section 1), err against the runs' median "
+        "step."
+    )
+    print(
+        f"prediction within 10 % of the median of the repeats: {n_ok}/{len(rows)} configurations "
+        f"({n_described_ok}/{n_described} the model describes); repeats spreading more than "
+        f"{2 * STEP_TARGET:.0%}: {n_wide}/{len(rows)}"
+    )
 
 
 def megatron_spec(name: str, heads: int, hidden: int, layers: int) -> Any:

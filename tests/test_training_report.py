@@ -49,6 +49,8 @@ def test_report_from_documents_only(tmp_path: Path) -> None:
     assert d1.role == "baseline" and d1.evidence_level == "cpu-mechanism"
     assert d1.metric("peak_memory") == 6000 and d1.metrics["peak_memory"].per_rank == [5000, 6000]
     assert d1.metric("step_time") == pytest.approx(0.11)
+    assert d1.workload["step_times"] == [0.1, 0.12]  # each step's slowest rank, all kept
+    assert "step_times" not in d2.workload
     assert d1.metric("tokens_per_s_per_gpu") == pytest.approx(64 / 0.11)
     assert d1.metric("mfu") is None  # cpu: unknown, never guessed
     assert d1.predictions["state_bytes.params"].value > 0

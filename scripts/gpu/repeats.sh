@@ -11,7 +11,10 @@
 # - FSDP on the 1.3B with the runtime's op-level selective recompute: one run, of an older
 #   implementation, 0.317 s (planner 0.261 s). Two repeats on the current code.
 #
-#   scripts/gpu/repeats.sh OUT_DIR        (REPEATS=4, STEPS=10 by default)
+#   scripts/gpu/repeats.sh OUT_DIR
+#
+# REPEATS (4) and STEPS (10): the TP2 + SP repeats and their steps; FSDP_REPEATS (2) and
+# TRAIN_STEPS (5): the FSDP repeats and theirs (their documents keep every step as well).
 #
 # The GPUs' clocks, temperature and power are logged before each run. With fewer than
 # 2 GPUs the same commands run at CPU size (tiny model, gloo ranks) as a dry run.
@@ -38,20 +41,20 @@ gpus() {
   fi
 }
 status=0
-for i in $(seq "${REPEATS:-4}"); do
+for i in $(seq 1 "${REPEATS:-4}"); do
   gpus "tp2-sp repeat $i"
   timeout 150 "$PY" -m parlab project model-internal --preset "$PRESET" --results "$OUT/results" \
     --only tp2-sp --steps "${STEPS:-10}" --timeout 75 --budget 120 2>&1 | tee -a "$LOG" \
     || status=$?
 done
-TRAIN=(--strategy fsdp --nproc 2 --dtype "$DT" --warmup 3 --steps 5 --timeout 90
-  --results "$OUT/results")
-for i in 1 2; do
+TRAIN=(--strategy fsdp --nproc 2 --dtype "$DT" --warmup 3 --steps "${TRAIN_STEPS:-5}"
+  --timeout 90 --results "$OUT/results")
+for i in $(seq "${FSDP_REPEATS:-2}"); do
   gpus "fsdp $GPT2 repeat $i"
   timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$GPT2" --micro-batch "$MB2" \
     --seq "$SEQ2" 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
 done
-for i in 1 2; do
+for i in $(seq "${FSDP_REPEATS:-2}"); do
   gpus "fsdp $M13 --recompute selective repeat $i"
   timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$M13" --micro-batch 2 --seq "$SEQ" \
     --recompute selective 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?

@@ -657,7 +657,12 @@ def document(
         evidence_level="real-training" if backend == "nccl" else "cpu-mechanism",
         command=command,
         environment=environment or snapshot(probe_links=backend == "nccl"),
-        workload={**_workload(cfg), **({"losses": results[0]["losses"]} if results else {})},
+        workload={
+            **_workload(cfg),
+            **({"losses": results[0]["losses"]} if results else {}),
+            # every measured step (its slowest rank): the spread behind the median step_time
+            **({"step_times": step_times} if results else {}),
+        },
         layout=_layout(cfg, backend),
         metrics=metrics,
         predictions=preds,
