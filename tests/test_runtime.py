@@ -108,6 +108,12 @@ def test_bad_launch_config() -> None:
     assert "--standalone" not in args
     assert args[args.index("--rdzv-endpoint") + 1] == "host0:29500"
     assert args[args.index("--node-rank") + 1] == "1"
+    assert "--numa-binding" not in args
+    # torchrun's NUMA binding passes through; a mode torchrun does not have is refused first
+    bound = LaunchConfig(nproc=2, numa_binding="node").torchrun_args()
+    assert bound[bound.index("--numa-binding") + 1] == "node"
+    with pytest.raises(ValueError, match="numa-binding 'near'"):
+        LaunchConfig(nproc=2, numa_binding="near")
 
 
 def _sum_ranks(ctx, k: int) -> int:

@@ -210,6 +210,7 @@ def test_oom_gives_failure_document_and_clean_exit(tmp_path: Path) -> None:
         ["--strategy", "ddp", "--model", "no-such-model"],
         ["--strategy", "fsdp-hybrid", "--nproc", "4", "--hybrid-shard", "3"],
         ["--strategy", "ddp", "--recompute", "sometimes"],
+        ["--strategy", "fsdp", "--numa-binding", "near"],
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(

@@ -14,7 +14,8 @@
 #   scripts/gpu/repeats.sh OUT_DIR
 #
 # REPEATS (4) and STEPS (10): the TP2 + SP repeats and their steps; FSDP_REPEATS (2) and
-# TRAIN_STEPS (5): the FSDP repeats and theirs (their documents keep every step as well).
+# TRAIN_STEPS (5): the FSDP repeats and theirs (their documents keep every step as well);
+# NUMA_REPEATS (0): the two FSDP runs again with each rank bound near its GPU.
 #
 # The GPUs' clocks, temperature and power are logged before each run. With fewer than
 # 2 GPUs the same commands run at CPU size (tiny model, gloo ranks) as a dry run.
@@ -59,6 +60,20 @@ for i in $(seq "${FSDP_REPEATS:-2}"); do
   timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$M13" --micro-batch 2 --seq "$SEQ" \
     --recompute selective 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
 done
+# the same FSDP runs with each rank bound to the CPUs near its GPU (torchrun --numa-binding
+# node): do the host's placement and speed set the spread? (GPU only: CPU ranks are not bound)
+if [ "$PRESET" = gpu ] && [ "${NUMA_REPEATS:-0}" -gt 0 ]; then
+  { nvidia-smi topo -m; lscpu | grep -i numa; } 2>&1 | tee -a "$LOG" || true
+fi
+for i in $(seq 1 "${NUMA_REPEATS:-0}"); do
+  [ "$PRESET" = gpu ] || break
+  gpus "fsdp $GPT2 --numa-binding node repeat $i"
+  timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$GPT2" --micro-batch "$MB2" \
+    --seq "$SEQ2" --numa-binding node 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
+  gpus "fsdp $M13 --recompute selective --numa-binding node repeat $i"
+  timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$M13" --micro-batch 2 --seq "$SEQ" \
+    --recompute selective --numa-binding node 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
+done
 # the spread, read back from the documents
 "$PY" - "$OUT/results" <<'PY' | tee -a "$LOG"
 import sys
@@ -70,6 +85,7 @@ for p in sorted(Path(sys.argv[1]).glob("PAR-*/*.json")):
         continue
     ts = d.workload.get("step_times") or []
     spread = f"  min {min(ts):.4f}  max {max(ts):.4f}  steps: {' '.join(f'{t:.4f}' for t in ts)}" if ts else ""
-    print(f"{d.run_id:<48} step {d.metric('step_time'):.4f} s{spread}")
+    numa = ((d.layout or {}).get("knobs") or {}).get("numa_binding")
+    print(f"{d.run_id:<48} step {d.metric('step_time'):.4f} s{spread}{'  numa ' + numa if numa else ''}")
 PY
 exit "$status"

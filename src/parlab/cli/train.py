@@ -95,6 +95,12 @@ def train_cmd(
     data: str | None = typer.Option(None, help="A local text file to train on (byte tokens)."),
     seed: int = typer.Option(0, help="Seed of weights and data."),
     timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    numa_binding: str | None = typer.Option(
+        None,
+        "--numa-binding",
+        help="GPU runs: bind each rank to the CPUs near its GPU (torchrun's --numa-binding: "
+        "node, socket, exclusive, core-complex). CPU ranks are never bound.",
+    ),
     results: Path | None = ResultsOption,
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
@@ -120,6 +126,7 @@ def train_cmd(
         data=data,
         seed=seed,
         timeout_s=timeout,
+        numa_binding=numa_binding,
     )
     doc = run_training(cfg, command=reproduce_command())
     path = write(doc, results_dir(results))

@@ -78,7 +78,8 @@ def recompute_of(doc: Any) -> str:
 
 def group_of(doc: Any) -> str:
     """Runs that repeat one configuration: the run id without its time stamp, and the knobs
-    that change the work (implementation, recompute, resharding)."""
+    that change the work (implementation, recompute, resharding) or where it runs (the ranks'
+    NUMA binding)."""
     k = knobs(doc)
     impl = implementation_of(doc)
     parts = [
@@ -87,6 +88,7 @@ def group_of(doc: Any) -> str:
         str(k.get("recompute") or "none"),
         "keep" if k.get("reshard_after_forward") is False else "",
         "sp-per-linear" if impl.sp_gather == "per-linear" else "",
+        f"numa-{k['numa_binding']}" if k.get("numa_binding") else "",
     ]
     return "/".join(p for p in parts if p)
 

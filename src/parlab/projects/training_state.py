@@ -146,10 +146,14 @@ class TrainConfig:
     """A local text file to train on (byte tokens) instead of synthetic tokens."""
     timeout_s: float = 300.0
     """Process-group timeout, seconds."""
+    numa_binding: str | None = None
+    """torchrun ``--numa-binding`` (node, socket, exclusive, core-complex): each rank on the
+    CPUs near its GPU; None: the operating system places the ranks."""
 
     def __post_init__(self) -> None:
         from parlab.models import get_spec
         from parlab.parallel.fsdp import RECOMPUTE
+        from parlab.runtime.launch import NUMA_BINDINGS
 
         if self.strategy not in STRATEGIES:
             raise UsageError(
@@ -198,6 +202,10 @@ class TrainConfig:
             raise UsageError(f"--seq {self.seq} exceeds the model's {spec.max_seq_len} positions")
         if self.data is None and spec.vocab_size < 2:
             raise UsageError("the model's vocabulary is too small for synthetic tokens")
+        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
+            raise UsageError(
+                f"--numa-binding {self.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)}"
+            )
         if self.data is not None and spec.vocab_size < 256:
             raise UsageError("a text file needs a vocabulary of at least 256 (byte tokens)")
         if self.strategy == "fsdp-hybrid" and self.nproc % self.shard_size:
@@ -539,6 +547,10 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
             # under ``parlab profile run``: the profiled steps' times include the profiler's
             **({"profiled": True} if os.environ.get(PROFILE_ENV_DIR) else {}),
+            # ranks bound to the CPUs near their GPUs (GPU runs; CPU ranks are never bound)
+            **(
+                {"numa_binding": cfg.numa_binding} if cfg.numa_binding and backend == "nccl" else {}
+            ),
         },
     }
 
@@ -680,7 +692,12 @@ def run_training(cfg: TrainConfig, *, command: str) -> Document:
     res = launch(
         "parlab.projects.training_state:train_rank",
         cfg.to_json(),
-        LaunchConfig(nproc=cfg.nproc, backend=backend, timeout_s=cfg.timeout_s),
+        LaunchConfig(
+            nproc=cfg.nproc,
+            backend=backend,
+            timeout_s=cfg.timeout_s,
+            numa_binding=cfg.numa_binding if backend == "nccl" else None,
+        ),
     )
     return document(
         cfg,

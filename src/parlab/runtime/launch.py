@@ -36,6 +36,8 @@ from parlab.contract import Failure
 from parlab.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
+"""torchrun's ``--numa-binding`` modes (``torch.numa.binding.AffinityMode``): GPU ranks only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +64,9 @@ class LaunchConfig:
     """Wall-clock limit for the whole run; None: timeout_s x 2 + 120 s."""
     env_defaults: tuple[tuple[str, str], ...] = ()
     """Environment variables the ranks get unless the caller's environment sets them."""
+    numa_binding: str | None = None
+    """Bind each rank to the CPUs near its GPU (torchrun ``--numa-binding``: node, socket,
+    exclusive, core-complex); None: the operating system places the ranks."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -70,6 +75,10 @@ class LaunchConfig:
             raise UsageError(f"--timeout {self.timeout_s} must be positive (seconds)")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise UsageError(f"backend {self.backend!r} is not one of auto, nccl, gloo")
+        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
+            raise UsageError(
+                f"--numa-binding {self.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)}"
+            )
         multi = self.nnodes not in ("1", "1:1")
         if multi and not self.rdzv_endpoint:
             raise UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT shared by all nodes")
@@ -95,6 +104,8 @@ class LaunchConfig:
             args += ["--rdzv-id", self.rdzv_id or "parlab"]
             if self.node_rank is not None:
                 args += ["--node-rank", str(self.node_rank)]
+        if self.numa_binding is not None:
+            args += ["--numa-binding", self.numa_binding]
         return args
 
 
