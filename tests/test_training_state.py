@@ -26,7 +26,7 @@ from parlab.data import SyntheticTokens
 from parlab.ledger.sharding import gradient_buckets
 from parlab.models import get_spec
 from parlab.models.reference import build_model
-from parlab.projects.training_state import TrainConfig, ledger_predictions, train_rank
+from parlab.projects.training_state import TrainConfig, _layout, ledger_predictions, train_rank
 from parlab.runtime.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,6 +172,15 @@ def test_recompute_keeps_results() -> None:
     check_equal(sel, 2)
 
 
+def test_manual_gc_keeps_results_and_is_recorded() -> None:
+    """Garbage collection by hand (every 2 steps) trains exactly as the automatic one, and the
+    document records the knob (it is part of what a repeat of the run must match)."""
+    cfg = cfg_for("fsdp", 2, manual_gc=2)
+    check_equal(run_ranks(train_rank, 2, return_params=True, **cfg.to_json()), 2)
+    assert _layout(cfg, "gloo")["knobs"]["manual_gc"] == 2
+    assert "manual_gc" not in _layout(cfg_for("fsdp", 2), "gloo")["knobs"]
+
+
 def _parlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "parlab", *args],
@@ -211,6 +220,7 @@ def test_oom_gives_failure_document_and_clean_exit(tmp_path: Path) -> None:
         ["--strategy", "fsdp-hybrid", "--nproc", "4", "--hybrid-shard", "3"],
         ["--strategy", "ddp", "--recompute", "sometimes"],
         ["--strategy", "fsdp", "--numa-binding", "near"],
+        ["--strategy", "fsdp", "--manual-gc", "-1"],
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(

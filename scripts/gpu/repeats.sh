@@ -15,7 +15,8 @@
 #
 # REPEATS (4) and STEPS (10): the TP2 + SP repeats and their steps; FSDP_REPEATS (2) and
 # TRAIN_STEPS (5): the FSDP repeats and theirs (their documents keep every step as well);
-# NUMA_REPEATS (0): the two FSDP runs again with each rank bound near its GPU.
+# NUMA_REPEATS (0): the two FSDP runs again with each rank bound near its GPU; GC_REPEATS (0):
+# again with Python's garbage collection by hand.
 #
 # The GPUs' clocks, temperature and power are logged before each run. With fewer than
 # 2 GPUs the same commands run at CPU size (tiny model, gloo ranks) as a dry run.
@@ -74,6 +75,16 @@ for i in $(seq 1 "${NUMA_REPEATS:-0}"); do
   timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$M13" --micro-batch 2 --seq "$SEQ" \
     --recompute selective --numa-binding node 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
 done
+# the same FSDP runs with Python's garbage collection by hand (torchtitan's default interval,
+# 50 steps: none in these runs): does a collection's pause set the slow steps?
+for i in $(seq 1 "${GC_REPEATS:-0}"); do
+  gpus "fsdp $GPT2 --manual-gc 50 repeat $i"
+  timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$GPT2" --micro-batch "$MB2" \
+    --seq "$SEQ2" --manual-gc 50 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
+  gpus "fsdp $M13 --recompute selective --manual-gc 50 repeat $i"
+  timeout 120 "$PY" -m parlab train "${TRAIN[@]}" --model "$M13" --micro-batch 2 --seq "$SEQ" \
+    --recompute selective --manual-gc 50 2>&1 | tail -n 3 | tee -a "$LOG" || status=$?
+done
 # the spread, read back from the documents
 "$PY" - "$OUT/results" <<'PY' | tee -a "$LOG"
 import sys
@@ -85,7 +96,8 @@ for p in sorted(Path(sys.argv[1]).glob("PAR-*/*.json")):
         continue
     ts = d.workload.get("step_times") or []
     spread = f"  min {min(ts):.4f}  max {max(ts):.4f}  steps: {' '.join(f'{t:.4f}' for t in ts)}" if ts else ""
-    numa = ((d.layout or {}).get("knobs") or {}).get("numa_binding")
-    print(f"{d.run_id:<48} step {d.metric('step_time'):.4f} s{spread}{'  numa ' + numa if numa else ''}")
+    k = (d.layout or {}).get("knobs") or {}
+    how = "".join(f"  {n} {k[n]}" for n in ("recompute", "numa_binding", "manual_gc") if k.get(n))
+    print(f"{d.run_id:<48} step {d.metric('step_time'):.4f} s{spread}{how}")
 PY
 exit "$status"

@@ -101,6 +101,12 @@ def train_cmd(
         help="GPU runs: bind each rank to the CPUs near its GPU (torchrun's --numa-binding: "
         "node, socket, exclusive, core-complex). CPU ranks are never bound.",
     ),
+    manual_gc: int = typer.Option(
+        0,
+        "--manual-gc",
+        help="N: Python's automatic garbage collection off while training, a young-generation "
+        "collection every N steps instead (torchtitan's gc_freq); 0: automatic.",
+    ),
     results: Path | None = ResultsOption,
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
@@ -127,6 +133,7 @@ def train_cmd(
         seed=seed,
         timeout_s=timeout,
         numa_binding=numa_binding,
+        manual_gc=manual_gc,
     )
     doc = run_training(cfg, command=reproduce_command())
     path = write(doc, results_dir(results))

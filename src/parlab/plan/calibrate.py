@@ -79,7 +79,7 @@ def recompute_of(doc: Any) -> str:
 def group_of(doc: Any) -> str:
     """Runs that repeat one configuration: the run id without its time stamp, and the knobs
     that change the work (implementation, recompute, resharding) or where it runs (the ranks'
-    NUMA binding)."""
+    NUMA binding, garbage collection by hand)."""
     k = knobs(doc)
     impl = implementation_of(doc)
     parts = [
@@ -89,6 +89,7 @@ def group_of(doc: Any) -> str:
         "keep" if k.get("reshard_after_forward") is False else "",
         "sp-per-linear" if impl.sp_gather == "per-linear" else "",
         f"numa-{k['numa_binding']}" if k.get("numa_binding") else "",
+        f"gc-{k['manual_gc']}" if k.get("manual_gc") else "",
     ]
     return "/".join(p for p in parts if p)
 

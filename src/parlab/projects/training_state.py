@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import os
 from dataclasses import dataclass
@@ -149,6 +150,10 @@ class TrainConfig:
     numa_binding: str | None = None
     """torchrun ``--numa-binding`` (node, socket, exclusive, core-complex): each rank on the
     CPUs near its GPU; None: the operating system places the ranks."""
+    manual_gc: int = 0
+    """0: Python's automatic garbage collection. N: automatic collection off while training,
+    a young-generation collection (``gc.collect(1)``) every N steps instead -- torchtitan's
+    ``gc_freq``, Megatron's ``--manual-gc``: a full collection pauses the host mid-step."""
 
     def __post_init__(self) -> None:
         from parlab.models import get_spec
@@ -202,6 +207,8 @@ class TrainConfig:
             raise UsageError(f"--seq {self.seq} exceeds the model's {spec.max_seq_len} positions")
         if self.data is None and spec.vocab_size < 2:
             raise UsageError("the model's vocabulary is too small for synthetic tokens")
+        if self.manual_gc < 0:
+            raise UsageError(f"--manual-gc {self.manual_gc} must be 0 (off) or a step interval")
         if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
             raise UsageError(
                 f"--numa-binding {self.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)}"
@@ -359,7 +366,13 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             apply_compile(model)
         strat = build_strategy(ctx, cfg, model)
         state: dict[str, int] = {}
+        gc_every = int(cfg.get("manual_gc") or 0)
+        if gc_every:
+            gc.collect()
+            gc.disable()
         for step in range(warmup + steps + 1):
+            if gc_every and step and step % gc_every == 0:
+                gc.collect(1)
             if step == warmup:
                 timer.mark()
             batch = rank_batch(
@@ -390,6 +403,8 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             if warmup <= step < metered_step:
                 timer.mark()
             prof.step()
+        if gc_every:
+            gc.enable()
         step_times = timer.step_times()
         peak = mem.peak_bytes()
     mem.release_cap()
@@ -547,6 +562,8 @@ def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             **({"ddp_first_buckets": "released"} if cfg.strategy == "ddp" else {}),
             # under ``parlab profile run``: the profiled steps' times include the profiler's
             **({"profiled": True} if os.environ.get(PROFILE_ENV_DIR) else {}),
+            # Python's garbage collection by hand every N steps (0/absent: automatic)
+            **({"manual_gc": cfg.manual_gc} if cfg.manual_gc else {}),
             # ranks bound to the CPUs near their GPUs (GPU runs; CPU ranks are never bound)
             **(
                 {"numa_binding": cfg.numa_binding} if cfg.numa_binding and backend == "nccl" else {}
