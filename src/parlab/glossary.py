@@ -428,6 +428,20 @@ TERMS: list[Term] = [
         group=G_TIME,
     ),
     Term(
+        name="step-time spread",
+        aliases=("run-to-run variance", "jitter", "noise", "repeats", "gc pause", "manual gc"),
+        meaning="How far the same configuration's step time moves: between the steps of one "
+        "run (a garbage-collection pause, a slow collective) and between runs of the same "
+        "command. A prediction is judged against the median of repeats; a single run that "
+        "differs from its repeats by more than the target says more about the machine than "
+        "about the model.",
+        elsewhere="torchtitan training.gc_freq and Megatron --manual-gc (collect garbage by "
+        "hand, between steps); nccl-tests' -n/-w iterations and warm-up.",
+        measure="parlab train (workload.step_times, --manual-gc N); parlab project "
+        "model-internal (workload.step_times)",
+        group=G_TIME,
+    ),
+    Term(
         name="flight recorder",
         aliases=(
             "nccl flight recorder",

@@ -25,7 +25,10 @@ decisions) from a results folder, and:
    project's ``OBJECTIVES`` list that some comparable run measured
    (``tokens_per_s_per_gpu`` for training, ``busbw_peak`` for collectives,
    goodput/throughput for serving), or ``metric`` when given.
-5. Records each measured run's prediction errors (every ``predictions`` entry
+5. Notes a close call: when the chosen run leads the runner-up by less than either run's own
+   step-to-step spread (the interquartile range of ``workload.step_times`` over its median),
+   the order may not survive a repeat.
+6. Records each measured run's prediction errors (every ``predictions`` entry
    beside a measured metric: ``100 * (predicted - measured) / measured``, %).
 
 Evidence level rule: the decision carries the level of the documents it
@@ -68,6 +71,7 @@ IGNORED_WORKLOAD_KEYS = frozenset(
         "measure_steps",
         "warmup",
         "losses",
+        "step_times",
         "micro_batch",
         "seed",
         "target",
@@ -229,6 +233,41 @@ def _objective(
         if any(d.status == "ok" and d.metric(name) is not None for d in docs):
             return name, better_high
     return None
+
+
+def step_spread(doc: Document) -> float | None:
+    """The spread of a run's measured steps (``workload.step_times``): interquartile range over
+    the median, robust to one slow step (a garbage-collection pause); None under 4 steps."""
+    from statistics import median, quantiles
+
+    ts = [float(t) for t in doc.workload.get("step_times") or []]
+    if len(ts) < 4 or median(ts) <= 0:
+        return None
+    q1, _, q3 = quantiles(ts, n=4)
+    return (q3 - q1) / median(ts)
+
+
+def margin_within_spread(
+    chosen: Document, qualifying: Sequence[tuple[Document, float]], higher: bool
+) -> str | None:
+    """A note when the chosen run beats the runner-up by less than either run's own
+    step-to-step spread: the order may not survive a repeat. None when the margin is clear or
+    the runs do not keep their steps."""
+    best = next(v for d, v in qualifying if d is chosen)
+    rest = [(d, v) for d, v in qualifying if d is not chosen]
+    if not rest or not best:
+        return None
+    runner, v = (max if higher else min)(rest, key=lambda x: x[1])
+    spreads = [x for x in (step_spread(chosen), step_spread(runner)) if x is not None]
+    margin = abs(best - v) / abs(best)
+    if not spreads or margin >= max(spreads):
+        return None
+    return (
+        f"close call: the chosen {chosen.run_id} leads {runner.run_id} by {100 * margin:.1f} %, "
+        f"less than the runs' own step-to-step spread ({100 * max(spreads):.1f} %, "
+        "interquartile range of workload.step_times over the median): repeat both before "
+        "relying on the order"
+    )
 
 
 def _peak_memory(doc: Document) -> float | None:
@@ -419,6 +458,10 @@ def decide(
             f"no candidate qualifies: {len(comparable)} comparable document(s), all failed, "
             f"without {obj_name}, or over the memory budget"
         )
+    if chosen is not None:
+        close = margin_within_spread(chosen, qualifying, higher)
+        if close is not None:
+            notes.append(close)
     n_errors = 0
     for d in comparable:
         for name, p in d.predictions.items():
