@@ -78,7 +78,7 @@ def recompute_of(doc: Any) -> str:
 
 def group_of(doc: Any) -> str:
     """Runs that repeat one configuration: the run id without its time stamp, and the knobs
-    that change the work (implementation, recompute, resharding) or where it runs (the ranks'
+    that change the work (implementation, recompute, resharding, bf16 master weights) or where it runs (the ranks'
     NUMA binding, garbage collection by hand)."""
     k = knobs(doc)
     impl = implementation_of(doc)
@@ -87,6 +87,8 @@ def group_of(doc: Any) -> str:
         impl.norm_kernel,
         str(k.get("recompute") or "none"),
         "keep" if k.get("reshard_after_forward") is False else "",
+        # parlab's ZeRO-1/2 with bf16 parameters and fp32 master shards: other work
+        "bf16-master" if k.get("dtype") == "bf16-master" else "",
         "sp-per-linear" if impl.sp_gather == "per-linear" else "",
         f"numa-{k['numa_binding']}" if k.get("numa_binding") else "",
         f"gc-{k['manual_gc']}" if k.get("manual_gc") else "",
