@@ -369,3 +369,20 @@ def test_cli_roofline_option_fits_on_the_results_and_says_so(
     assert any(r.startswith("mi-single-") for r in data["decision"]["rests_on"])
     assert run_cli([*args, "--roofline", str(tmp_path / "nothing")]) == 2
     assert "not a results folder" in capsys.readouterr().err
+
+
+def test_repeats_group_by_what_changes_the_work_or_where_it_runs() -> None:
+    """Runs of one command are one configuration; bf16 master weights, a NUMA binding and
+    garbage collection by hand each make another (the repeats table and leave-one-out)."""
+
+    def train(stamp: str, **knobs: object) -> SimpleNamespace:
+        return doc(f"train-zero1-1.3b-{stamp}", project="PAR-TRAINING-STATE",
+                   knobs={"norm_kernel": "fused", "dtype": "bf16", **knobs})  # fmt: skip
+
+    a, b = train("20261130T154426-e9029c"), train("20261130T160149-c0a3ae")
+    assert calibrate.group_of(a) == calibrate.group_of(b) == "train-zero1-1.3b/fused/none"
+    assert calibrate.group_of(train("20261130T171244-8586d1", dtype="bf16-master")) == (
+        "train-zero1-1.3b/fused/none/bf16-master"
+    )
+    bound = train("20261201T002357-e66993", numa_binding="node", manual_gc=50)
+    assert calibrate.group_of(bound) == "train-zero1-1.3b/fused/none/numa-node/gc-50"
