@@ -52,6 +52,12 @@ def _print_run(doc: object, path: Path) -> None:
             "" if p is None or p.value is None else _fmt(p.value, m.unit),
         )
     console.print(t)
+    steps = doc.workload.get("step_times") or []
+    if len(steps) > 1:  # the spread behind the median: one slow step, or a slow run?
+        console.print(
+            f"steps: {len(steps)} timed, {_fmt(min(steps), 's')} to {_fmt(max(steps), 's')} "
+            f"(median {_fmt(doc.metric('step_time') or 0.0, 's')})"
+        )
     console.print(f"document: {path}")
 
 
