@@ -603,11 +603,6 @@ def flops_per_token(cfg: RunConfig) -> float | None:
         return None
 
 
-def _step_times(results: list[dict[str, Any]]) -> list[float]:
-    """Each measured step's time: a step ends when its slowest rank ends."""
-    return [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
-
-
 def document(
     cfg: RunConfig,
     results: list[dict[str, Any]] | None,
@@ -623,10 +618,9 @@ def document(
 
     preds, notes = predictions(cfg, backend)
     metrics: dict[str, Metric] = {}
+    times = meters.slowest_rank_steps(results) if results else []
     if results:
         r0 = results[0]
-        # a step ends when its slowest rank ends
-        times = _step_times(results)
         t = meters.median(times)
         tps = r0["tokens_per_step"] / t / cfg.nproc if t > 0 else None
         metrics["step_time"] = Metric(value=t, unit="s")
@@ -708,7 +702,7 @@ def document(
             "dataset": "synthetic tokens (seed 0)",
             **({"losses": _losses(results)} if results else {}),
             # every measured step (its slowest rank): the spread behind the median step_time
-            **({"step_times": _step_times(results)} if results else {}),
+            **({"step_times": times} if times else {}),
         },
         layout={
             "world_size": cfg.nproc,

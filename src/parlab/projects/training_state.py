@@ -158,7 +158,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from parlab.models import get_spec
         from parlab.parallel.fsdp import RECOMPUTE
-        from parlab.runtime.launch import NUMA_BINDINGS
+        from parlab.runtime.launch import check_numa_binding
 
         if self.strategy not in STRATEGIES:
             raise UsageError(
@@ -209,10 +209,7 @@ class TrainConfig:
             raise UsageError("the model's vocabulary is too small for synthetic tokens")
         if self.manual_gc < 0:
             raise UsageError(f"--manual-gc {self.manual_gc} must be 0 (off) or a step interval")
-        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
-            raise UsageError(
-                f"--numa-binding {self.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)}"
-            )
+        check_numa_binding(self.numa_binding)
         if self.data is not None and spec.vocab_size < 256:
             raise UsageError("a text file needs a vocabulary of at least 256 (byte tokens)")
         if self.strategy == "fsdp-hybrid" and self.nproc % self.shard_size:
@@ -621,7 +618,7 @@ def document(
     metrics: dict[str, Metric] = {}
     if results:
         r0 = results[0]
-        step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+        step_times = meters.slowest_rank_steps(results)
         step_time = meters.median(step_times)
         tps = r0["tokens_per_step"] / step_time if step_time > 0 else None
         fpt = flops_per_token(cfg)

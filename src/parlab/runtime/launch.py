@@ -40,6 +40,12 @@ NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 """torchrun's ``--numa-binding`` modes (``torch.numa.binding.AffinityMode``): GPU ranks only."""
 
 
+def check_numa_binding(mode: str | None) -> None:
+    """``UsageError`` unless ``mode`` is None or one of torchrun's ``--numa-binding`` modes."""
+    if mode is not None and mode not in NUMA_BINDINGS:
+        raise UsageError(f"--numa-binding {mode!r} is not one of {', '.join(NUMA_BINDINGS)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How to start the ranks (torchrun's flags, and parlab's timeouts)."""
@@ -75,10 +81,7 @@ class LaunchConfig:
             raise UsageError(f"--timeout {self.timeout_s} must be positive (seconds)")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise UsageError(f"backend {self.backend!r} is not one of auto, nccl, gloo")
-        if self.numa_binding is not None and self.numa_binding not in NUMA_BINDINGS:
-            raise UsageError(
-                f"--numa-binding {self.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)}"
-            )
+        check_numa_binding(self.numa_binding)
         multi = self.nnodes not in ("1", "1:1")
         if multi and not self.rdzv_endpoint:
             raise UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT shared by all nodes")

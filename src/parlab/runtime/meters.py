@@ -465,6 +465,12 @@ class StepTimer:
         return [b - a for a, b in zip(self._marks[:-1], self._marks[1:], strict=True)]
 
 
+def slowest_rank_steps(results: list[dict[str, Any]]) -> list[float]:
+    """Each measured step's time over the ranks' ``step_times``: a step ends when its slowest
+    rank ends."""
+    return [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+
+
 def median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)
