@@ -109,6 +109,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
         bucket_view=True,
         logits_held=True,
         ddp_old_buckets=torch_ddp,
+        ddp_one_rank=name in ("ddp", "ddp-bucket"),
         reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
         # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
         norm_kernel=str(knobs.get("norm_kernel") or "explicit"),

@@ -320,12 +320,19 @@ def _ddp_peak_rank(ctx: object, seq: int) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_ddp_peak_on_two_ranks() -> None:
-    got = run_ranks(_ddp_peak_rank, 2, 64, timeout=80)
-    led = predict(get_spec("tiny"), strategy="ddp", topology=Topology(world_size=2, dp=2),
-                  micro_batch=4, seq_len=64, dtype="fp32", bucket_view=True, logits_held=True,
-                  norm_kernel="composite")  # fmt: skip
+@pytest.mark.parametrize("world", [1, 2])
+def test_ddp_peak_matches_the_ranks(world: int) -> None:
+    """torch DDP on one rank keeps its buckets as on two (``ddp_one_rank``): the gradients
+    stay in them between steps."""
+    got = run_ranks(_ddp_peak_rank, world, 64, timeout=80)
+    kw = dict(micro_batch=4, seq_len=64, dtype="fp32", bucket_view=True, logits_held=True,
+              norm_kernel="composite")  # fmt: skip
+    topo = Topology(world_size=world, dp=world)
+    led = predict(get_spec("tiny"), strategy="ddp", topology=topo, ddp_one_rank=True, **kw)
     assert led.per_rank() == pytest.approx(got, rel=0.01)
+    if world == 1:  # the model no DDP wraps: the gradients come and go with each step
+        bare = predict(get_spec("tiny"), strategy="ddp", topology=topo, **kw)
+        assert min(got) > bare.per_rank()[0] * 1.02
 
 
 def _fsdp_bf16_saved_rank(ctx: object) -> int:

@@ -120,6 +120,14 @@ item is an upper bound (``scripts/gpu/accuracy.sh``). ``parlab train`` removes t
 race (``TorchDDP.release_first_buckets`` after the first step) and predicts its runs
 without the item; ``parlab fit`` keeps it, the bound for a loop that does not.
 
+``ddp_one_rank``: torch DDP on a single rank (``parlab train --strategy ddp --nproc 1``) has
+no special case: its reducer allocates the gradient buckets as on many ranks, and with
+``bucket_view`` the gradients live in them for good. With dp x cp = 1 the ledger otherwise
+prices a model that no DDP wraps (the model-internal runs' one-rank baselines). On one H200
+(1.3B, bf16 autocast, micro-batch 2 x 4096) the run peaked at 47.61 GB, as its 2-rank twin,
+where the unwrapped ledger said 42.08 GB: the 1.3B's fp32 gradients
+(``results/PAR-TRAINING-STATE/train-ddp-1.3b-20261201T031652-5b88bf.json``).
+
 Checked on the CPU against the tracked tensor bytes of real steps of the
 reference model (``tests/test_ledger.py``): one rank in fp32, bf16 and autocast
 and DDP on two gloo ranks within 1%; state items exact against torch's AdamW
@@ -384,6 +392,10 @@ class _StageNumbers:
     head: int
     chunks: tuple[int, ...] | None
     unsharded: int = 0
+    block_matmul: int = 0
+    """Matmul elements of this stage's largest block (what autocast casts for one block)."""
+    blocks_matmul: int = 0
+    """Matmul elements of every block of this stage (the weights full recompute re-casts)."""
 
 
 @lru_cache(maxsize=65536)
@@ -407,11 +419,13 @@ def _stage_numbers(
     held = h.numel
     matmul = h.matmul_numel
     head = sum(u.numel for u in h.sizes if u.name == "head")
+    block_mm = [u.matmul for u in h.sizes if u.name not in ("embeddings", "head")]
+    mm = {"block_matmul": max(block_mm, default=0), "blocks_matmul": sum(block_mm)}
     ne = max(1, n // ep)
     if strategy == "ddp":
         return _StageNumbers(
             params=held, grads=held, optim=held, largest_unit=max(h.unit_numels()),
-            largest_block=0, root=0, held=held, matmul=matmul, head=head, chunks=None,
+            largest_block=0, root=0, held=held, matmul=matmul, head=head, chunks=None, **mm,
         )  # fmt: skip
     if strategy in ("zero1", "zero2", "zero3"):
         dense, exp = h.unit_numels(experts=False), h.unit_numels(experts=True)
@@ -429,7 +443,7 @@ def _stage_numbers(
             grads=padded if strategy == "zero1" else shard,
             optim=shard, largest_unit=largest, largest_block=block, root=0, held=held,
             matmul=matmul, head=head,
-            chunks=None,
+            chunks=None, **mm,
         )  # fmt: skip
     # fsdp / fsdp-hybrid: dim-0 shards of every parameter (identical shapes counted once)
     shard = 0
@@ -454,7 +468,7 @@ def _stage_numbers(
     return _StageNumbers(
         params=shard, grads=shard, optim=shard, largest_unit=max(largest, root),
         largest_block=largest, root=root, unsharded=unsharded, held=held,
-        matmul=matmul, head=head, chunks=chunks,
+        matmul=matmul, head=head, chunks=chunks, **mm,
     )  # fmt: skip
 
 
@@ -480,6 +494,7 @@ def predict(
     norm_kernel: str = "fused",
     bucket_view: bool = False,
     ddp_old_buckets: bool = False,
+    ddp_one_rank: bool = False,
     loss_parallel: bool = False,
     vocab_parallel: bool = True,
     kv_replicate: bool = True,
@@ -577,12 +592,10 @@ def predict(
         # the fp32 copy of the reduced gradient the optimizer steps the master with (from the
         # end of backward to zero_grad: the optimizer phase)
         row["master_grads"] = o_el * pol.master_bytes
-        # DDP replicates over dp x cp (context-parallel ranks average their gradients too)
-        row["ddp_buckets"] = (
-            sn.held * pol.grad_bytes
-            if strategy == "ddp" and topo.dp * topo.cp > 1 and not bucket_view
-            else 0
-        )
+        # DDP replicates over dp x cp (context-parallel ranks average their gradients too); on
+        # one rank only where torch DDP wraps the model all the same (ddp_one_rank)
+        ddp = strategy == "ddp" and (topo.dp * topo.cp > 1 or ddp_one_rank)
+        row["ddp_buckets"] = sn.held * pol.grad_bytes if ddp and not bucket_view else 0
         # torch DDP over NCCL: the first iteration's buckets outlive the bucket rebuild until
         # the second iteration's first all-reduce (module docstring); forward/backward only
         row["ddp_old_buckets"] = (
@@ -660,9 +673,7 @@ def predict(
         dev = {k: (0 if k in host else v) for k, v in row.items()}
         # gradients that live in persistent buffers: DDP's buckets with bucket_view (the grads
         # are views of them, zeroed not freed) and ZeRO-1's full flat gradient buffers
-        grads_resident = (
-            strategy == "ddp" and topo.dp * topo.cp > 1 and bucket_view
-        ) or strategy == "zero1"
+        grads_resident = (ddp and bucket_view) or strategy == "zero1"
         resident = sum(
             dev[k]
             for k in ("params", "optimizer", "master_params", "ddp_buckets", "allocator_overhead")
@@ -674,9 +685,9 @@ def predict(
                 "held_logits", "ddp_old_buckets", "pending_loss_buffers",
             )
         )  # fmt: skip
-        # op-selective: the recomputed tensors of one block live in that block's backward,
-        # after the loss region is gone (full recompute keeps its buffer in base, as before)
-        late = dev["recompute_buffer"] if recompute == "op-selective" else 0
+        # the recomputed tensors of one block live in that block's backward, after the loss
+        # region is gone (op-selective: its unsaved part; full: the block's every activation)
+        late = dev["recompute_buffer"] if recompute in ("op-selective", "full") else 0
         base -= late
         # the output unit's gradients, whole until reduced (none new when grads are resident)
         head_grads = sn.head * pol.grad_bytes if last and not grads_resident else 0
@@ -697,6 +708,15 @@ def predict(
                 dev["backward_transient"] + head_grads + dev["reduce_buffers"] + late,
             )
         )
+        if recompute == "full" and dev["autocast_weight_copies"]:
+            # full recompute saves no block's bf16 weight copies: autocast's cache holds them
+            # until the loss is computed, and each block's recompute casts its own again. The
+            # end of forward (every copy, the fp32 logits and their log-probs, no recompute
+            # buffer yet) or backward (one block's copies), whichever is higher
+            blocks = (sn.blocks_matmul - sn.block_matmul) * 2
+            fb_end = base + grads_fb + dev["logits"]
+            fb_end += dev["loss_buffers"] // (3 if loss_parallel and tp > 1 else 2)
+            fb = max(fb - blocks, fb_end)
         opt = (
             (0 if grads_resident else dev["grads"])
             + dev["optimizer_temporaries"]
@@ -739,7 +759,7 @@ def predict(
         virtual_stages=virtual_stages, sp=sp, sp_saves_gathered=sp_saves_gathered,
         shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
-        ddp_old_buckets=ddp_old_buckets, loss_parallel=loss_parallel,
+        ddp_old_buckets=ddp_old_buckets, ddp_one_rank=ddp_one_rank, loss_parallel=loss_parallel,
         vocab_parallel=vocab_parallel, logits_held=logits_held,
         reshard_after_forward=reshard_after_forward,
         overhead_bytes=overhead_bytes,
