@@ -12,6 +12,8 @@
 # and 2 x 4096. The document goes to OUT_DIR/results/PAR-TRAINING-STATE/gemm-shapes-*.json
 # (commit it under results/PAR-TRAINING-STATE/: benchmarks/plan_accuracy.py then replaces the
 # width law by the measured factor for the runs it covers); the log to OUT_DIR.
+# MODELS ("name:tokens,tokens ..."): other models and tokens instead (the planner reads the
+# newest document alone: keep every model the runs use). TIMEOUT (55): the probe's limit.
 # Without a GPU it runs the same models with every dimension divided by 16 (a dry run, ~2 s;
 # its document is cpu-mechanism and shrunk, which the planner does not use).
 set -euo pipefail
@@ -30,8 +32,9 @@ else  # CPU dry run: shapes divided by 16
   ARGS=(--shrink 16 --warmup 1 --repeats 2 --inner 1)
 fi
 status=0
-CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" timeout -k 5 55 "$PY" benchmarks/gemm_shapes_probe.py \
-  "$OUT/results" --model gpt2-1.5b:8192 --model 1.3b:4096,8192 --model 8b:4096,8192 "${ARGS[@]}" \
-  2>&1 | tee -a "$OUT/gemm-shapes.log" || status=$?
+MODEL_ARGS=()
+for m in ${MODELS:-gpt2-1.5b:8192 1.3b:4096,8192 8b:4096,8192}; do MODEL_ARGS+=(--model "$m"); done
+CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" timeout -k 5 "${TIMEOUT:-55}" "$PY" \
+  benchmarks/gemm_shapes_probe.py "$OUT/results" "${MODEL_ARGS[@]}" "${ARGS[@]}" 2>&1 | tee -a "$OUT/gemm-shapes.log" || status=$?
 echo "probe exited with status $status" | tee -a "$OUT/gemm-shapes.log"
 exit "$status"
