@@ -426,10 +426,11 @@ def table_repeats(repeats: dict[str, list[tuple[Any, float | None, bool]]]) -> N
     from statistics import median
 
     rows = {g: runs for g, runs in repeats.items() if len(runs) > 1}
+    width = max((len(g) for g in rows), default=13) + 1
     print()
     print(f"== 1b. configurations measured more than once: {len(rows)} (the machine's spread)")
     head = (
-        f"{'configuration':<46}{'runs':>5}{'min':>8}{'median':>8}{'max':>8}{'spread':>8}"
+        f"{'configuration':<{width}}{'runs':>5}{'min':>8}{'median':>8}{'max':>8}{'spread':>8}"
         f"{'in-run':>8}{'pred':>8}{'err':>9}{'<10%':>5}{'runs <10%':>10}"
     )
     print(head)
@@ -455,7 +456,7 @@ def table_repeats(repeats: dict[str, list[tuple[Any, float | None, bool]]]) -> N
             n_described += 1
             n_described_ok += ok == "yes"
         print(
-            f"{g[:45]:<46}{len(runs):>5}{times[0]:>8.3f}{mid:>8.3f}{times[-1]:>8.3f}"
+            f"{g:<{width}}{len(runs):>5}{times[0]:>8.3f}{mid:>8.3f}{times[-1]:>8.3f}"
             f"{spread:>8.0%}{(f'{max(inner):.0%}' if inner else '-'):>8}{pred or 0:>8.3f}"
             f"{pct(pred, mid):>9}{ok:>5}{f'{hits}/{len(runs)}':>10}"
         )

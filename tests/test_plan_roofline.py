@@ -386,3 +386,9 @@ def test_repeats_group_by_what_changes_the_work_or_where_it_runs() -> None:
     )
     bound = train("20261201T002357-e66993", numa_binding="node", manual_gc=50)
     assert calibrate.group_of(bound) == "train-zero1-1.3b/fused/none/numa-node/gc-50"
+    # one run name, other ranks or another batch shape: another configuration
+    shaped = train("20261201T031652-5b88bf")
+    shaped.workload = {**shaped.workload, "micro_batch": 2, "seq": 4096}
+    assert calibrate.group_of(shaped) == "train-zero1-1.3b/n2-mb2x4096/fused/none"
+    shaped.layout = {**shaped.layout, "world_size": 1}
+    assert calibrate.group_of(shaped) == "train-zero1-1.3b/n1-mb2x4096/fused/none"

@@ -84,7 +84,9 @@ def _gpu_doc(eff: dict[str, float], created: str, level: str = "real-training") 
                                run_id=f"gemm-shapes-{created[-3:-1]}")  # fmt: skip
 
 
-def test_loader_picks_the_newest_gpu_calibration(tmp_path: Path) -> None:
+def test_loader_merges_the_gpu_calibrations_of_one_device(tmp_path: Path) -> None:
+    """Every GPU probe of the newest one's device, each measurement their mean; CPU probes and
+    other devices' left out."""
     for eff, created, level in (
         ({"gpt2-1.5b": 0.4, "1.3b": 0.8}, "2026-11-30T10:00:01Z", "real-training"),
         ({"gpt2-1.5b": 0.5, "1.3b": 0.7}, "2026-11-30T10:00:02Z", "real-training"),
@@ -93,8 +95,18 @@ def test_loader_picks_the_newest_gpu_calibration(tmp_path: Path) -> None:
         write_result(_gpu_doc(eff, created, level), tmp_path)
     cal = gemm_shape_calibration(tmp_path)
     assert cal is not None and cal.device == H200
-    assert cal.efficiency == {("gpt2-1.5b", 128): 0.5, ("1.3b", 128): 0.7}
-    assert cal.factor("gpt2-1.5b", 128, 2048) == (pytest.approx(0.5 / 0.7), "1.3b")
+    assert cal.efficiency == {("gpt2-1.5b", 128): pytest.approx(0.45), ("1.3b", 128): 0.75}
+    assert cal.factor("gpt2-1.5b", 128, 2048) == (pytest.approx(0.45 / 0.75), "1.3b")
+    assert cal.run_id == "gemm-shapes-01 + gemm-shapes-02"
+    other = _gpu_doc({"gpt2-1.5b": 0.2, "1.3b": 0.4}, "2026-11-30T10:00:04Z")
+    body = other.workload["calibration"]
+    other = dataclasses.replace(
+        other, workload={**other.workload, "calibration": {**body, "device": "NVIDIA A100"}}
+    )
+    write_result(other, tmp_path)
+    newest = gemm_shape_calibration(tmp_path)
+    assert newest is not None and newest.device == "NVIDIA A100"
+    assert newest.efficiency == {("gpt2-1.5b", 128): 0.2, ("1.3b", 128): 0.4}
     assert cal.factor("gpt2-1.5b", 256, 2048) is None  # other tokens: not measured
     assert cal.factor("gpt2-1.5b", 128, 4096) is None  # no measured model at the reference width
 

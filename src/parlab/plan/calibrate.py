@@ -77,13 +77,18 @@ def recompute_of(doc: Any) -> str:
 
 
 def group_of(doc: Any) -> str:
-    """Runs that repeat one configuration: the run id without its time stamp, and the knobs
-    that change the work (implementation, recompute, resharding, bf16 master weights) or where it runs (the ranks'
-    NUMA binding, garbage collection by hand)."""
+    """Runs that repeat one configuration: the run id without its time stamp, the ranks and the
+    shape of a rank's batch (``n2-mb2x4096``: one run name covers several), and the knobs that
+    change the work (implementation, recompute, resharding, bf16 master weights) or where it
+    runs (the ranks' NUMA binding, garbage collection by hand)."""
     k = knobs(doc)
     impl = implementation_of(doc)
+    w = doc.workload or {}
+    world = (doc.layout or {}).get("world_size")
+    mb, seq = w.get("micro_batch"), w.get("seq") or w.get("seq_len")
     parts = [
         _STAMP.sub("", doc.run_id),
+        f"n{world}-mb{mb}x{seq}" if world and mb and seq else "",
         impl.norm_kernel,
         str(k.get("recompute") or "none"),
         "keep" if k.get("reshard_after_forward") is False else "",
