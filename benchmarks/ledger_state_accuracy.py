@@ -117,6 +117,8 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     used = ["logits_held"]
     if torch_ddp:
         used.append("ddp_old_buckets")
+    if name in ("ddp", "ddp-bucket") and dp == 1:
+        used.append("ddp_one_rank")
     if recompute == "op-selective":
         used.append("recompute=op-selective")
     if not knobs.get("reshard_after_forward", True):

@@ -36,6 +36,8 @@ class Q:
     """Glob of the document's file name (the newest match is read)."""
     metric: str
     """Metric name (``predictions.X`` reads a prediction)."""
+    world: int | None = None
+    """The ranks the quoted run had (None: any): one run name covers 1- and 2-GPU runs."""
 
 
 _CACHE: dict[Path, list[tuple[Path, Document]]] = {}
@@ -48,15 +50,19 @@ def _docs(root: Path) -> list[tuple[Path, Document]]:
     return _CACHE[root]
 
 
-def _find(root: Path, pattern: str) -> tuple[Path, Document] | None:
-    hits = [(p, d) for p, d in _docs(root) if p.match(pattern)]
+def _find(root: Path, pattern: str, world: int | None = None) -> tuple[Path, Document] | None:
+    hits = [
+        (p, d)
+        for p, d in _docs(root)
+        if p.match(pattern) and world in (None, (d.layout or {}).get("world_size"))
+    ]
     return hits[-1] if hits else None  # sorted by creation: the newest
 
 
 def table(root: Path, quotes: list[Q]) -> str:
     rows = ["| quantity | value | document | evidence |", "|---|---|---|---|"]
     for q in quotes:
-        hit = _find(root, q.pattern)
+        hit = _find(root, q.pattern, q.world)
         if hit is None:
             rows.append(f"| {q.label} | no document | `{q.pattern}` not found | - |")
             continue
@@ -151,26 +157,31 @@ PAGES = {
             Q(
                 label="8B FSDP on 2xH200: measured peak memory per GPU",
                 pattern="train-fsdp-8b-*",
+                world=2,
                 metric="peak_memory",
             ),
             Q(
                 label="8B FSDP: the ledger's predicted peak",
                 pattern="train-fsdp-8b-*",
+                world=2,
                 metric="predictions.peak_memory",
             ),
             Q(
                 label="8B FSDP: optimizer state per GPU (sharded)",
                 pattern="train-fsdp-8b-*",
+                world=2,
                 metric="state_bytes.optimizer",
             ),
             Q(
                 label="1.3B DDP: measured peak per GPU (replicated states)",
                 pattern="train-ddp-1.3b-*",
+                world=2,
                 metric="peak_memory",
             ),
             Q(
                 label="1.3B DDP: the ledger's predicted peak",
                 pattern="train-ddp-1.3b-*",
+                world=2,
                 metric="predictions.peak_memory",
             ),
         ],
@@ -281,13 +292,19 @@ PAGES = {
             "--dtype bf16",
         ],
         [
-            Q(label=f"{s}: peak memory per GPU", pattern=f"train-{s}-1.3b-*", metric="peak_memory")
+            Q(
+                label=f"{s}: peak memory per GPU",
+                pattern=f"train-{s}-1.3b-*",
+                world=2,
+                metric="peak_memory",
+            )
             for s in ("ddp", "zero1", "zero2", "zero3")
         ]
         + [
             Q(
                 label=f"{s}: optimizer state per GPU",
                 pattern=f"train-{s}-1.3b-*",
+                world=2,
                 metric="state_bytes.optimizer",
             )
             for s in ("ddp", "zero1", "zero3")
@@ -296,6 +313,7 @@ PAGES = {
             Q(
                 label=f"{s}: tokens/s per GPU",
                 pattern=f"train-{s}-1.3b-*",
+                world=2,
                 metric="tokens_per_s_per_gpu",
             )
             for s in ("ddp", "zero3")
@@ -304,15 +322,17 @@ PAGES = {
             Q(
                 label=f"{s}: bytes on the wire per step",
                 pattern=f"train-{s}-1.3b-*",
+                world=2,
                 metric="comm_bytes_per_step",
             )
             for s in ("ddp", "zero3")
         ]
-        + [Q(label="ddp: MFU", pattern="train-ddp-1.3b-*", metric="mfu")],
+        + [Q(label="ddp: MFU", pattern="train-ddp-1.3b-*", world=2, metric="mfu")],
         [
             Q(
                 label=f"{s}: optimizer state per rank",
                 pattern=f"train-{s}-tiny-*",
+                world=2,
                 metric="state_bytes.optimizer",
             )
             for s in ("ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -321,6 +341,7 @@ PAGES = {
             Q(
                 label=f"{s}: bytes on the wire per step",
                 pattern=f"train-{s}-tiny-*",
+                world=2,
                 metric="comm_bytes_per_step",
             )
             for s in ("ddp", "zero3")
