@@ -110,6 +110,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
         logits_held=True,
         ddp_old_buckets=torch_ddp,
         ddp_one_rank=name in ("ddp", "ddp-bucket"),
+        ddp_rebuild=name == "ddp",
         reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
         # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
         norm_kernel=str(knobs.get("norm_kernel") or "explicit"),
@@ -119,6 +120,8 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
         used.append("ddp_old_buckets")
     if name in ("ddp", "ddp-bucket") and dp == 1:
         used.append("ddp_one_rank")
+    if name == "ddp":
+        used.append("ddp_rebuild")
     if recompute == "op-selective":
         used.append("recompute=op-selective")
     if not knobs.get("reshard_after_forward", True):

@@ -120,6 +120,18 @@ item is an upper bound (``scripts/gpu/accuracy.sh``). ``parlab train`` removes t
 race (``TorchDDP.release_first_buckets`` after the first step) and predicts its runs
 without the item; ``parlab fit`` keeps it, the bound for a loop that does not.
 
+``ddp_rebuild``: torch DDP rebuilds its buckets once, before the second iteration's forward
+(``_rebuild_buckets``): it allocates the new buckets, copies the gradients in and only then
+lets the old ones go, so for that moment the rank holds its resident states plus a second set
+of buckets (``P x grad bytes``) and nothing else -- no activations, no loss. Where activations
+dominate this hides under the forward/backward peak (the 1.3B at 2 x 4096: 27.3 GB against
+47.6 GB); where the states fill the GPU it is the peak. On one H200, Llama-2 7B under DDP
+(micro-batch 1 x 1024, full recompute) peaked at 125.64 GiB: its resident states (100.41 GiB)
+plus its fp32 gradients (25.10 GiB), where the forward/backward ledger said 113.55 GiB
+(``results/PAR-TRAINING-STATE/train-ddp-llama2-7b-20261201T043505-197454.json``); Qwen2.5 7B,
+with the rebuild 141.9 GiB of the GPU's 139.8, ran out of memory. ``ddp_old_buckets``, where
+set, already holds that second set through the whole second iteration.
+
 ``ddp_one_rank``: torch DDP on a single rank (``parlab train --strategy ddp --nproc 1``) has
 no special case: its reducer allocates the gradient buckets as on many ranks, and with
 ``bucket_view`` the gradients live in them for good. With dp x cp = 1 the ledger otherwise
@@ -495,6 +507,7 @@ def predict(
     bucket_view: bool = False,
     ddp_old_buckets: bool = False,
     ddp_one_rank: bool = False,
+    ddp_rebuild: bool = False,
     loss_parallel: bool = False,
     vocab_parallel: bool = True,
     kv_replicate: bool = True,
@@ -603,6 +616,9 @@ def predict(
             if strategy == "ddp" and topo.dp * topo.cp > 1 and ddp_old_buckets
             else 0
         )
+        # torch DDP's one bucket rebuild, before its second forward: the new buckets beside the
+        # old, whose gradients they copy (module docstring)
+        row["ddp_rebuild"] = sn.held * pol.grad_bytes if ddp and ddp_rebuild else 0
         # activations
         layer_ids = _stage_layer_ids(spec, pp, stage, virtual_stages, v_shape)
         flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
@@ -722,8 +738,15 @@ def predict(
             + dev["optimizer_temporaries"]
             + dev["master_grads"]
         )
-        peaks.append(resident + max(fb, opt))
-        phases.append("forward-backward" if fb >= opt else "optimizer-step")
+        rebuild = dev["ddp_rebuild"]  # states only: no activations or gradients in flight
+        peaks.append(resident + max(fb, opt, rebuild))
+        phases.append(
+            "ddp-bucket-rebuild"
+            if rebuild > max(fb, opt)
+            else "forward-backward"
+            if fb >= opt
+            else "optimizer-step"
+        )
         for k, v in row.items():
             items.setdefault(k, []).append(v)
         if sn.chunks is not None:
@@ -759,7 +782,8 @@ def predict(
         virtual_stages=virtual_stages, sp=sp, sp_saves_gathered=sp_saves_gathered,
         shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
-        ddp_old_buckets=ddp_old_buckets, ddp_one_rank=ddp_one_rank, loss_parallel=loss_parallel,
+        ddp_old_buckets=ddp_old_buckets, ddp_one_rank=ddp_one_rank, ddp_rebuild=ddp_rebuild,
+        loss_parallel=loss_parallel,
         vocab_parallel=vocab_parallel, logits_held=logits_held,
         reshard_after_forward=reshard_after_forward,
         overhead_bytes=overhead_bytes,
@@ -816,6 +840,7 @@ _KIND = {
     "master_params": "state",
     "ddp_buckets": "buffer",
     "ddp_old_buckets": "buffer",
+    "ddp_rebuild": "buffer",
     "activations": "transient",
     "recompute_buffer": "transient",
     "logits": "transient",
@@ -840,6 +865,8 @@ _FORMULA = {
     "ddp_buckets": "DDP gradient buckets (dp > 1): a copy of every gradient (bucket_view=False)",
     "ddp_old_buckets": "torch DDP over NCCL: first-iteration buckets held by the process group "
     "through the second iteration's forward/backward (P x grad bytes)",
+    "ddp_rebuild": "torch DDP's bucket rebuild before its second forward: new buckets beside "
+    "the old (P x grad bytes, over the resident states alone)",
     "activations": "micro-batches in flight x sum over stage layers of bytes/token x tokens",
     "recompute_buffer": "full recompute: one layer's activations during its backward "
     "(op-selective: its recomputed, unsaved part)",

@@ -482,6 +482,8 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         ddp_old_buckets=False,
         # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
         ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
+        # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
+        ddp_rebuild=cfg.strategy == "ddp",
         reshard_after_forward=cfg.reshard_after_forward,
         norm_kernel=norm_kernel("cuda" if backend == "nccl" else "cpu"),
         # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
