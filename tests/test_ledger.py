@@ -264,19 +264,35 @@ def test_predicted_peak_equals_tracked_bytes_of_a_real_step(
 ) -> None:
     """One rank, a real step (forward, float32 cross-entropy, backward, foreach AdamW), every
     tensor's bytes tracked: the ledger's peak is that high-water mark (CPU, no allocator)."""
-    from parlab.runtime.meters import MemoryMeter
-
     spec = get_spec(name)
     model = build_model(spec, seed=0, dtype=torch.bfloat16 if policy == "bf16" else torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     tokens = torch.randint(0, spec.vocab_size, (batch, seq + 1))
+    peak = tracked_step_peak(model, tokens, autocast=policy == "bf16-mixed")
+    led = predict(spec, micro_batch=batch, seq_len=seq, dtype=policy, optimizer="adamw",
+                  norm_kernel="composite")  # fmt: skip
+    assert led.peak_bytes == pytest.approx(peak, rel=0.01)
 
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "bf16-mixed"):
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
+
+def tracked_step_peak(
+    model: torch.nn.Module, tokens: torch.Tensor, *, autocast: bool, loss_in_autocast: bool = False
+) -> int:
+    """The tracked high-water mark of a real step's second run on the CPU (forward, float32
+    cross-entropy -- under autocast too where ``loss_in_autocast``, as ``parlab train`` --,
+    backward, foreach AdamW; parameters and optimizer states tracked)."""
+    from parlab.runtime.meters import MemoryMeter
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def loss_of(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(
             logits.float().flatten(0, 1), tokens[:, 1:].flatten()
         )
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(tokens[:, :-1])
+            loss = loss_of(logits) if loss_in_autocast else None
+        loss = loss_of(logits) if loss is None else loss  # after autocast's cache is gone
         del logits
         loss.backward()
         opt.step()
@@ -287,9 +303,7 @@ def test_predicted_peak_equals_tracked_bytes_of_a_real_step(
     meter.track([*model.parameters(), *(v for s in opt.state.values() for v in s.values())])
     with meter:
         step()
-    led = predict(spec, micro_batch=batch, seq_len=seq, dtype=policy, optimizer="adamw",
-                  norm_kernel="composite")  # fmt: skip
-    assert led.peak_bytes == pytest.approx(meter.peak_bytes(), rel=0.01)
+    return meter.peak_bytes()
 
 
 def _ddp_peak_rank(ctx: object, seq: int) -> int:

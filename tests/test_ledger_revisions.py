@@ -224,36 +224,19 @@ def test_full_recompute_under_autocast_matches_tracked_bytes() -> None:
     buffer beside the loss region overstates it. (The other case, the end of forward with every
     copy cached, set the peak of the one-H200 runs: 1.3B at 2 x 4096 and GPT-2 1.5B at 8 x 1024
     with full recompute, -0.2 % and -1.4 %: ``benchmarks/plan_accuracy.py``.)"""
-    name, batch, seq = "small", 8, 256
     from parlab.parallel.fsdp import apply_recompute
-    from parlab.runtime.meters import MemoryMeter
+    from tests.test_ledger import tracked_step_peak
 
+    name, batch, seq = "small", 8, 256
     spec = get_spec(name)
     model = build_model(spec, seed=0)
     apply_recompute(model, "full")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     tokens = torch.randint(0, spec.vocab_size, (batch, seq + 1))
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), tokens[:, 1:].flatten()
-            )
-            del logits
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # optimizer states exist from here on
-    meter = MemoryMeter(torch.device("cpu"))
-    meter.track([*model.parameters(), *(v for s in opt.state.values() for v in s.values())])
-    with meter:
-        step()
+    peak = tracked_step_peak(model, tokens, autocast=True, loss_in_autocast=True)
     kw = {"micro_batch": batch, "seq_len": seq, "dtype": "bf16-mixed", "norm_kernel": "composite"}
     led = predict(spec, recompute="full", optimizer="adamw", **kw)
-    assert led.peak_bytes == pytest.approx(meter.peak_bytes(), rel=0.01)
+    assert led.peak_bytes == pytest.approx(peak, rel=0.01)
     # every copy and the recompute buffer held beside the loss region: 4 % and more too high
     items = ("params", "optimizer", "activations", "recompute_buffer", "autocast_weight_copies")
     beside = sum(led.value(k) for k in (*items, "logits", "loss_buffers"))
-    assert beside > 1.04 * meter.peak_bytes()
+    assert beside > 1.04 * peak
