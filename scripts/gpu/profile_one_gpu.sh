@@ -13,6 +13,7 @@
 # knobs as those runs, and DDP on GPT-2 (no per-block hooks) beside them; 3 warm-up + 3 steps, the profiler's schedule 1 wait, 1 warm-up, 2 active.
 # Documents (the profile's and the run's) under OUT_DIR/results, logs in OUT_DIR. Without a
 # GPU the same commands run on the tiny model, one gloo rank (a dry run).
+# RUNS ("strategy model micro-batch seq recompute;..."): other runs instead.
 set -euo pipefail
 OUT=${1:?usage: scripts/gpu/profile_one_gpu.sh OUT_DIR}
 mkdir -p "$OUT/results"
@@ -23,17 +24,22 @@ PY=${PYTHON:-python3}
 TR=$(mktemp -d /tmp/parlab-profile-XXXXXX)
 trap 'rm -rf "$TR"' EXIT
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
-if [ "$NGPU" -ge 1 ]; then
+if [ -n "${RUNS:-}" ]; then
+  IFS=';' read -r -a RUNS <<< "$RUNS"
+  DT=bf16
+  [ "$NGPU" -ge 1 ] || DT=fp32
+elif [ "$NGPU" -ge 1 ]; then
   RUNS=("fsdp gpt2-1.5b 8 1024" "fsdp 1.3b 2 4096" "ddp gpt2-1.5b 8 1024") DT=bf16
 else
   echo "no GPU here: dry run on the tiny model, one gloo CPU rank"
   RUNS=("fsdp tiny 8 64" "fsdp tiny 2 128" "ddp tiny 8 64") DT=fp32
 fi
 for r in "${RUNS[@]}"; do
-  read -r strategy model mb seq <<< "$r"
+  read -r strategy model mb seq recompute <<< "$r"
   "$PY" -m parlab profile run --nproc 1 --schedule 1,1,2 --trace-dir "$TR/$strategy-$model-$mb" \
     --results "$OUT/results" --project PAR-TRAINING-STATE -- \
     parlab train --strategy "$strategy" --nproc 1 --model "$model" --micro-batch "$mb" --seq "$seq" \
-    --dtype "$DT" --warmup 3 --steps 3 --timeout 90 --results "$OUT/results" \
+    --dtype "$DT" --recompute "${recompute:-none}" --warmup 3 --steps 3 --timeout 90 \
+    --results "$OUT/results" \
     2>&1 | grep -v -e USDT -e _warn_once -e "Profiler clears events" | tee "$OUT/profile-$strategy-$model-$mb.log"
 done
