@@ -320,7 +320,7 @@ PAGES = {
         ]
         + [
             Q(
-                label=f"{s}: bytes on the wire per step",
+                label=f"{s}: collective payload per step (nccl-tests sizes)",
                 pattern=f"train-{s}-1.3b-*",
                 world=2,
                 metric="comm_bytes_per_step",
@@ -339,7 +339,7 @@ PAGES = {
         ]
         + [
             Q(
-                label=f"{s}: bytes on the wire per step",
+                label=f"{s}: collective payload per step (nccl-tests sizes)",
                 pattern=f"train-{s}-tiny-*",
                 world=2,
                 metric="comm_bytes_per_step",
