@@ -150,16 +150,19 @@ def mfu_model_rows(
     return out
 
 
-def roofline_rows(docs: list[Any], cal: Any, shapes: Any = None) -> dict[str, Any]:
+def roofline_rows(
+    docs: list[Any], cal: Any, shapes: Any = None, param_work: Any = None
+) -> dict[str, Any]:
     """The roofline fitted on its calibration runs (``parlab.plan.calibrate.LAB_STEPS``), every
     run's prediction, and for each calibration run its leave-one-group-out prediction (the
     steps refitted without every repeat of that run's configuration); ``shapes``: a GEMM-shape
     calibration whose measured factor replaces the width law for the runs it covers
-    (``parlab.plan.shapes``; the fit itself keeps the width law)."""
+    (``parlab.plan.shapes``; the fit itself keeps the width law); ``param_work``: measured
+    optimizer and cast bandwidths (``parlab.plan.paramwork``), fixed through every fit."""
     from parlab.errors import UsageError
     from parlab.plan.calibrate import fit_steps, group_of, predict
 
-    roof, used = fit_steps(docs, calibration=cal)
+    roof, used = fit_steps(docs, calibration=cal, param_work=param_work)
     calibrating = {rid: ", ".join(step.free) for step, ids in used for rid in ids}
     pred = {}
     for d in docs:
@@ -173,7 +176,7 @@ def roofline_rows(docs: list[Any], cal: Any, shapes: Any = None) -> dict[str, An
     for g, members in groups.items():
         rest = [d for d in docs if group_of(d) != g]
         try:
-            roof_g, _ = fit_steps(rest, calibration=cal)
+            roof_g, _ = fit_steps(rest, calibration=cal, param_work=param_work)
         except UsageError:
             roof_g = None
         for d in members:
@@ -270,11 +273,13 @@ def table_gpu_runs(root: Path) -> None:
 
     cal = collectives_calibration(root)
     host = host_dispatch_calibration(root)
+    from parlab.plan.paramwork import param_work_calibration
     from parlab.plan.shapes import gemm_shape_calibration, run_shape, shape_factor
 
     shapes = gemm_shape_calibration(root)
+    param_work = param_work_calibration(root)
     old = mfu_model_rows(docs, cal)
-    rf = roofline_rows(docs, cal, shapes)
+    rf = roofline_rows(docs, cal, shapes, param_work)
     head = (
         f"{'run':<44}{'impl':<9}{'step meas':>10}{'MFU LOO':>9}{'err':>9}{'roofline':>9}{'err':>9}"
         f"{'LOO':>9}{'<10%':>5}{'peak meas':>10}{'recorded':>9}{'err':>8}{'current':>9}"
@@ -372,6 +377,13 @@ def table_gpu_runs(root: Path) -> None:
             f"(hidden {roof.gemm_width:.0f}) at the run's tokens per micro-batch (tp 1), the "
             "run's GEMM efficiency is GEMM x eff(model) / eff(reference) instead of the width "
             "law (note 'GEMM x'); the attention core stays the attention term."
+        )
+    if param_work is not None:
+        print(
+            f"Per-parameter work: {param_work.label}: the optimizer step at "
+            f"{param_work.optimizer_bw / 1e12:.2f} TB/s and the casts at "
+            f"{param_work.cast_bw / 1e12:.2f} TB/s, measured, fixed through every fit (the "
+            "elementwise fraction above no longer covers them)."
         )
     if host is not None:
         print(

@@ -42,3 +42,29 @@ def test_probe_times_each_kind_over_whole_tensors(tmp_path: Path) -> None:
     assert doc.evidence_level == "cpu-mechanism" and doc.metric("step_time") is None
     assert doc.workload["kind"] == "param-work-calibration"
     assert doc.metric("bytes_per_s:adamw") == pytest.approx(adamw["bytes_per_s"])
+
+
+def test_loader_reads_gpu_probes_of_the_newest_device(tmp_path: Path) -> None:
+    """Each bandwidth the mean over the GPU probes of the newest one's device; the casts' 12 B
+    over a weight's cast and a gradient's, 6 B each; CPU probes left out."""
+    import dataclasses
+
+    from parlab.plan.paramwork import load_param_work, param_work_calibration
+
+    m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=1)
+    assert param_work_calibration(tmp_path) is None
+    for i, (adamw, cast, grad) in enumerate(((2e12, 3e12, 2e12), (4e12, 3e12, 2e12))):
+        body = probe.calibration(m, device="NVIDIA H200", backend="cuda", hbm_bw=4.8e12,
+                                 shape=[64, 64])  # fmt: skip
+        for kind, bw in (("adamw", adamw), ("cast", cast), ("grad_cast", grad)):
+            body["kinds"][kind]["bytes_per_s"] = bw
+        doc = probe.document(body, command="t", environment=ENV)
+        doc = dataclasses.replace(doc, created=f"2026-12-01T05:00:0{i}Z", run_id=f"param-work-{i}")
+        write_result(doc, tmp_path)
+        assert load_param_work(doc).cast_bw == pytest.approx(12 / (6 / 3e12 + 6 / 2e12))
+    cpu = probe.document(probe.calibration(m, device="cpu", backend="cpu", hbm_bw=None,
+                                           shape=[64, 64]), command="t", environment=ENV)  # fmt: skip
+    write_result(cpu, tmp_path)
+    got = param_work_calibration(tmp_path)
+    assert got is not None and got.run_ids == ("param-work-0", "param-work-1")
+    assert got.optimizer_bw == pytest.approx(3e12)

@@ -231,13 +231,13 @@ def test_estimate_without_parts_is_the_mfu_model() -> None:
     assert e.step_s == 1.0 and e.comm_hidden_s == 0.0
 
 
-def _rows(truth: Roofline, bw: float = BW) -> list[FitRow]:
+def _rows(truth: Roofline, bw: float = BW, dtype: str = "bf16") -> list[FitRow]:
     """Runs whose times ``truth`` made (elementwise work at ``bw``), 10 ms outside compute."""
     spec = get_spec("1.3b")
     rows = []
     for seq, mb, m, nk in ((4096, 2, 1, "fused"), (4096, 1, 8, "explicit"), (32768, 1, 1, "fused"),
                            (8192, 1, 2, "explicit"), (16384, 1, 1, "compiled")):  # fmt: skip
-        w = work(spec, seq=seq, micro_batch=mb, microbatches=m, dtype="bf16",
+        w = work(spec, seq=seq, micro_batch=mb, microbatches=m, dtype=dtype,
                  impl=Implementation(norm_kernel=nk))  # fmt: skip
         rows.append(
             FitRow(work=w, measured_s=w.parts(truth, PEAK, bw).total_s + 0.01, other_s=0.01)
@@ -259,6 +259,30 @@ def test_fit_recovers_the_efficiencies_that_made_the_times() -> None:
         fit_roofline(
             _rows(truth)[:2], peak_flops=PEAK, hbm_bw=BW, free=("gemm", "attention", "memory")
         )
+
+
+def test_measured_per_parameter_bandwidths_are_fixed_through_the_fit() -> None:
+    """With the optimizer's and the casts' bandwidths measured (``Roofline.optimizer_bw``,
+    ``cast_bw``), the per-parameter work is a fixed time: the fit recovers the efficiencies that
+    made the times, and ``memory`` no longer prices it."""
+    truth = Roofline(gemm=0.6, attention=0.45, ring_attention=1.0, memory=0.8,
+                     optimizer_bw=0.3 * BW, cast_bw=0.5 * BW)  # fmt: skip
+    rows = _rows(truth, dtype="bf16-mixed")  # float32 parameters: casts every micro-batch
+    w = rows[0].work
+    assert 0 < w.optimizer_bytes < w.step_bytes
+    cast = w.step_bytes - w.optimizer_bytes
+    assert w.parts(truth, PEAK, BW).step_s == pytest.approx(
+        w.optimizer_bytes / (0.3 * BW) + cast / (0.5 * BW)
+    )
+    bws = replace(Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0),
+                  optimizer_bw=0.3 * BW, cast_bw=0.5 * BW)  # fmt: skip
+    got = fit_roofline(rows, peak_flops=PEAK, hbm_bw=BW, fixed=bws,
+                       free=("gemm", "attention", "memory"))  # fmt: skip
+    assert (got.gemm, got.attention, got.memory) == pytest.approx((0.6, 0.45, 0.8), rel=1e-6)
+    assert (got.optimizer_bw, got.cast_bw) == (0.3 * BW, 0.5 * BW)
+    # without them the fit puts the slow optimizer into the elementwise efficiency
+    blind = fit_roofline(rows, peak_flops=PEAK, hbm_bw=BW, free=("gemm", "attention", "memory"))
+    assert blind.memory != pytest.approx(0.8, rel=1e-3)
 
 
 def test_fit_finds_the_width_law_and_the_contention() -> None:

@@ -418,15 +418,20 @@ def fit_steps(
     steps: Sequence[Step] = LAB_STEPS,
     *,
     calibration: Any = None,
+    param_work: Any = None,
     rounds: int = 3,
 ) -> tuple[Roofline, list[tuple[Step, list[str]]]]:
-    """The roofline fitted step by step, and the run ids each step used.
+    """The roofline fitted step by step, and the run ids each step used; with ``param_work``
+    (``parlab.plan.paramwork.ParamWork``) the optimizer step and the casts run at its measured
+    bandwidths, fixed through the fit, instead of the fitted elementwise one.
 
     ``UsageError`` when a step has no run or its runs cannot determine its efficiencies.
     """
     if not docs:
         raise UsageError("no measured training run to fit the roofline on")
     roof = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    if param_work is not None:
+        roof = replace(roof, optimizer_bw=param_work.optimizer_bw, cast_bw=param_work.cast_bw)
     peak = hbm = 0.0
     used: list[tuple[Step, list[str]]] = []
     for step in steps:
@@ -465,6 +470,8 @@ def fit_steps(
             )
         used.append((step, [d.run_id for d in chosen]))
     label = "; ".join(f"{', '.join(s.free)} on {len(ids)} {s.runs}" for s, ids in used)
+    if param_work is not None:
+        label += f"; the optimizer step and the casts at the bandwidths of {param_work.label}"
     return replace(roof, source=f"fitted: {label}"), used
 
 
@@ -496,6 +503,8 @@ def training_runs(root: Any) -> list[Any]:
 def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[str]]:
     """The roofline fitted by ``LAB_STEPS`` on the training runs under ``root``, and the run
     ids it rests on."""
+    from parlab.plan.paramwork import param_work_calibration
+
     docs = training_runs(root)
-    roof, used = fit_steps(docs, calibration=calibration)
+    roof, used = fit_steps(docs, calibration=calibration, param_work=param_work_calibration(root))
     return roof, [rid for _, ids in used for rid in ids]

@@ -175,6 +175,29 @@ def newest_gpu_calibration(root: Any, project: str, prefix: str, load: Any) -> A
     return None if best is None else best[1]
 
 
+def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) -> list[Any]:
+    """``load(doc)`` of every GPU (``real-training``) document ``prefix-*.json`` under
+    ``root``/``project`` made on the newest one's device (its ``device``), oldest first; empty
+    without one (the probes whose repeats are averaged: ``parlab.plan.shapes``,
+    ``parlab.plan.paramwork``)."""
+    from parlab.contract import read_document
+
+    found: list[tuple[str, Any]] = []
+    for path in sorted((Path(root) / project).glob(f"{prefix}-*.json")):
+        try:
+            doc = read_document(path)
+            cal = load(doc)
+        except (ValueError, KeyError, TypeError, ZeroDivisionError, UsageError):
+            continue
+        if doc.evidence_level == "real-training":
+            found.append((doc.created, cal))
+    if not found:
+        return []
+    found.sort(key=lambda f: f[0])
+    device = found[-1][1].device
+    return [cal for _, cal in found if cal.device == device]
+
+
 def host_dispatch_calibration(root: Any) -> HostDispatch | None:
     """The newest GPU (``real-training``) host-dispatch calibration under
     ``root``/PAR-MODEL-INTERNAL, or None."""

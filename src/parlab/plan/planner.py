@@ -481,9 +481,17 @@ def plan(req: PlanRequest) -> PlanResult:
                 if impl.attention_kernel == "flash"
                 else "materialised (12LHQT at GEMM speed, every score through the softmax)"
             )
-            + f"; elementwise ops ({impl.norm_kernel}), the loss, casts and the optimizer step as "
-            f"bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s catalog HBM) "
-            f"-- {roof.source or 'efficiencies as given'}",
+            + (
+                f"; elementwise ops ({impl.norm_kernel}) and the loss as bytes / "
+                f"({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s catalog HBM), the "
+                f"optimizer step at {roof.optimizer_bw / 1e12:.2f} TB/s and the casts at "
+                f"{roof.cast_bw / 1e12:.2f} TB/s (measured: parlab.plan.paramwork) "
+                if roof.optimizer_bw and roof.cast_bw
+                else f"; elementwise ops ({impl.norm_kernel}), the loss, casts and the optimizer "
+                f"step as bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s "
+                "catalog HBM) "
+            )
+            + f"-- {roof.source or 'efficiencies as given'}",
             "recompute: full replays the forward (GEMMs, attention, elementwise), selective the "
             "attention core's forward (Megatron's); op-selective (parlab train's --recompute "
             "selective, op-level) the blocks' elementwise forward",

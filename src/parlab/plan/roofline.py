@@ -124,6 +124,12 @@ class Roofline:
     gemm_width_half: float = 0.0
     """n0 of the width law f(n) = n / (n + n0): narrower matrices run further from peak;
     0: the same GEMM efficiency at every width."""
+    optimizer_bw: float = 0.0
+    """Measured bandwidth (B/s) of the fused AdamW step (``benchmarks/param_work_probe.py``);
+    0: the optimizer step runs at ``memory`` x the catalog's HBM bandwidth, as the elementwise
+    ops."""
+    cast_bw: float = 0.0
+    """The same for the per-micro-batch casts (weights to bf16, bf16 gradients back)."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
@@ -136,6 +142,8 @@ class Roofline:
             raise UsageError(f"roofline contention = {self.contention}: give a fraction in [0, 1]")
         if self.gemm_width < 0 or self.gemm_width_half < 0:
             raise UsageError("roofline GEMM width and its half: give 0 (off) or more")
+        if self.optimizer_bw < 0 or self.cast_bw < 0:
+            raise UsageError("roofline optimizer and cast bandwidths: give 0 (off) or more B/s")
 
     def width_factor(self, width: float) -> float:
         """GEMM efficiency at ``width`` relative to ``gemm``'s own: f(width) / f(gemm_width)."""
@@ -190,6 +198,8 @@ class Work:
     """Bytes of the per-token elementwise ops and the loss."""
     step_bytes: float
     """Bytes of the per-parameter work: casts per micro-batch and the optimizer step."""
+    optimizer_bytes: float = 0.0
+    """The optimizer step's share of ``step_bytes`` (the rest: casts)."""
     forward_fraction: float
     """Share of the compute that is forward (the rest is backward and the optimizer)."""
     gemm_width: float = 0.0
@@ -202,8 +212,17 @@ class Work:
             gemm_s=self.gemm_flops / (roof.gemm_at(self.gemm_width) * peak_flops),
             attention_s=self.attention_flops / (attn_eff * peak_flops),
             elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
-            step_s=self.step_bytes / (roof.memory * hbm_bw),
+            step_s=self.step_seconds(roof, hbm_bw),
             forward_fraction=self.forward_fraction,
+        )
+
+    def step_seconds(self, roof: Roofline, hbm_bw: float) -> float:
+        """The per-parameter work's seconds: each part at its measured bandwidth where ``roof``
+        carries one, else at the elementwise ops' (``memory`` x ``hbm_bw``)."""
+        elementwise = roof.memory * hbm_bw
+        cast = self.step_bytes - self.optimizer_bytes
+        return self.optimizer_bytes / (roof.optimizer_bw or elementwise) + cast / (
+            roof.cast_bw or elementwise
         )
 
 
@@ -398,6 +417,7 @@ def work(
         ring=cp > 1,
         elementwise_bytes=ew,
         step_bytes=cast + opt,
+        optimizer_bytes=opt,
         forward_fraction=fwd,
         gemm_width=spec.hidden / tp,
     )
@@ -425,16 +445,24 @@ WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
 def _coefficients(
     row: FitRow, peak_flops: float, hbm_bw: float, base: Roofline
 ) -> dict[str, float]:
-    unit = row.work.parts(
-        Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
-    )
+    one = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    unit = row.work.parts(one, peak_flops, hbm_bw)
     ring = row.work.ring
+    # the per-parameter work at its measured bandwidths (where ``base`` carries them) is a fixed
+    # time; what still runs at the elementwise bandwidth scales with ``memory``
+    w = row.work
+    measured = (w.optimizer_bytes if base.optimizer_bw else 0.0) + (
+        (w.step_bytes - w.optimizer_bytes) if base.cast_bw else 0.0
+    )
+    at_bw = replace(one, optimizer_bw=base.optimizer_bw, cast_bw=base.cast_bw)
+    fixed = w.step_seconds(at_bw, hbm_bw) - (w.step_bytes - measured) / hbm_bw
     return {
         "gemm": unit.gemm_s / base.width_factor(row.work.gemm_width),
         "attention": 0.0 if ring else unit.attention_s,
         "ring_attention": unit.attention_s if ring else 0.0,
-        "memory": unit.elementwise_s + unit.step_s,
+        "memory": unit.elementwise_s + (w.step_bytes - measured) / hbm_bw,
         "contention": row.hidden_s,
+        "fixed": fixed,
     }
 
 
@@ -501,7 +529,11 @@ def fit_roofline(
         a, b = [], []
         for r, c in zip(rows, coefs, strict=True):
             known = sum(
-                v * getattr(at, k) if k == "contention" else v / getattr(at, k)
+                v
+                if k == "fixed"
+                else v * getattr(at, k)
+                if k == "contention"
+                else v / getattr(at, k)
                 for k, v in c.items()
                 if k not in names
             )

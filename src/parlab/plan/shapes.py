@@ -34,7 +34,6 @@ optimizer terms. Nothing here imports torch or crosses a wire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from parlab.errors import UsageError
@@ -109,21 +108,10 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
 def gemm_shape_calibration(root: Any) -> GemmShapes | None:
     """The GPU (``real-training``) GEMM-shape calibrations under ``root``/PAR-TRAINING-STATE
     made on the newest one's device, merged (``merge``), or None."""
-    from parlab.contract import read_document
+    from parlab.plan.host import newest_device_calibrations
 
-    found: list[tuple[str, GemmShapes]] = []
-    for path in sorted((Path(root) / PROJECT).glob(f"{PREFIX}-*.json")):
-        try:
-            doc = read_document(path)
-            cal = load_gemm_shapes(doc)
-        except (ValueError, KeyError, TypeError, UsageError):
-            continue
-        if doc.evidence_level == "real-training":
-            found.append((doc.created, cal))
-    if not found:
-        return None
-    device = max(found, key=lambda f: f[0])[1].device
-    return merge([cal for _, cal in sorted(found, key=lambda f: f[0]) if cal.device == device])
+    cals = newest_device_calibrations(root, PROJECT, PREFIX, load_gemm_shapes)
+    return merge(cals) if cals else None
 
 
 def merge(cals: list[GemmShapes]) -> GemmShapes:
