@@ -219,6 +219,29 @@ def test_incomparable_documents_are_named_with_what_differs(tmp_path: Path) -> N
         )
 
 
+def test_probe_documents_are_left_out_as_not_runs(tmp_path: Path) -> None:
+    """A probe's calibration and a profile of a run sit beside the runs under the project; they
+    are not runs to choose from (not even incomparable ones), and the decision says so."""
+    docs = make_project(tmp_path)
+    calibration = training_doc(role="baseline", strategy="probe", tps=None, step=None, mem=None,
+                               workload={"kind": "gemm-shape-calibration", "calibration": {}},
+                               created="2026-01-01T00:00:07Z")  # fmt: skip
+    profile = training_doc(role="baseline", strategy="fsdp", tps=None, step=None, mem=None,
+                           workload={**WORKLOAD, "profiled_run_id": docs["fsdp"].run_id},
+                           created="2026-01-01T00:00:08Z")  # fmt: skip
+    for d in (calibration, profile):
+        contract.write_result(d, tmp_path)
+    out = decide(tmp_path, project="PAR-TRAINING-STATE", command="x")
+    dec = out.doc.decision
+    assert dec is not None and dec.chosen == docs["fsdp"].run_id
+    rejected = {r["candidate"] for r in dec.rejected}
+    assert calibration.run_id not in rejected and profile.run_id not in rejected
+    assert any(
+        n.startswith("not runs, left out: 2 probe document(s)") and calibration.run_id in n
+        for n in out.doc.notes
+    )
+
+
 def test_step_times_do_not_split_runs_and_a_close_call_is_noted(tmp_path: Path) -> None:
     """Runs keep every step (workload.step_times): those differ from run to run without
     changing the job, so they never make runs incomparable; when the chosen run leads by less

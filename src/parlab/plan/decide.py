@@ -3,6 +3,8 @@
 Reads the project's baseline, candidate and failure documents (never other
 decisions) from a results folder, and:
 
+0. Leaves out the probe documents filed beside the runs (``is_probe``: a probe's calibration,
+   a profile of a run): they measure an instrument or another run, and are no run to choose.
 1. Picks the reference: the newest baseline (else candidate, else failure) of
    the largest group of mutually comparable documents (groups that measured
    the objective first, measured before ``analytic``, then by size, then by
@@ -222,6 +224,14 @@ def _pick_reference(project: str, docs: Sequence[Document], metric: str | None) 
     raise AssertionError("a group is never empty")
 
 
+def is_probe(doc: Document) -> bool:
+    """A document that measures an instrument or another run, not a run to choose: a probe's
+    calibration (``workload.kind`` ``...-calibration``: GEMM shapes, host dispatch, the
+    per-parameter work) or a profile of a run (``workload.profiled_run_id``)."""
+    w = doc.workload or {}
+    return str(w.get("kind") or "").endswith("-calibration") or "profiled_run_id" in w
+
+
 def _objective(
     project: str, docs: Sequence[Document], metric: str | None, higher: bool | None
 ) -> tuple[str, bool] | None:
@@ -325,6 +335,8 @@ def decide(
     if memory_budget is not None and memory_budget <= 0:
         raise UsageError(f"memory budget {memory_budget} must be positive: give e.g. 80GB")
     docs = [e.doc for e in entries if e.doc.project == project and e.doc.role != "decision"]
+    probes = [] if run_ids else [d for d in docs if is_probe(d)]
+    docs = [d for d in docs if d not in probes]
     if run_ids:
         by_id = {d.run_id: d for d in docs}
         missing = [r for r in run_ids if r not in by_id]
@@ -428,6 +440,11 @@ def decide(
 
     metrics: dict[str, Metric] = {}
     notes: list[str] = []
+    if probes:
+        notes.append(
+            f"not runs, left out: {len(probes)} probe document(s) (calibrations, profiles of "
+            f"runs): {', '.join(d.run_id for d in probes)}"
+        )
     if chosen is not None:
         best_val = chosen.metric(obj_name)
         metrics[f"chosen.{obj_name}"] = Metric(value=best_val, unit=unit)
