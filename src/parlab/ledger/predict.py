@@ -730,8 +730,7 @@ def predict(
             # end of forward (every copy, the fp32 logits and their log-probs, no recompute
             # buffer yet) or backward (one block's copies), whichever is higher
             blocks = (sn.blocks_matmul - sn.block_matmul) * 2
-            fb_end = base + grads_fb + dev["logits"]
-            fb_end += dev["loss_buffers"] // (3 if loss_parallel and tp > 1 else 2)
+            fb_end = base + grads_fb + 2 * dev["logits"]  # the log-probs: the logits' size
             fb = max(fb - blocks, fb_end)
         opt = (
             (0 if grads_resident else dev["grads"])

@@ -336,7 +336,7 @@ def decide(
         raise UsageError(f"memory budget {memory_budget} must be positive: give e.g. 80GB")
     docs = [e.doc for e in entries if e.doc.project == project and e.doc.role != "decision"]
     probes = [] if run_ids else [d for d in docs if is_probe(d)]
-    docs = [d for d in docs if d not in probes]
+    docs = [d for d in docs if run_ids or not is_probe(d)]
     if run_ids:
         by_id = {d.run_id: d for d in docs}
         missing = [r for r in run_ids if r not in by_id]

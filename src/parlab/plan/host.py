@@ -159,20 +159,9 @@ def load_host_dispatch(doc: Any) -> HostDispatch:
 
 def newest_gpu_calibration(root: Any, project: str, prefix: str, load: Any) -> Any:
     """``load(doc)`` of the newest GPU (``real-training``) document ``prefix-*.json`` under
-    ``root``/``project`` that ``load`` reads, or None (the probes' calibrations: this module's
-    host dispatch, ``parlab.plan.shapes``' GEMM shapes)."""
-    from parlab.contract import read_document
-
-    best = None
-    for path in sorted((Path(root) / project).glob(f"{prefix}-*.json")):
-        try:
-            doc = read_document(path)
-            cal = load(doc)
-        except (ValueError, KeyError, TypeError, UsageError):
-            continue
-        if doc.evidence_level == "real-training" and (best is None or doc.created >= best[0]):
-            best = (doc.created, cal)
-    return None if best is None else best[1]
+    ``root``/``project`` that ``load`` reads, or None (this module's host dispatch)."""
+    cals = newest_device_calibrations(root, project, prefix, load)
+    return cals[-1] if cals else None
 
 
 def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) -> list[Any]:

@@ -471,6 +471,7 @@ def plan(req: PlanRequest) -> PlanResult:
         ]
     else:
         impl = req.implementation
+        measured_bw = bool(roof.optimizer_bw and roof.cast_bw)
         notes = [
             f"compute (roofline, parlab.plan.roofline): GEMMs 6N per token at {roof.gemm:.3f} of "
             f"the bf16 peak at width {roof.gemm_width:g}, x f(hidden/tp) / f(width), f(n) = "
@@ -481,17 +482,17 @@ def plan(req: PlanRequest) -> PlanResult:
                 if impl.attention_kernel == "flash"
                 else "materialised (12LHQT at GEMM speed, every score through the softmax)"
             )
+            + f"; elementwise ops ({impl.norm_kernel}), the loss"
+            + ("" if measured_bw else ", casts and the optimizer step")
+            + f" as bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s "
+            "catalog HBM)"
             + (
-                f"; elementwise ops ({impl.norm_kernel}) and the loss as bytes / "
-                f"({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s catalog HBM), the "
-                f"optimizer step at {roof.optimizer_bw / 1e12:.2f} TB/s and the casts at "
-                f"{roof.cast_bw / 1e12:.2f} TB/s (measured: parlab.plan.paramwork) "
-                if roof.optimizer_bw and roof.cast_bw
-                else f"; elementwise ops ({impl.norm_kernel}), the loss, casts and the optimizer "
-                f"step as bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s "
-                "catalog HBM) "
+                f", the optimizer step at {roof.optimizer_bw / 1e12:.2f} TB/s and the casts at "
+                f"{roof.cast_bw / 1e12:.2f} TB/s (measured: parlab.plan.paramwork)"
+                if measured_bw
+                else ""
             )
-            + f"-- {roof.source or 'efficiencies as given'}",
+            + f" -- {roof.source or 'efficiencies as given'}",
             "recompute: full replays the forward (GEMMs, attention, elementwise), selective the "
             "attention core's forward (Megatron's); op-selective (parlab train's --recompute "
             "selective, op-level) the blocks' elementwise forward",

@@ -219,11 +219,20 @@ class Work:
     def step_seconds(self, roof: Roofline, hbm_bw: float) -> float:
         """The per-parameter work's seconds: each part at its measured bandwidth where ``roof``
         carries one, else at the elementwise ops' (``memory`` x ``hbm_bw``)."""
-        elementwise = roof.memory * hbm_bw
+        measured_s, unmeasured = self.step_split(roof)
+        return measured_s + unmeasured / (roof.memory * hbm_bw)
+
+    def step_split(self, roof: Roofline) -> tuple[float, float]:
+        """(seconds of the per-parameter work ``roof`` has measured bandwidths for, bytes of the
+        rest): the optimizer step at ``optimizer_bw``, the casts at ``cast_bw``, where set."""
         cast = self.step_bytes - self.optimizer_bytes
-        return self.optimizer_bytes / (roof.optimizer_bw or elementwise) + cast / (
-            roof.cast_bw or elementwise
-        )
+        seconds = rest = 0.0
+        for nbytes, bw in ((self.optimizer_bytes, roof.optimizer_bw), (cast, roof.cast_bw)):
+            if bw:
+                seconds += nbytes / bw
+            else:
+                rest += nbytes
+        return seconds, rest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -445,22 +454,18 @@ WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
 def _coefficients(
     row: FitRow, peak_flops: float, hbm_bw: float, base: Roofline
 ) -> dict[str, float]:
-    one = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
-    unit = row.work.parts(one, peak_flops, hbm_bw)
+    unit = row.work.parts(
+        Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
+    )
     ring = row.work.ring
     # the per-parameter work at its measured bandwidths (where ``base`` carries them) is a fixed
     # time; what still runs at the elementwise bandwidth scales with ``memory``
-    w = row.work
-    measured = (w.optimizer_bytes if base.optimizer_bw else 0.0) + (
-        (w.step_bytes - w.optimizer_bytes) if base.cast_bw else 0.0
-    )
-    at_bw = replace(one, optimizer_bw=base.optimizer_bw, cast_bw=base.cast_bw)
-    fixed = w.step_seconds(at_bw, hbm_bw) - (w.step_bytes - measured) / hbm_bw
+    fixed, unmeasured = row.work.step_split(base)
     return {
         "gemm": unit.gemm_s / base.width_factor(row.work.gemm_width),
         "attention": 0.0 if ring else unit.attention_s,
         "ring_attention": unit.attention_s if ring else 0.0,
-        "memory": unit.elementwise_s + (w.step_bytes - measured) / hbm_bw,
+        "memory": unit.elementwise_s + unmeasured / hbm_bw,
         "contention": row.hidden_s,
         "fixed": fixed,
     }
