@@ -164,7 +164,10 @@ def revised_comm(doc: Any) -> int | None:
 def revised_model_internal_peak(doc: Any) -> int | None:
     """The current ledger's peak for a ``parlab project model-internal`` document, through the
     project's own ``predictions`` on the run's configuration rebuilt from the document (a
-    single-GPU baseline's schedule, which its layout does not record, from its label)."""
+    single-GPU baseline's schedule, which its layout does not record, from its label; parlab's
+    SP as the run had it: ``sp_gather="per-linear"`` where the document records no
+    ``sp_saved_input``, ``parlab.plan.calibrate.implementation_of``)."""
+    from parlab.plan.calibrate import implementation_of
     from parlab.projects.model_internal import RunConfig, predictions
 
     w, lay = doc.workload, doc.layout
@@ -191,7 +194,7 @@ def revised_model_internal_peak(doc: Any) -> int | None:
         )
         # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
         norm = str(lay.get("norm_kernel") or "explicit")
-        preds, _ = predictions(cfg, backend_of(doc), norm)
+        preds, _ = predictions(cfg, backend_of(doc), norm, implementation_of(doc).sp_gather)
     except (ValueError, KeyError, TypeError):
         return None
     p = preds.get("peak_memory")
@@ -199,11 +202,9 @@ def revised_model_internal_peak(doc: Any) -> int | None:
 
 
 # SP runs made before parlab's SP shared one contiguous gathered input between its linears
-# (commit 02e7fd8) record no ``sp_saved_input``: each of wq/wk/wv and w1/w3 saved its own copy
-OLD_SP = (
-    "not modelled: SP before the linears shared one gathered input (no sp_saved_input; each "
-    "of wq/wk/wv, w1/w3 saved its own copy of the gathered sequence)"
-)
+# (commit 02e7fd8) record no ``sp_saved_input``: each of wq/wk/wv and w1/w3 saved its own copy,
+# what the ledger's ``sp_gather="per-linear"`` counts (``revised_model_internal_peak``)
+OLD_SP = "SP before 02e7fd8: each linear saved its own gathered copy (sp_gather=per-linear)"
 
 
 COMPILED = (
@@ -225,7 +226,8 @@ def current_peak(doc: Any) -> tuple[int | None, str]:
                 "not modelled: torch's zero-bubble V (rank 0 holds the first and last stages, "
                 "weight gradients deferred)"
             )
-        note = OLD_SP if lay.get("sequence_parallel") and not lay.get("sp_saved_input") else ""
+        old_sp = lay.get("sequence_parallel") and lay.get("implementation", "parlab") == "parlab"
+        note = OLD_SP if old_sp and not lay.get("sp_saved_input") else ""
         if lay.get("compile"):
             note = COMPILED
         return revised_model_internal_peak(doc), note
@@ -837,8 +839,12 @@ def misses(
             "layer and the logits whole (`vocab_parallel=False`, no loss parallel: its param "
             "bytes now equal the ledger's); GPipe's last stage keeps every other "
             "micro-batch's loss graph (`pending_loss_buffers`) and peaks before its gradients "
-            "exist. Not modelled: the SP runs made before the linears shared one gathered "
-            "input (their documents record no `sp_saved_input`) and torch's zero-bubble V. "
+            "exist; the SP runs made before the linears shared one gathered input (their "
+            "documents record no `sp_saved_input`) kept a copy of the gathered sequence per "
+            "linear at micro-batch > 1 (`sp_gather='per-linear'`: three more B x S x H per "
+            "SwiGLU block; on 2 gloo ranks with the all-gather of before 02e7fd8, "
+            "`tests/test_ledger_sp_per_linear.py`, to 0.1 %). Not modelled: torch's "
+            "zero-bubble V. "
             "The context-parallel ring runs stay 3-4 % above the ledger (about 1.6 GiB at "
             "32k tokens, 3.1 GiB at 64k: it grows with the sequence); on 2 gloo ranks the "
             "ring is 3 % *below* it, so what the GPU ring path holds beyond the ledger is "

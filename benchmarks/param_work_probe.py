@@ -18,7 +18,11 @@ What is timed, over ``--params`` float32 parameters held as ``--shape`` tensors 
 - ``cast``: every weight to bf16 (``w.to(torch.bfloat16)``, what autocast does once per
   micro-batch), 6 B;
 - ``grad_cast``: a bf16 gradient to float32 (``g.to(torch.float32)``), 6 B;
-- ``zero_grad``: the float32 gradients zeroed in place (DDP's ``set_to_none=False``), 4 B.
+- ``zero_grad``: the float32 gradients zeroed in place (DDP's ``set_to_none=False``), 4 B;
+- ``accumulate``: a float32 gradient added into the kept one (``grad += g``, autograd's
+  AccumulateGrad when the gradient exists: DDP's bucket views), 12 B;
+- ``scale``: the float32 gradients divided in place (``grad.div_(world)``, DDP's reducer on a
+  bucket view before its all-reduce), 8 B.
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the
@@ -49,7 +53,14 @@ from gemm_shapes_probe import time_gemm
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
-BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, "zero_grad": 4}
+BYTES_PER_PARAM = {
+    "adamw": 28,
+    "cast": 6,
+    "grad_cast": 6,
+    "zero_grad": 4,
+    "accumulate": 12,
+    "scale": 8,
+}
 """What each kind moves per float32 parameter (the roofline's counts for the first two)."""
 
 
@@ -67,11 +78,14 @@ def probe(
     opt = torch.optim.AdamW(ws, lr=1e-4, fused=fused, foreach=None if fused else False)
     opt.step()  # the states exist from here on
     g16 = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    g32 = torch.randn(shape, device=dev)
     kinds: dict[str, Any] = {
         "adamw": opt.step,
         "cast": lambda: [w.detach().to(torch.bfloat16) for w in ws],
         "grad_cast": lambda: [g16.to(torch.float32) for _ in ws],
         "zero_grad": lambda: opt.zero_grad(set_to_none=False),
+        "accumulate": lambda: [w.grad.add_(g32) for w in ws],
+        "scale": lambda: [w.grad.div_(1.0) for w in ws],
     }
     out = {}
     with torch.no_grad():

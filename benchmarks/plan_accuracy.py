@@ -104,6 +104,18 @@ def within(pred: float | None, meas: float | None, target: float) -> str:
     return "yes" if abs(pred - meas) / meas <= target else "NO"
 
 
+def host_step_key(doc: Any) -> tuple[str, str, int, int, str]:
+    """(model, strategy, micro-batch, sequence, recompute) of a training run, as the host-step
+    probe's configurations are keyed (``parlab.plan.host.HostStep``)."""
+    from parlab.plan.calibrate import _model_name, knobs
+
+    w = doc.workload
+    k = knobs(doc)
+    return (_model_name(doc), str((doc.layout or {}).get("strategy", "")),
+            int(w.get("micro_batch") or 1), int(w.get("seq") or 0),
+            str(k.get("recompute") or "none"))  # fmt: skip
+
+
 def gpu_runs(root: Path) -> list[Any]:
     """The measured GPU training runs (``parlab.plan.calibrate.training_runs``)."""
     from parlab.plan.calibrate import training_runs
@@ -156,8 +168,9 @@ def roofline_rows(
     """The roofline fitted on its calibration runs (``parlab.plan.calibrate.LAB_STEPS``), every
     run's prediction, and for each calibration run its leave-one-group-out prediction (the
     steps refitted without every repeat of that run's configuration); ``shapes``: a GEMM-shape
-    calibration whose measured factor replaces the width law for the runs it covers
-    (``parlab.plan.shapes``; the fit itself keeps the width law); ``param_work``: measured
+    calibration whose measured factors replace the width law and scale the attention term for
+    the runs it covers (``parlab.plan.shapes``; the fit itself keeps the width law and the
+    fitted attention); ``param_work``: measured
     optimizer and cast bandwidths (``parlab.plan.paramwork``), fixed through every fit."""
     from parlab.errors import UsageError
     from parlab.plan.calibrate import fit_steps, group_of, predict
@@ -269,12 +282,18 @@ def table_gpu_runs(root: Path) -> None:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
     from parlab.plan.calibrate import collectives_calibration, host_bound
-    from parlab.plan.host import host_dispatch_calibration
+    from parlab.plan.host import host_dispatch_calibration, host_step_calibration
 
     cal = collectives_calibration(root)
     host = host_dispatch_calibration(root)
+    host_steps = host_step_calibration(root)
     from parlab.plan.paramwork import param_work_calibration
-    from parlab.plan.shapes import gemm_shape_calibration, run_shape, shape_factor
+    from parlab.plan.shapes import (
+        attention_factor,
+        gemm_shape_calibration,
+        run_shape,
+        shape_factor,
+    )
 
     shapes = gemm_shape_calibration(root)
     param_work = param_work_calibration(root)
@@ -309,6 +328,9 @@ def table_gpu_runs(root: Path) -> None:
         shaped = shape_factor(d, rf["roof"], shapes)
         if shaped is not None and shaped[1] == run_shape(d)[0]:
             shaped = None  # the reference's own runs: factor 1, as under the width law
+        attn = attention_factor(d, rf["roof"], shapes)
+        if attn is not None and attn[1] == run_shape(d)[0]:
+            attn = None  # the reference's own runs: factor 1
         if recompute_of(d) == "op-selective" and pred is not None:
             rc_s = recompute_s(d, rf["roof"], cal, shapes)
             if rc_s is not None:
@@ -323,6 +345,16 @@ def table_gpu_runs(root: Path) -> None:
                 "gpu": f"GPU-bound: roofline {gpu_s:.3f} s >= host {host_s:.3f} s",
                 "host+gpu": f"serialized: host {host_s:.3f} s + roofline {gpu_s:.3f} s",
             }[term]
+        # the host alone as slow as the GPU's work: the step is the host's, which the roofline
+        # does not price and which differs between machines
+        host_alone = host_steps.host_s(host_step_key(d)) if host_steps else None
+        host_bound_run = host_alone is not None and pred is not None and host_alone >= pred
+        if host_bound_run and not why:
+            assert host_alone is not None and pred is not None
+            why = (
+                f"host-bound (not modelled): the host alone {host_alone:.3f} s (host-step "
+                f"probe) >= the roofline's {pred:.3f} s; the host's speed differs between machines"
+            )
         pm = d.predictions.get("peak_memory")
         peak_meas = d.metric("peak_memory")
         peak_pred = pm.value if pm is not None else planner_peak
@@ -350,6 +382,15 @@ def table_gpu_runs(root: Path) -> None:
         if shaped is not None:  # GEMM shapes measured: the factor replaced the width law
             gemm_note = f"GEMM x {shaped[0]:.3f} (shapes measured against {shaped[1]})"
             note = f"{note}; {gemm_note}" if note else gemm_note
+        if attn is not None:  # attention core measured: its factor scales the attention term
+            attn_note = f"attention x {attn[0]:.3f} (measured against {attn[1]})"
+            note = f"{note}; {attn_note}" if note else attn_note
+        if host_alone is not None and pred is not None and not host_bound_run:
+            host_note = (
+                f"host alone {host_alone:.3f} s (host-step probe) = {host_alone / pred:.2f} x "
+                "the roofline"
+            )
+            note = f"{note}; {host_note}" if note else host_note
         if peak_note:
             note = f"{note}; peak: {peak_note}" if note else f"peak: {peak_note}"
         print(
@@ -371,19 +412,45 @@ def table_gpu_runs(root: Path) -> None:
     )
     for step, ids in rf["used"]:
         print(f"  {', '.join(step.free)} fitted on {len(ids)} {step.runs}: {', '.join(ids)}")
-    if shapes is not None:
+    if shapes is not None and not shapes.attention:
         print(
             f"GEMM shapes: {shapes.label}; where it measured the run's model and the reference "
             f"(hidden {roof.gemm_width:.0f}) at the run's tokens per micro-batch (tp 1), the "
             "run's GEMM efficiency is GEMM x eff(model) / eff(reference) instead of the width "
             "law (note 'GEMM x'); the attention core stays the attention term."
         )
+    elif shapes is not None:
+        print(
+            f"GEMM shapes: {shapes.label}; where it measured the run's model and the reference "
+            f"(hidden {roof.gemm_width:.0f}) at the run's tokens per micro-batch (tp 1), the "
+            "run's GEMM efficiency is GEMM x eff(model) / eff(reference) instead of the width "
+            "law (note 'GEMM x'; bias gradients counted in v2 probes); where it measured both "
+            "at the run's micro-batch x sequence (tp 1, cp 1), the attention efficiency is "
+            "attention x eff_attn(model) / eff_attn(reference) (note 'attention x')."
+        )
+    if host_steps is not None:
+        print(
+            f"Host alone: {' + '.join(host_steps.run_ids)} ({host_steps.device}): parlab train "
+            "of the runs' configurations with the model narrowed to a few elements per head "
+            "(benchmarks/host_step_probe.py), the mean narrowed step (note 'host alone'); a "
+            "diagnosis beside the prediction, not a term of it: the host's speed differs between "
+            "machines (GPT-2 124M at 1 x 1024, the same configuration: 22 ms a step on one, 28 ms "
+            "on another), and the steps it covers lie between max(host, GPU) and their sum. "
+            "Where the host alone takes at least the roofline's time the run is host-bound and "
+            "left out of the runs the model describes."
+        )
     if param_work is not None:
         print(
             f"Per-parameter work: {param_work.label}: the optimizer step at "
             f"{param_work.optimizer_bw / 1e12:.2f} TB/s and the casts at "
-            f"{param_work.cast_bw / 1e12:.2f} TB/s, measured, fixed through every fit (the "
-            "elementwise fraction above no longer covers them)."
+            f"{param_work.cast_bw / 1e12:.2f} TB/s"
+            + (
+                f", torch DDP's bucket passes at {param_work.bucket_bw / 1e12:.2f} TB/s"
+                if param_work.bucket_bw
+                else ""
+            )
+            + ", measured, fixed through every fit (the elementwise fraction above no longer "
+            "covers them)."
         )
     if host is not None:
         print(

@@ -68,3 +68,31 @@ def test_loader_reads_gpu_probes_of_the_newest_device(tmp_path: Path) -> None:
     got = param_work_calibration(tmp_path)
     assert got is not None and got.run_ids == ("param-work-0", "param-work-1")
     assert got.optimizer_bw == pytest.approx(3e12)
+
+
+def test_bucket_bandwidth_only_from_probes_that_timed_the_bucket_passes(tmp_path: Path) -> None:
+    """DDP's bucket passes (4 B zeroed, 12 B accumulated, 8 B scaled) as one bandwidth, 24 B over
+    their seconds; a probe made before those kinds existed carries none and is left out of
+    that mean (its other bandwidths still count)."""
+    import dataclasses
+
+    from parlab.plan.paramwork import load_param_work, param_work_calibration
+
+    m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=1)
+    for i, bws in enumerate(({"zero_grad": 4e12, "accumulate": 3e12, "scale": 2e12}, {})):
+        body = probe.calibration(m, device="NVIDIA H200", backend="cuda", hbm_bw=4.8e12,
+                                 shape=[64, 64])  # fmt: skip
+        for kind, bw in bws.items():
+            body["kinds"][kind]["bytes_per_s"] = bw
+        if not bws:  # an older probe: no accumulate or scale
+            del body["kinds"]["accumulate"], body["kinds"]["scale"]
+        doc = probe.document(body, command="t", environment=ENV)
+        doc = dataclasses.replace(doc, created=f"2026-12-01T05:00:0{i}Z", run_id=f"param-work-{i}")
+        write_result(doc, tmp_path)
+    want = 24 / (4 / 4e12 + 12 / 3e12 + 8 / 2e12)
+    got = param_work_calibration(tmp_path)
+    assert got is not None and got.bucket_bw == pytest.approx(want)
+    assert len(got.run_ids) == 2
+    by_id = {d.run_id: d for d in map(read_document, tmp_path.rglob("*.json"))}
+    assert load_param_work(by_id["param-work-1"]).bucket_bw == 0.0
+    assert load_param_work(by_id["param-work-0"]).bucket_bw == pytest.approx(want)

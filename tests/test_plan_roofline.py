@@ -135,10 +135,40 @@ def test_sharded_optimizers_step_on_a_shard_and_float32_parameters_cast() -> Non
     z3 = work(spec, strategy="zero3", **kw)
     n = spec.num_params()
     casts = 12 * n * 4  # weights to bf16 and gradients back, every micro-batch
-    assert ddp.step_bytes == pytest.approx(casts + 28 * n)
+    # torch DDP: each micro-batch's gradient added into its bucket view, the bucket divided and
+    # zeroed once a step
+    buckets = (12 * 4 + 12) * n
+    assert ddp.bucket_bytes == pytest.approx(buckets)
+    assert ddp.step_bytes == pytest.approx(casts + 28 * n + buckets)
     assert z3.step_bytes == pytest.approx(casts + 28 * n / 2)
+    assert z3.bucket_bytes == 0.0
     # DDP's autocast over float32 parameters keeps a float32 residual stream; ZeRO-3 gathers bf16
     assert ddp.elementwise_bytes > z3.elementwise_bytes
+
+
+def test_per_parameter_passes_follow_the_runtime() -> None:
+    """The per-parameter passes each runtime makes: torch DDP's buckets only where DDP wraps the
+    model (more than one data-parallel rank, or ``parlab train``'s one-rank DDP), autocast's
+    weight casts again in a full recompute (not under FSDP, whose gathers are bf16 already),
+    and FSDP's second gather's copy-in before backward; each part at its measured bandwidth."""
+    spec = get_spec("1.3b")
+    kw = {"seq": 1024, "micro_batch": 1, "microbatches": 1, "dtype": "bf16-mixed"}
+    n = spec.num_params()
+    blocks = spec.num_active_params(embedding=False) - spec.output_params()
+    one = work(spec, strategy="ddp", **kw)
+    wrapped = work(spec, strategy="ddp", impl=Implementation(ddp_one_rank=True), **kw)
+    assert one.bucket_bytes == 0.0
+    assert wrapped.bucket_bytes == pytest.approx(24 * n)
+    assert wrapped.step_bytes - one.step_bytes == pytest.approx(24 * n)
+    full = work(spec, strategy="ddp", recompute="full", **kw)
+    assert full.step_bytes - one.step_bytes == pytest.approx(6 * blocks)
+    fsdp = work(spec, strategy="fsdp", dp=2, **kw)
+    fsdp_full = work(spec, strategy="fsdp", dp=2, recompute="full", **kw)
+    assert fsdp_full.step_bytes == pytest.approx(fsdp.step_bytes)  # no autocast cast to redo
+    assert fsdp.step_bytes - fsdp.optimizer_bytes == pytest.approx(12 * n + 6 * blocks / 2)
+    # each part at its own bandwidth: 28 B at 1, the casts at 2, the buckets at 4 (B/s)
+    roof = replace(UNIT, optimizer_bw=1.0, cast_bw=2.0, bucket_bw=4.0)
+    assert wrapped.step_seconds(roof, BW) == pytest.approx(28 * n / 1 + 12 * n / 2 + 24 * n / 4)
 
 
 def test_gemm_width_law() -> None:

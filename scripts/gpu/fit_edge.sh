@@ -14,6 +14,12 @@
 # - Qwen2.5 7B (GQA, biases on q/k/v, vocabulary 151936) under DDP: 128.5, and under FSDP:
 #   113.5.
 #
+# RUNS ("strategy model [PYTORCH_CUDA_ALLOC_CONF];..."): other runs instead, each model name as
+# on the GPU (the dry run maps every one to the small model), e.g.
+# RUNS="fsdp llama3.1-8b;fsdp llama3.1-8b expandable_segments:True" to compare the caching
+# allocator's default segments with expandable ones at the edge (the documents record
+# alloc_retries, the allocator's cudaFree-and-retry count over the timed steps).
+#
 # Without a GPU the same commands run on the small model, one gloo rank (a dry run).
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu/fit_edge.sh OUT_DIR}"
@@ -31,16 +37,25 @@ fi
 LOG="$OUT/fit-edge.log"
 echo "fit_edge.sh: $GPUS GPU(s), models $L8 $L7 $Q7" | tee "$LOG"
 status=0
-train() {  # STRATEGY MODEL: one run, its last lines in the log
-  echo "== parlab train --strategy $1 --model $2" | tee -a "$LOG"
-  timeout 200 "$PY" -m parlab train --nproc 1 --strategy "$1" --model "$2" --dtype "$DT" \
+train() {  # STRATEGY MODEL [ALLOC_CONF]: one run, its last lines in the log
+  echo "== parlab train --strategy $1 --model $2 ${3:+(PYTORCH_CUDA_ALLOC_CONF=$3)}" | tee -a "$LOG"
+  PYTORCH_CUDA_ALLOC_CONF="${3:-${PYTORCH_CUDA_ALLOC_CONF:-}}" timeout 200 "$PY" -m parlab train --nproc 1 --strategy "$1" --model "$2" --dtype "$DT" \
     --micro-batch 1 --seq "$SEQ" --recompute full --warmup 2 --steps 5 --timeout 150 \
-    --results "$OUT/results" 2>&1 | grep -E "peak_memory|steps:|failed|ledger predicted|document" \
+    --results "$OUT/results" 2>&1 | grep -E "peak_memory|alloc_retries|peak_reserved|steps:|failed|ledger predicted|document" \
     | tee -a "$LOG" || status=$?
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee -a "$LOG"
   fi
 }
+if [ -n "${RUNS:-}" ]; then
+  IFS=';' read -r -a SPECS <<< "$RUNS"
+  for r in "${SPECS[@]}"; do
+    read -r strategy model conf <<< "$r"
+    [ "$GPUS" -ge 1 ] || model=small
+    train "$strategy" "$model" "${conf:-}"
+  done
+  exit "$status"
+fi
 train fsdp "$L8"
 train ddp "$L7"
 train ddp "$Q7"

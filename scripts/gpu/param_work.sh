@@ -8,6 +8,9 @@
 # 7B's projections) and 1.3 billion as 2048 x 2048 (the 1.3B's). Documents under
 # OUT_DIR/results/PAR-TRAINING-STATE/param-work-*.json, the log in OUT_DIR. Without a GPU the
 # same probe runs on the CPU at 4 million parameters (a dry run; its document is cpu-mechanism).
+# SIZES ("params shape;..."): other sizes instead, e.g. a sweep of the footprint
+# ("0.5e9 4096x4096;2e9 4096x4096;6.7e9 4096x4096": 6.7 billion float32 parameters with their
+# gradients and AdamW states fill 107 GB, a 7B's).
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu/param_work.sh OUT_DIR}"
 mkdir -p "$OUT/results"
@@ -18,7 +21,9 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 echo "param_work.sh: $GPUS GPU(s), output $OUT" | tee "$OUT/param-work.log"
-if [ "$GPUS" -ge 1 ]; then
+if [ -n "${SIZES:-}" ] && [ "$GPUS" -ge 1 ]; then
+  IFS=';' read -r -a RUNS <<< "$SIZES"
+elif [ "$GPUS" -ge 1 ]; then
   RUNS=("2e9 4096x4096" "1.3e9 2048x2048")
 else
   RUNS=("4e6 512x512")

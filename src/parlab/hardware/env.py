@@ -7,7 +7,8 @@
   the matrix (``NV18``, ``PIX``, ``SYS``, ...). Link counts times the per-link
   speed (``nvidia-smi nvlink -s``, else the catalog) give per-direction
   bandwidth, e.g. 18 x 26.562 GB/s = 478 GB/s;
-- CPU count and model; the NCCL_* and TORCH_* variables set.
+- CPU count and model; the NCCL_*, TORCH_* and PYTORCH_* (the caching allocator's
+  PYTORCH_CUDA_ALLOC_CONF) variables set.
 
 Nothing here starts a process group. With no GPU the snapshot says so.
 """
@@ -27,7 +28,14 @@ from typing import Any
 import parlab
 from parlab.hardware import catalog
 
-_VAR_PREFIXES = ("NCCL_", "TORCH_", "CUDA_VISIBLE_DEVICES", "NVSHMEM_", "OMP_NUM_THREADS")
+_VAR_PREFIXES = (
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUDA_VISIBLE_DEVICES",
+    "NVSHMEM_",
+    "OMP_NUM_THREADS",
+)
 
 
 def software() -> dict[str, Any]:

@@ -24,6 +24,16 @@ reference model (``parlab.models.reference``), with these corrections:
   (``norm_kernel="composite"``, what CPU runs do); RoPE keeps only its cos/sin table (its
   multiplications need no saved input); under **autocast** every linear keeps
   its own bf16 copy of its input.
+- **Sequence parallelism**: the column-parallel linears' input is the all-gathered sequence.
+  Megatron saves it sharded (``S/t``) and gathers it again in backward; parlab's SP saves the
+  whole gathered sequence (``sp_saves_gathered``), once, shared by the linears that read it
+  (``sp_gather="shared"``, since commit 02e7fd8). Before that commit parlab's all-gather
+  returned its ``(S, B, H)`` buffer as a strided ``(B, S, H)`` view; ``F.linear`` (no bias)
+  goes through ``matmul``, whose fold into one ``mm`` reshapes the input to ``(B*S, H)`` --
+  a copy for that view -- and ``mm`` saves the copy: each of wq, wk, wv and w1 (and w3)
+  kept its own copy of the gathered sequence (``sp_gather="per-linear"``). At micro-batch 1
+  the view is contiguous, the reshape a view, and the linears share the buffer as now;
+  under autocast each linear casts (and saves) its own copy either way.
 
 Dtypes: ``r`` is the residual stream's element size (fp32 under autocast),
 ``e`` the compute dtype's. Recompute modes: ``none``; ``selective``
@@ -62,6 +72,12 @@ NORM_KERNELS = ("fused", "composite", "explicit")
 (``x.float() * rsqrt(mean(x^2) + eps)``, cast back, times the weight), what the run
 documents without a ``norm_kernel`` knob ran."""
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zbv")
+SP_GATHERS = ("shared", "per-linear")
+"""What the column-parallel linears behind parlab's sequence-parallel all-gather save: one
+contiguous gathered sequence they share (since commit 02e7fd8; run documents record
+``layout.sp_saved_input``), or a copy each of a strided view of it (before; the documents
+record no ``sp_saved_input``) -- the roofline's ``Implementation.sp_gather`` names the same
+two."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +94,10 @@ class ActTerm:
     the sharded sequence is saved and re-gathered in backward (Megatron), whole where the
     gathered sequence is saved (``sp_saves_gathered``: parlab's SP); ``none``: never divided
     (a row-parallel matmul's partial sums, whole per rank)."""
+    per_linear_bytes_per_token: float | None = None
+    """``sp_in`` terms: the bytes per token when every linear reading the gathered input saves
+    its own copy of it (``sp_gather="per-linear"``, parlab's SP before commit 02e7fd8); None:
+    ``bytes_per_token`` either way."""
 
 
 def _norm(spec: ModelSpec, width: int, r: int, norm_kernel: str = "fused") -> int:
@@ -119,10 +139,18 @@ def layer_terms(
         # inputs of ``count`` linears fed by one tensor: one shared tensor, or a bf16 copy each
         return count * e * h if autocast else r * h
 
+    def sp_in(name: str, count: int) -> ActTerm:
+        # a column-parallel block's input; per-linear: a copy per linear in the input's dtype
+        # (under autocast each linear's own bf16 cast already is one)
+        own = count * (e if autocast else r) * h
+        return ActTerm(
+            name=name, bytes_per_token=lin_in(count), split="sp_in", per_linear_bytes_per_token=own
+        )
+
     if spec.mla is not None:
         m = spec.mla
         n = spec.heads
-        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(2), split="sp_in"))
+        out.append(sp_in("attn_in", 2))
         lat = (4 + e) * m.kv_lora_rank + e * m.kv_lora_rank
         if m.q_lora_rank:
             lat += (4 + e) * m.q_lora_rank + e * m.q_lora_rank
@@ -136,7 +164,7 @@ def layer_terms(
             )
         )
     else:
-        out.append(ActTerm(name="attn_in", bytes_per_token=lin_in(3), split="sp_in"))
+        out.append(sp_in("attn_in", 3))
         q, kv = spec.q_dim, spec.kv_dim
         kv_in = 2 * q if kv_repeat else 2 * kv
         out.append(
@@ -184,7 +212,7 @@ def layer_terms(
                 )
             )
     else:
-        out.append(ActTerm(name="mlp_in", bytes_per_token=lin_in(mats_in), split="sp_in"))
+        out.append(sp_in("mlp_in", mats_in))
         out.append(
             ActTerm(name="mlp_hidden", bytes_per_token=hid * e * spec.ffn_hidden, split="tp")
         )
@@ -200,17 +228,26 @@ def layer_bytes_per_token(
     r: int = 2,
     hidden: int = 0,
     sp_saves_gathered: bool = False,
+    sp_gather: str = "shared",
 ) -> float:
-    """Bytes per (local) token one block keeps, under TP/SP and a recompute mode."""
+    """Bytes per (local) token one block keeps, under TP/SP and a recompute mode.
+
+    ``sp_gather="per-linear"`` (with ``sp`` and ``sp_saves_gathered``): each linear behind
+    the all-gather saves its own copy of the gathered input (``SP_GATHERS``; the caller
+    passes it only where the copies happen: tp > 1 and micro-batch > 1)."""
+    if sp_gather not in SP_GATHERS:
+        raise UsageError(f"sp_gather = {sp_gather!r}: use one of {', '.join(SP_GATHERS)}")
     if recompute == "full":
         return r * hidden / (tp if sp else 1)
+    per_linear = sp and sp_saves_gathered and sp_gather == "per-linear"
     total = 0.0
     for t in terms:
         if recompute == "selective" and t.name == "attn_scores":
             continue
         sharded = sp and (t.split == "sp" or (t.split == "sp_in" and not sp_saves_gathered))
         div = tp if (t.split == "tp" or sharded) else 1
-        total += t.bytes_per_token / div
+        own = t.per_linear_bytes_per_token
+        total += (own if per_linear and own is not None else t.bytes_per_token) / div
     return total
 
 
@@ -251,7 +288,8 @@ def head_bytes_per_token(
     norm_kernel: str = "fused",
     sp_saves_gathered: bool = False,
 ) -> float:
-    """The final norm and the output projection's input (last stage)."""
+    """The final norm and the output projection's input (last stage). The output projection
+    is the one linear behind its all-gather: per-linear SP saves the same one copy."""
     norm = _norm(spec, spec.hidden, r, norm_kernel) / (tp if sp else 1)
     lin_in = (e if autocast else r) * spec.hidden
     return norm + lin_in / (tp if sp and not sp_saves_gathered else 1)

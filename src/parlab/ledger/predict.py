@@ -38,7 +38,13 @@ Transient items (the forward/backward phase): ``activations`` (per layer from
 ``parlab.ledger.activations``, times the micro-batches in flight; with ``sp`` the
 column-parallel linears' inputs are ``S/t`` per rank as Megatron keeps them -- saved
 sharded, re-gathered in backward -- or, with ``sp_saves_gathered=True``, the whole
-gathered sequence, as parlab's SP keeps it: on 2 gloo ranks that is exact to 0.1 %),
+gathered sequence, as parlab's SP keeps it: on 2 gloo ranks that is exact to 0.1 %; with
+``sp_gather="per-linear"``, parlab's SP before commit 02e7fd8, each of wq/wk/wv and w1/w3 keeps
+its own copy of it at micro-batch > 1 -- ``parlab.ledger.activations`` says why --, three more
+``B x S x H`` per SwiGLU block: on 2 gloo ranks the model-internal loop with the all-gather
+of before that commit peaks where the ledger says to 0.1 %, and the 2xH200 runs of 1.3B at
+2 x 4096 made before it measure 1.1 % above it (explicit and fused RMSNorm alike, as the runs
+made after it) where the shared ledger was 15.8 % and 17.4 % under),
 ``recompute_buffer`` (full recompute: one layer's activations during its
 backward; ``op-selective``: the part of one layer's activations it recomputes,
 alive in that layer's backward, after the loss region -- counted with the block's
@@ -499,6 +505,7 @@ def predict(
     virtual_stages: int = 1,
     sp: bool = False,
     sp_saves_gathered: bool = False,
+    sp_gather: str = "shared",
     shard_size: int | None = None,
     offload: str = "none",
     flash: bool = True,
@@ -519,6 +526,10 @@ def predict(
 
     ``micro_batch`` sequences of ``seq_len`` tokens per rank per micro-batch; ``microbatches``
     micro-batches per step (pipeline micro-batches, or gradient accumulation without PP).
+    ``sp_gather`` (``activations.SP_GATHERS``, with ``sp`` and ``sp_saves_gathered``): whether
+    the linears behind each all-gather share one saved gathered input (``shared``) or save a
+    copy each (``per-linear``: parlab's SP before commit 02e7fd8; at micro-batch 1 they share
+    it all the same, the strided view being contiguous then).
     """
     topo = topology or Topology(world_size=1)
     seq_len = seq_len or spec.max_seq_len
@@ -534,6 +545,13 @@ def predict(
         raise UsageError(f"offload = {offload!r}: use one of {', '.join(OFFLOADS)}")
     if seq_len % topo.cp:
         raise UsageError(f"seq_len = {seq_len} is not divisible by cp = {topo.cp}")
+    if sp_gather not in act.SP_GATHERS:
+        raise UsageError(f"sp_gather = {sp_gather!r}: use one of {', '.join(act.SP_GATHERS)}")
+    if sp_gather == "per-linear" and not (sp and sp_saves_gathered):
+        raise UsageError(
+            "sp_gather = 'per-linear' is parlab's sequence parallelism saving the gathered input: "
+            "give sp=True and sp_saves_gathered=True"
+        )
     pp_schedule = act.schedule_name(pp_schedule)
     if pp_schedule == "zbv" and (virtual_stages != 2 or topo.pp < 2):
         raise UsageError("pp_schedule = 'zbv' needs pp > 1 and virtual_stages = 2 (the V)")
@@ -559,9 +577,17 @@ def predict(
         r, autocast = e, False
     tokens = micro_batch * seq_len // topo.cp  # local tokens per micro-batch
     accumulate = microbatches > 1 or pp > 1
+    # per-linear copies only where the gathered view is strided: tp > 1, micro-batch > 1
+    gather = sp_gather if tp > 1 and micro_batch > 1 else "shared"
 
     # per-layer activation bytes per token (two kinds of block at most: dense, MoE)
     kinds: dict[bool, tuple[float, float]] = {}
+
+    def per_token(ts: list[act.ActTerm], mode: str) -> float:
+        return act.layer_bytes_per_token(
+            ts, tp=tp, sp=sp, recompute=mode, r=r, hidden=spec.hidden,
+            sp_saves_gathered=sp_saves_gathered, sp_gather=gather,
+        )  # fmt: skip
 
     def layer_bytes(i: int) -> tuple[float, float]:
         k = spec.is_moe_layer(i)
@@ -570,20 +596,11 @@ def predict(
                 spec, i, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
                 kv_repeat=kv_repeat, norm_kernel=norm_kernel,
             )  # fmt: skip
-            g = sp_saves_gathered
-            full = act.layer_bytes_per_token(
-                terms, tp=tp, sp=sp, recompute="none", r=r, sp_saves_gathered=g
-            )
+            full = per_token(terms, "none")
             if recompute == "op-selective":
-                saved = act.op_saved_terms(spec, i, r=r, e=e)
-                kept = act.layer_bytes_per_token(
-                    saved, tp=tp, sp=sp, recompute="none", r=r, sp_saves_gathered=g
-                )
+                kept = per_token(act.op_saved_terms(spec, i, r=r, e=e), "none")
             else:
-                kept = act.layer_bytes_per_token(
-                    terms, tp=tp, sp=sp, recompute=recompute, r=r, hidden=spec.hidden,
-                    sp_saves_gathered=g,
-                )  # fmt: skip
+                kept = per_token(terms, recompute)
             kinds[k] = (kept, full)
         return kinds[k]
 
@@ -779,7 +796,7 @@ def predict(
         micro_batch=micro_batch, seq_len=seq_len, microbatches=microbatches, dtype=pol.name,
         optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, sp=sp, sp_saves_gathered=sp_saves_gathered,
-        shard_size=shard_size, offload=offload,
+        sp_gather=sp_gather, shard_size=shard_size, offload=offload,
         flash=flash, kv_repeat=kv_repeat, norm_kernel=norm_kernel, bucket_view=bucket_view,
         ddp_old_buckets=ddp_old_buckets, ddp_one_rank=ddp_one_rank, ddp_rebuild=ddp_rebuild,
         loss_parallel=loss_parallel,

@@ -54,8 +54,13 @@ def implementation_of(doc: Any) -> Implementation:
     """What the run's document records of its implementation: ``norm_kernel`` (absent: the
     reference model before it fused RMSNorm and RoPE, ``explicit``), ``compile``, and for
     parlab's sequence parallelism ``sp_saved_input`` (absent: before commit 02e7fd8, when each
-    linear copied the gathered sequence, ``sp_gather = "per-linear"``)."""
+    linear copied the gathered sequence, ``sp_gather = "per-linear"``); torch DDP wraps the
+    model of ``parlab train --strategy ddp`` on one rank too (``ddp_one_rank``)."""
     k = knobs(doc)
+    one = doc.project == "PAR-TRAINING-STATE" and (doc.layout or {}).get("strategy") in (
+        "ddp",
+        "ddp-bucket",
+    )
     old_sp = (
         bool(k.get("sequence_parallel"))
         and k.get("implementation", "parlab") == "parlab"
@@ -63,8 +68,9 @@ def implementation_of(doc: Any) -> Implementation:
     )
     gather = "per-linear" if old_sp else "shared"
     if k.get("compile"):
-        return Implementation(norm_kernel="compiled", sp_gather=gather)
-    return Implementation(norm_kernel=str(k.get("norm_kernel") or "explicit"), sp_gather=gather)
+        return Implementation(norm_kernel="compiled", sp_gather=gather, ddp_one_rank=one)
+    norm = str(k.get("norm_kernel") or "explicit")
+    return Implementation(norm_kernel=norm, sp_gather=gather, ddp_one_rank=one)
 
 
 def recompute_of(doc: Any) -> str:
@@ -153,8 +159,9 @@ def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any 
     """Why the planner's model does not describe this run ("" when it does); ``host``: the
     host-dispatch calibration that describes DTensor TP runs (``host_term``); ``shapes`` and
     ``roofline``: a GEMM-shape calibration (``parlab.plan.shapes``) that, where it covers the
-    run against ``roofline``'s reference width, describes its unaligned GEMMs (the head dim stays
-    the attention term's, as for every model)."""
+    run against ``roofline``'s reference width, describes its unaligned GEMMs (its head dim: the
+    measured attention factor where the calibration has one for the run's batch, else the
+    attention term's, as for every model)."""
     name = _model_name(doc)
     if is_dtensor_tp(doc):
         return host_term(doc, host)[1]
@@ -280,6 +287,7 @@ def predict(
 ) -> StepEstimate | None:
     """The planner's step estimate of one measured run under ``roofline``; with a GEMM-shape
     calibration ``shapes`` covering the run, its measured shape factor replaces the width law
+    and its measured attention factor scales the attention term
     (``parlab.plan.shapes.shaped_roofline``)."""
     from parlab.plan.planner import evaluate
     from parlab.plan.shapes import shaped_roofline
@@ -431,7 +439,12 @@ def fit_steps(
         raise UsageError("no measured training run to fit the roofline on")
     roof = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
     if param_work is not None:
-        roof = replace(roof, optimizer_bw=param_work.optimizer_bw, cast_bw=param_work.cast_bw)
+        roof = replace(
+            roof,
+            optimizer_bw=param_work.optimizer_bw,
+            cast_bw=param_work.cast_bw,
+            bucket_bw=param_work.bucket_bw,
+        )
     peak = hbm = 0.0
     used: list[tuple[Step, list[str]]] = []
     for step in steps:

@@ -191,3 +191,58 @@ def host_dispatch_calibration(root: Any) -> HostDispatch | None:
     """The newest GPU (``real-training``) host-dispatch calibration under
     ``root``/PAR-MODEL-INTERNAL, or None."""
     return newest_gpu_calibration(root, "PAR-MODEL-INTERNAL", "host-dispatch", load_host_dispatch)
+
+
+STEP_FORMAT = "parlab-host-step/v1"
+STEP_KIND = "host-step-calibration"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostStep:
+    """The host's time per step of ``parlab train`` configurations on one device
+    (``benchmarks/host_step_probe.py``: the model narrowed to a few elements per head, every
+    layer, parameter tensor and the vocabulary kept, so the GPU's work is a small part of it)."""
+
+    run_ids: tuple[str, ...]
+    """The probe documents it rests on."""
+    device: str
+    steps: dict[tuple[str, str, int, int, str], tuple[float, ...]]
+    """(model, strategy, micro-batch, sequence, recompute) -> the narrowed runs' median steps,
+    every width of every probe."""
+
+    def host_s(self, key: tuple[str, str, int, int, str]) -> float | None:
+        """The mean of ``key``'s narrowed steps, or None where no probe ran it."""
+        got = self.steps.get(key)
+        return sum(got) / len(got) if got else None
+
+
+def load_host_step(doc: Any) -> HostStep:
+    """The narrowed steps one probe document holds; ``UsageError`` when it holds none. The
+    model's own width (an entry naming its run, ``run_id``) is the measured configuration, not
+    the host's time, and is left out."""
+    body = (doc.workload or {}).get("calibration") or {}
+    if doc.workload.get("kind") != STEP_KIND or body.get("format") != STEP_FORMAT:
+        raise UsageError(f"{doc.run_id}: not a {STEP_KIND} document ({STEP_FORMAT})")
+    steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
+    for r in body["runs"]:
+        key = (str(r["model"]), str(r["strategy"]), int(r["micro_batch"]), int(r["seq"]),
+               str(r["recompute"]))  # fmt: skip
+        narrow = tuple(float(w["step_s"]) for w in r["widths"] if "run_id" not in w)
+        if narrow:
+            steps[key] = steps.get(key, ()) + narrow
+    return HostStep(run_ids=(doc.run_id,), device=str(body["device"]), steps=steps)
+
+
+def host_step_calibration(root: Any) -> HostStep | None:
+    """The GPU (``real-training``) host-step probes under ``root``/PAR-TRAINING-STATE of the
+    newest one's device, merged (each configuration's steps from every probe), or None."""
+    cals = newest_device_calibrations(root, "PAR-TRAINING-STATE", "host-step", load_host_step)
+    if not cals:
+        return None
+    steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
+    for c in cals:
+        for k, v in c.steps.items():
+            steps[k] = steps.get(k, ()) + v
+    return HostStep(
+        run_ids=tuple(r for c in cals for r in c.run_ids), device=cals[-1].device, steps=steps
+    )

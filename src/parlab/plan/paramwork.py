@@ -10,7 +10,16 @@ device, each bandwidth the mean over them:
 
 - ``optimizer_bw``: the fused AdamW step's bytes / seconds;
 - ``cast_bw``: the two casts together, 12 B over the seconds of a weight's cast to bf16 (6 B)
-  and a bf16 gradient's back to float32 (6 B).
+  and a bf16 gradient's back to float32 (6 B);
+- ``bucket_bw``: torch DDP's passes over its gradient buckets together, 24 B over the seconds of
+  ``zero_grad`` (4 B), the gradient's accumulation into the kept bucket view (12 B) and the
+  bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
+  them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it.
+
+A sweep of the footprint on one H200 (0.5 to 6.7 billion parameters, up to 107 GB of
+parameters, gradients and AdamW states: ``results/PAR-TRAINING-STATE/param-work-20261201T0536*``)
+found every bandwidth the same at every size (fused AdamW 3.47 TB/s throughout): the
+footprint of a 7B at the edge of memory does not slow the step's per-parameter work by itself.
 
 On one H200 fused AdamW ran at 3.47 TB/s (0.72 of the catalog's 4.8 TB/s) and the casts at
 2.0-3.8 TB/s (``results/PAR-TRAINING-STATE/param-work-20261201T0458*``), where the roofline's
@@ -28,6 +37,9 @@ FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
 PROJECT = "PAR-TRAINING-STATE"
 PREFIX = "param-work"
+BUCKET_PASSES = {"zero_grad": 4.0, "accumulate": 12.0, "scale": 8.0}
+"""torch DDP's passes over a float32 parameter's bucket slot per step and the probe's kind
+timing each (``parlab.plan.roofline``: ``DDP_ACCUMULATE_BYTES``, ``DDP_STEP_BYTES``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +53,8 @@ class ParamWork:
     """Fused AdamW, B/s."""
     cast_bw: float
     """The casts (weight to bf16 and gradient back), B/s."""
+    bucket_bw: float = 0.0
+    """torch DDP's bucket passes (zero, accumulate, scale), B/s; 0: not measured."""
 
     @property
     def label(self) -> str:
@@ -54,11 +68,16 @@ def load_param_work(doc: Any) -> ParamWork:
         raise UsageError(f"{doc.run_id}: not a {KIND} document ({FORMAT})")
     k = body["kinds"]
     cast_s = 6.0 / k["cast"]["bytes_per_s"] + 6.0 / k["grad_cast"]["bytes_per_s"]
+    bucket_bw = 0.0
+    if "accumulate" in k and "scale" in k:
+        bucket_s = sum(n / k[kind]["bytes_per_s"] for kind, n in BUCKET_PASSES.items())
+        bucket_bw = sum(BUCKET_PASSES.values()) / bucket_s
     return ParamWork(
         run_ids=(doc.run_id,),
         device=str(body["device"]),
         optimizer_bw=float(k["adamw"]["bytes_per_s"]),
         cast_bw=12.0 / cast_s,
+        bucket_bw=bucket_bw,
     )
 
 
@@ -70,9 +89,11 @@ def param_work_calibration(root: Any) -> ParamWork | None:
     same = newest_device_calibrations(root, PROJECT, PREFIX, load_param_work)
     if not same:
         return None
+    buckets = [c.bucket_bw for c in same if c.bucket_bw]
     return ParamWork(
         run_ids=tuple(r for c in same for r in c.run_ids),
         device=same[-1].device,
         optimizer_bw=sum(c.optimizer_bw for c in same) / len(same),
         cast_bw=sum(c.cast_bw for c in same) / len(same),
+        bucket_bw=sum(buckets) / len(buckets) if buckets else 0.0,
     )

@@ -488,7 +488,13 @@ def plan(req: PlanRequest) -> PlanResult:
             "catalog HBM)"
             + (
                 f", the optimizer step at {roof.optimizer_bw / 1e12:.2f} TB/s and the casts at "
-                f"{roof.cast_bw / 1e12:.2f} TB/s (measured: parlab.plan.paramwork)"
+                f"{roof.cast_bw / 1e12:.2f} TB/s"
+                + (
+                    f", DDP's bucket passes at {roof.bucket_bw / 1e12:.2f} TB/s"
+                    if roof.bucket_bw
+                    else ""
+                )
+                + " (measured: parlab.plan.paramwork)"
                 if measured_bw
                 else ""
             )

@@ -102,6 +102,24 @@ writes 4-byte elements (+4 forward, +6 backward), each residual add reads and wr
 CAST_BYTES_PER_PARAM = 12.0
 """Mixed precision with float32 parameters: each micro-batch casts the weights to bf16 (4+2)
 and the bf16 weight gradients back to float32 (2+4)."""
+DDP_ACCUMULATE_BYTES = 12.0
+"""torch DDP as ``parlab train`` runs it (``gradient_as_bucket_view``, gradients zeroed, not
+set to None): each micro-batch's float32 weight gradient is added into the kept bucket view
+(autograd's AccumulateGrad, ``grad += g``: read 4 + 4, write 4). Profiled on one H200 (Llama-2
+7B, DDP): ``add<float>`` 20.8 ms a step over 6.74 billion parameters, 3.9 TB/s
+(``results/PAR-TRAINING-STATE/profile-train-ddp-20261201T044931-29002b.json``)."""
+DDP_STEP_BYTES = 12.0
+"""torch DDP once a step: the reducer divides each bucket by the world size in place before its
+all-reduce (read and write 4: 8; on one rank too) and ``zero_grad(set_to_none=False)`` fills
+the buckets with zeros (write 4)."""
+FSDP_REGATHER_BYTES = 6.0
+"""FSDP2 with ``reshard_after_forward``: each block is gathered again before its backward, and
+the gather's copy-in casts the float32 shard to bf16 again (4 + 2 per shard element). The
+forward's gather is what ``CAST_BYTES_PER_PARAM`` stands for under FSDP (no autocast: the
+copy-in casts, the reduce-scatter's copy-in casts the bf16 gradients to float32). Profiled on
+one H200 (Llama-3.1 8B, FSDP, one rank): the bf16 copies took 22.5 ms a step, 2 x 6 B over 8.03
+billion parameters at 4.3 TB/s
+(``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T045000-9a446e.json``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +148,9 @@ class Roofline:
     ops."""
     cast_bw: float = 0.0
     """The same for the per-micro-batch casts (weights to bf16, bf16 gradients back)."""
+    bucket_bw: float = 0.0
+    """The same for torch DDP's passes over its gradient buckets (``DDP_ACCUMULATE_BYTES``,
+    ``DDP_STEP_BYTES``)."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
@@ -142,8 +163,10 @@ class Roofline:
             raise UsageError(f"roofline contention = {self.contention}: give a fraction in [0, 1]")
         if self.gemm_width < 0 or self.gemm_width_half < 0:
             raise UsageError("roofline GEMM width and its half: give 0 (off) or more")
-        if self.optimizer_bw < 0 or self.cast_bw < 0:
-            raise UsageError("roofline optimizer and cast bandwidths: give 0 (off) or more B/s")
+        if self.optimizer_bw < 0 or self.cast_bw < 0 or self.bucket_bw < 0:
+            raise UsageError(
+                "roofline optimizer, cast and bucket bandwidths: give 0 (off) or more B/s"
+            )
 
     def width_factor(self, width: float) -> float:
         """GEMM efficiency at ``width`` relative to ``gemm``'s own: f(width) / f(gemm_width)."""
@@ -167,6 +190,10 @@ class Implementation:
     """``flash`` (causal half, never materialised) or ``math`` (materialised scores)."""
     sp_gather: str = "shared"
     """Sequence parallelism's gathered input to the linears (``SP_GATHERS``)."""
+    ddp_one_rank: bool = False
+    """torch DDP wraps the model on one data-parallel rank too (``parlab train --strategy ddp
+    --nproc 1``), with its bucket passes (``DDP_ACCUMULATE_BYTES``); else a ``ddp`` layout has
+    them only where it has more than one data-parallel rank."""
 
     def __post_init__(self) -> None:
         if self.norm_kernel == "composite":
@@ -197,9 +224,12 @@ class Work:
     elementwise_bytes: float
     """Bytes of the per-token elementwise ops and the loss."""
     step_bytes: float
-    """Bytes of the per-parameter work: casts per micro-batch and the optimizer step."""
+    """Bytes of the per-parameter work: casts per micro-batch, DDP's bucket passes and the
+    optimizer step."""
     optimizer_bytes: float = 0.0
-    """The optimizer step's share of ``step_bytes`` (the rest: casts)."""
+    """The optimizer step's share of ``step_bytes``."""
+    bucket_bytes: float = 0.0
+    """torch DDP's bucket passes' share of ``step_bytes`` (the rest: casts)."""
     forward_fraction: float
     """Share of the compute that is forward (the rest is backward and the optimizer)."""
     gemm_width: float = 0.0
@@ -224,10 +254,16 @@ class Work:
 
     def step_split(self, roof: Roofline) -> tuple[float, float]:
         """(seconds of the per-parameter work ``roof`` has measured bandwidths for, bytes of the
-        rest): the optimizer step at ``optimizer_bw``, the casts at ``cast_bw``, where set."""
-        cast = self.step_bytes - self.optimizer_bytes
+        rest): the optimizer step at ``optimizer_bw``, the casts at ``cast_bw``, DDP's bucket
+        passes at ``bucket_bw``, where set."""
+        cast = self.step_bytes - self.optimizer_bytes - self.bucket_bytes
         seconds = rest = 0.0
-        for nbytes, bw in ((self.optimizer_bytes, roof.optimizer_bw), (cast, roof.cast_bw)):
+        parts = (
+            (self.optimizer_bytes, roof.optimizer_bw),
+            (cast, roof.cast_bw),
+            (self.bucket_bytes, roof.bucket_bw),
+        )
+        for nbytes, bw in parts:
             if bw:
                 seconds += nbytes / bw
             else:
@@ -407,8 +443,15 @@ def work(
     # per parameter: mixed-precision casts every micro-batch, then the optimizer step
     params = spec.num_params() / (tp * pp)
     cast = CAST_BYTES_PER_PARAM * params * microbatches if pol.autocast else 0.0
-    if recompute == "op-selective" and pol.autocast:
+    # autocast casts float32 weights (FSDP and ZeRO-3 gather theirs in bf16: nothing to cast);
+    # a recompute enters a fresh autocast context and casts each block weight again
+    if recompute in ("op-selective", "full") and pol.autocast and strategy not in ("fsdp", "zero3"):
         cast += WEIGHT_RECAST_BYTES * blocks / (tp * pp) * microbatches
+    if strategy == "fsdp" and pol.autocast:
+        cast += FSDP_REGATHER_BYTES * blocks / (tp * pp * dp) * microbatches
+    bucket = 0.0
+    if strategy == "ddp" and (dp * cp > 1 or impl.ddp_one_rank):
+        bucket = (DDP_ACCUMULATE_BYTES * microbatches + DDP_STEP_BYTES) * params
     master = pol.master_bytes or pol.param_bytes
     opt_params = params / dp if strategy in ("zero1", "zero2", "zero3", "fsdp") else params
     # fused AdamW: read grad, both states, the master; write both states, the master (and the
@@ -425,8 +468,9 @@ def work(
         attention_flops=attention_flops,
         ring=cp > 1,
         elementwise_bytes=ew,
-        step_bytes=cast + opt,
+        step_bytes=cast + opt + bucket,
         optimizer_bytes=opt,
+        bucket_bytes=bucket,
         forward_fraction=fwd,
         gemm_width=spec.hidden / tp,
     )

@@ -1,34 +1,58 @@
-"""The GEMM-shape factor: a model's measured GEMM efficiency against the roofline's reference.
+"""The shape factors: a model's measured GEMM and attention-core efficiencies against the
+roofline's reference.
 
-The roofline (``parlab.plan.roofline``) runs a step's GEMM FLOPs at ``gemm`` x the bf16 peak,
-``gemm`` measured at one per-GPU width (``Roofline.gemm_width``, the 1.3B's 2048) and carried to
-other widths by the width law ``f(n) = n / (n + n0)``, fitted on Llama-style runs of hidden 2048
-and 4096. The law sees only the width. GPT-2 1.5B (hidden 1600, FFN 6400, vocabulary 50257:
-none a multiple of 128) has GEMMs whose shapes run further from peak than the law says: a
-profile of its runs found 147-162 ms of GEMM kernels a step against ~100 ms for the 1.3B at
-similar FLOPs (``results/PAR-TRAINING-STATE/profile-train-{ddp,fsdp}-20261130T2136*``).
+**GEMMs.** The roofline (``parlab.plan.roofline``) runs a step's GEMM FLOPs at ``gemm`` x the
+bf16 peak, ``gemm`` measured at one per-GPU width (``Roofline.gemm_width``, the 1.3B's 2048) and
+carried to other widths by the width law ``f(n) = n / (n + n0)``, fitted on Llama-style runs of
+hidden 2048 and 4096. The law sees only the width. GPT-2 1.5B (hidden 1600, FFN 6400,
+vocabulary 50257: none a multiple of 128) has GEMMs whose shapes run further from peak than the
+law says: a profile of its runs found 147-162 ms of GEMM kernels a step against ~100 ms for the
+1.3B at similar FLOPs (``results/PAR-TRAINING-STATE/profile-train-{ddp,fsdp}-20261130T2136*``).
 
 ``benchmarks/gemm_shapes_probe.py`` times every GEMM of one layer and of the output layer of
 each model (forward, and the two backward GEMMs: the input gradient ``dgrad`` and the weight
-gradient ``wgrad``), bf16, on one GPU, at the tokens per micro-batch its runs use, and writes
-each model's FLOP-weighted efficiency (total FLOPs / total seconds / the catalog's bf16 peak)
-to a ``gemm-shape-calibration`` document under ``PAR-TRAINING-STATE``. Where the GPU
-(``real-training``) such documents of the newest one's device (merged: each measurement the
-mean of the probes that made it) cover both a run's model and the reference model -- the one
-whose width is the roofline's ``gemm_width`` -- at the run's tokens per micro-batch, and the run
-is not tensor- or context-sharded differently from the probe (tp 1; tokens per rank = micro-batch
-x sequence / cp), the run's GEMM efficiency is::
+gradient ``wgrad``; from format v2 also each biased linear's bias gradient ``bgrad``, 0 FLOPs),
+bf16, on one GPU, at the tokens per micro-batch its runs use, and writes each model's
+FLOP-weighted efficiency (total FLOPs / total seconds / the catalog's bf16 peak) to a
+``gemm-shape-calibration`` document under ``PAR-TRAINING-STATE``. Where the GPU
+(``real-training``) such documents of the newest one's device (merged, ``merge``) cover both a
+run's model and the reference model -- the one whose width is the roofline's ``gemm_width`` --
+at the run's tokens per micro-batch, the run is not tensor- or context-sharded differently from
+the probe (tp 1; tokens per rank = micro-batch x sequence / cp), and the model's GEMM dimensions
+are not all multiples of 128 (``aligned``), the run's GEMM efficiency is::
 
     gemm x eff_measured(model, tokens) / eff_measured(reference, tokens)
 
 **instead of** ``gemm x f(width) / f(gemm_width)``: the measured shape factor replaces the width
 law for the models the probe measured; the width law stays the default for everything else
 (other models, tp > 1, token counts the probe did not run, no calibration). The reference's own
-runs get factor 1 either way. Nothing is fitted to any run's step time here.
+runs get factor 1 either way. In v2 the bias gradients' seconds are part of a model's GEMM
+seconds, so a biased model's factor also carries its bias reductions, which the roofline prices
+nowhere else (GPT-2 1.5B's profile: 12.1 ms of reductions a step against the unbiased 1.3B's
+1.9 ms, ``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T042202-8b95ce.json``).
 
-What it does not change: the attention core stays the roofline's attention term (GPT-2's head
-dim 64 runs through the same flash kernel term as every model), and the elementwise and
-optimizer terms. Nothing here imports torch or crosses a wire.
+**Attention core.** The roofline prices the causal flash attention core at one efficiency,
+``attention``, fitted on the 1.3B (head dim 128). The same GPT-2 1.5B profile put 17.5 ms a step
+in it at head dim 64, where that term says 7.4 ms. From v2 the probe times one layer's causal
+SDPA forward + backward per (model, micro-batch, sequence), its efficiency on the roofline's
+causal FLOPs. Where a calibration measured both the run's model and the reference at the run's
+micro-batch and sequence, and the run has tp 1 and cp 1 (tensor parallelism splits the heads,
+which the probe does not; the ring of cp > 1 is its own term, ``ring_attention``, left as it
+is), the run's attention efficiency is::
+
+    attention x eff_attn(model, micro-batch, seq) / eff_attn(reference, micro-batch, seq)
+
+applied wherever both were measured, aligned models included: the width law and its evidence
+concern GEMMs, and no fitted term describes another model's attention core (``attention`` was
+fitted on the 1.3B alone), so the measured ratio is the only evidence there is. The reference's
+own runs get 1; the 7B/8B models share its head dim 128, and where they have fewer KV heads the
+probe times the reference model's ``repeat_interleave`` of k and v too, as their runs do. (The
+8B's data-parallel runs fitted the width law's ``n0`` and the contention with the unscaled
+``attention``: a factor there moves them off that fit by their attention core's share of the
+step, about 7 % of their FLOPs at 4,096 tokens, times the factor's distance from 1.)
+
+The elementwise and optimizer terms are unchanged. Nothing is fitted to any run's step time
+here; nothing imports torch or crosses a wire.
 """
 
 from __future__ import annotations
@@ -38,7 +62,10 @@ from typing import Any
 
 from parlab.errors import UsageError
 
-FORMAT = "parlab-gemm-shapes/v1"
+FORMATS = ("parlab-gemm-shapes/v1", "parlab-gemm-shapes/v2")
+"""The probe's formats, oldest first. v2: GEMM seconds include the bias gradients (``bgrad``),
+and ``attention`` entries."""
+FORMAT = FORMATS[-1]
 KIND = "gemm-shape-calibration"
 PROJECT = "PAR-TRAINING-STATE"
 PREFIX = "gemm-shapes"
@@ -46,7 +73,7 @@ PREFIX = "gemm-shapes"
 
 @dataclass(frozen=True, kw_only=True)
 class GemmShapes:
-    """One GEMM-shape calibration (``benchmarks/gemm_shapes_probe.py``)."""
+    """One GEMM-shape calibration (``benchmarks/gemm_shapes_probe.py``), or several merged."""
 
     run_id: str
     """The probe document it comes from."""
@@ -56,9 +83,17 @@ class GemmShapes:
     """The device it ran on (``cpu`` on the CPU)."""
     efficiency: dict[tuple[str, int], float] = field(default_factory=dict)
     """(model, tokens per micro-batch) -> FLOP-weighted achieved fraction of the bf16 peak of
-    its layer and output GEMMs, forward and backward, at tp 1."""
+    its layer and output GEMMs, forward and backward (v2: bias gradients' seconds included), at
+    tp 1."""
     hidden: dict[str, int] = field(default_factory=dict)
     """model -> its hidden width (the reference is found by width)."""
+    version: int = 1
+    """The format's version (``FORMATS``); merged: the newest."""
+    biased: frozenset[str] = frozenset()
+    """The models with a bias on some linear (their v1 and v2 GEMM efficiencies differ)."""
+    attention: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    """(model, micro-batch, sequence) -> achieved fraction of the bf16 peak of one layer's
+    causal attention core, forward + backward, on the roofline's causal FLOPs (v2 on)."""
 
     def reference(self, width: float, tokens: int) -> str | None:
         """The measured model of hidden ``width`` at ``tokens``, or None."""
@@ -76,32 +111,63 @@ class GemmShapes:
             return None
         return eff / self.efficiency[(ref, tokens)], ref
 
+    def attention_factor(
+        self, model: str, micro_batch: int, seq: int, width: float
+    ) -> tuple[float, str] | None:
+        """(eff_attn(model) / eff_attn(reference), the reference's name) at ``micro_batch`` x
+        ``seq``, the reference the model of hidden ``width`` measured there; None when either
+        was not measured there."""
+        ref = next(
+            (
+                m
+                for (m, b, s) in sorted(self.attention)
+                if (b, s) == (micro_batch, seq) and self.hidden.get(m) == width
+            ),
+            None,
+        )
+        eff = self.attention.get((model, micro_batch, seq))
+        if ref is None or eff is None:
+            return None
+        return eff / self.attention[(ref, micro_batch, seq)], ref
+
     @property
     def label(self) -> str:
         return f"{self.run_id} ({self.device})"
 
 
 def load_gemm_shapes(doc: Any) -> GemmShapes:
-    """The calibration a probe document holds; ``UsageError`` when it holds none (or its shapes
-    were shrunk, a CPU dry run's)."""
+    """The calibration a probe document (v1 or v2) holds; ``UsageError`` when it holds none (or
+    its shapes were shrunk, a CPU dry run's)."""
     body = (doc.workload or {}).get("calibration") or {}
-    if doc.workload.get("kind") != KIND or body.get("format") != FORMAT:
-        raise UsageError(f"{doc.run_id}: not a {KIND} document ({FORMAT})")
+    if doc.workload.get("kind") != KIND or body.get("format") not in FORMATS:
+        raise UsageError(f"{doc.run_id}: not a {KIND} document ({', '.join(FORMATS)})")
     if int(body.get("shrink", 1)) != 1:
         raise UsageError(f"{doc.run_id}: its shapes were shrunk {body['shrink']}x (a dry run)")
     eff: dict[tuple[str, int], float] = {}
     hidden: dict[str, int] = {}
+    biased: set[str] = set()
     for m in body["models"]:
         if m.get("efficiency") is None or int(m.get("tp", 1)) != 1:
             continue
         eff[(str(m["model"]), int(m["tokens"]))] = float(m["efficiency"])
         hidden[str(m["model"])] = int(m["hidden"])
+        if any(g.get("bias") for g in m.get("gemms", [])):
+            biased.add(str(m["model"]))
+    attention: dict[tuple[str, int, int], float] = {}
+    for a in body.get("attention") or []:
+        if a.get("efficiency") is None or int(a.get("tp", 1)) != 1 or int(a.get("cp", 1)) != 1:
+            continue
+        attention[(str(a["model"]), int(a["micro_batch"]), int(a["seq"]))] = float(a["efficiency"])
+        hidden[str(a["model"])] = int(a["hidden"])
     return GemmShapes(
         run_id=doc.run_id,
         evidence_level=doc.evidence_level,
         device=str(body["device"]),
         efficiency=eff,
         hidden=hidden,
+        version=FORMATS.index(body["format"]) + 1,
+        biased=frozenset(biased),
+        attention=attention,
     )
 
 
@@ -115,37 +181,70 @@ def gemm_shape_calibration(root: Any) -> GemmShapes | None:
 
 
 def merge(cals: list[GemmShapes]) -> GemmShapes:
-    """Several probes of one device as one: each (model, tokens) the mean of the probes that
-    measured it. The probe's own repeatability is a few percent (the 1.3B at 8,192 tokens:
-    0.696, then 0.673 of peak on another H200), so a later probe adds to the earlier ones
-    instead of replacing them."""
+    """Several probes of one device as one. The probe's own repeatability is a few percent (the
+    1.3B at 8,192 tokens: 0.696, then 0.673 of peak on another H200), so a later probe adds to
+    the earlier ones instead of replacing them:
+
+    - a (model, tokens)'s GEMM efficiency is the mean over the probes that measured it, of the
+      newest format among them where the model is biased: v1 left out the bias gradients that
+      v2 counts, so a biased model's v1 and v2 efficiencies measure different work and are not
+      averaged (v2 alone). An unbiased model has no bias gradient: v1 and v2 time the same
+      GEMMs the same way, so every probe's measurement counts (more repeats, the same work);
+    - a (model, micro-batch, sequence)'s attention efficiency is the mean over the probes that
+      measured it (v2 on)."""
     if len(cals) == 1:
         return cals[0]
-    seen: dict[tuple[str, int], list[float]] = {}
+    seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    attention: dict[tuple[str, int, int], list[float]] = {}
     hidden: dict[str, int] = {}
+    biased: set[str] = set()
+    for c in cals:
+        biased |= c.biased
     for c in cals:
         for k, v in c.efficiency.items():
-            seen.setdefault(k, []).append(v)
+            seen.setdefault(k, []).append((c.version if k[0] in biased else 0, v))
+        for k, v in c.attention.items():
+            attention.setdefault(k, []).append(v)
         hidden.update(c.hidden)
+
+    def newest_mean(vals: list[tuple[int, float]]) -> float:
+        top = max(v for v, _ in vals)
+        kept = [e for v, e in vals if v == top]
+        return sum(kept) / len(kept)
+
     return GemmShapes(
         run_id=" + ".join(c.run_id for c in cals),
         evidence_level=cals[-1].evidence_level,
         device=cals[-1].device,
-        efficiency={k: sum(v) / len(v) for k, v in seen.items()},
+        efficiency={k: newest_mean(v) for k, v in seen.items()},
         hidden=hidden,
+        version=max(c.version for c in cals),
+        biased=frozenset(biased),
+        attention={k: sum(v) / len(v) for k, v in attention.items()},
+    )
+
+
+def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
+    """(model, micro-batch, sequence, tp, cp, GPU name) of a measured training run."""
+    from parlab.plan.calibrate import _model_name
+
+    w, lay = doc.workload, doc.layout or {}
+    mesh = lay.get("mesh") or {}
+    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
+    return (
+        _model_name(doc),
+        int(w.get("micro_batch") or 1),
+        int(w.get("seq") or 0),
+        int(mesh.get("tp", 1)),
+        int(mesh.get("cp", 1)),
+        str(gpus[0].get("name")),
     )
 
 
 def run_shape(doc: Any) -> tuple[str, int, int, str]:
     """(model, tokens per micro-batch per rank, tp, GPU name) of a measured training run."""
-    from parlab.plan.calibrate import _model_name
-
-    w, lay = doc.workload, doc.layout or {}
-    mesh = lay.get("mesh") or {}
-    cp = int(mesh.get("cp", 1))
-    tokens = int(w.get("micro_batch") or 1) * int(w.get("seq") or 0) // cp
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
-    return _model_name(doc), tokens, int(mesh.get("tp", 1)), str(gpus[0].get("name"))
+    model, mb, seq, tp, cp, gpu = run_batch(doc)
+    return model, mb * seq // cp, tp, gpu
 
 
 def shape_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
@@ -157,6 +256,19 @@ def shape_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float,
     if tp != 1 or gpu != shapes.device or aligned(model):
         return None
     return shapes.factor(model, tokens, roof.gemm_width)
+
+
+def attention_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+    """(measured attention factor, its reference model) for this run under ``shapes``, or None
+    where the calibration does not cover it: not measured at the run's micro-batch and
+    sequence (for the model or the reference, the model of ``roof.gemm_width``), tp > 1 (the
+    heads split), cp > 1 (the ring: ``ring_attention``), or another GPU."""
+    if shapes is None or roof.gemm_width <= 0 or not shapes.attention:
+        return None
+    model, mb, seq, tp, cp, gpu = run_batch(doc)
+    if tp != 1 or cp != 1 or gpu != shapes.device:
+        return None
+    return shapes.attention_factor(model, mb, seq, roof.gemm_width)
 
 
 ALIGN = 128
@@ -182,17 +294,23 @@ def aligned(model: str) -> bool:
 
 
 def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
-    """``roof`` for this run: where ``shapes`` covers it, its GEMM efficiency ``gemm`` x the
-    measured shape factor with the width law switched off (the factor replaces it); else
-    ``roof`` unchanged."""
-    got = shape_factor(doc, roof, shapes)
-    if got is None:
+    """``roof`` for this run: where ``shapes`` covers its GEMMs, the GEMM efficiency ``gemm`` x
+    the measured shape factor with the width law switched off (the factor replaces it); where
+    it covers its attention core, ``attention`` x the measured attention factor; ``source``
+    names each factor applied. ``roof`` itself where it covers neither."""
+    gemm = shape_factor(doc, roof, shapes)
+    attn = attention_factor(doc, roof, shapes)
+    if gemm is None and attn is None:
         return roof
-    factor, ref = got
     assert shapes is not None
-    return replace(
-        roof,
-        gemm=min(1.0, roof.gemm * factor),
-        gemm_width_half=0.0,
-        source=f"{roof.source}; GEMM x {factor:.3f} measured against {ref} ({shapes.label})",
-    )
+    changes: dict[str, Any] = {}
+    source = roof.source
+    if gemm is not None:
+        factor, ref = gemm
+        changes.update(gemm=min(1.0, roof.gemm * factor), gemm_width_half=0.0)
+        source += f"; GEMM x {factor:.3f} measured against {ref} ({shapes.label})"
+    if attn is not None:
+        factor, ref = attn
+        changes["attention"] = min(1.0, roof.attention * factor)
+        source += f"; attention x {factor:.3f} measured against {ref} ({shapes.label})"
+    return replace(roof, **changes, source=source)

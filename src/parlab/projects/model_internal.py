@@ -511,11 +511,13 @@ def _topology(cfg: RunConfig) -> Any:
 
 
 def predictions(
-    cfg: RunConfig, backend: str = "nccl", norm: str | None = None
+    cfg: RunConfig, backend: str = "nccl", norm: str | None = None, sp_gather: str = "shared"
 ) -> tuple[dict[str, Prediction], list[str]]:
     """Ledger (bytes, wire table per axis) and bubble-formula predictions for ``cfg``
     (``backend`` nccl: CUDA kernels, e.g. the fused RMSNorm; gloo: CPU; ``norm`` overrides
-    the ledger's ``norm_kernel``)."""
+    the ledger's ``norm_kernel``; ``sp_gather="per-linear"``: parlab's SP as it was before
+    commit 02e7fd8, each linear saving its own copy of the gathered sequence -- the runs whose
+    documents record no ``sp_saved_input``)."""
     from parlab.ledger.predict import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
@@ -552,6 +554,7 @@ def predictions(
             norm_kernel=norm or norm_kernel("cuda" if backend == "nccl" else "cpu"),
             # parlab's SP saves the gathered sequence as its linears' input (tensor_comm)
             sp_saves_gathered=cfg.sp and cfg.impl == "parlab",
+            sp_gather=sp_gather if cfg.sp and cfg.impl == "parlab" else "shared",
             vocab_parallel=cfg.impl == "parlab",
             # the step without a schedule keeps the model's output (``out``) through backward
             logits_held=cfg.pp == 1 and cfg.microbatches == 1,

@@ -363,6 +363,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             apply_compile(model)
         strat = build_strategy(ctx, cfg, model)
         state: dict[str, int] = {}
+        retries_before: int | None = None
         gc_every = int(cfg.get("manual_gc") or 0)
         if gc_every:
             gc.collect()
@@ -372,6 +373,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
                 gc.collect(1)
             if step == warmup:
                 timer.mark()
+                retries_before = mem.alloc_retries()
             batch = rank_batch(
                 dataset.global_batch(step, global_batch), ctx.rank, ctx.world_size, dev
             )
@@ -404,6 +406,9 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             gc.enable()
         step_times = timer.step_times()
         peak = mem.peak_bytes()
+        retries = mem.alloc_retries()
+        if retries is not None and retries_before is not None:
+            retries -= retries_before  # over the timed steps (and the metered one after them)
     mem.release_cap()
     comm_time = comm.replay(metered_step, dev)
     params = strat.full_parameters() if return_params else None
@@ -417,6 +422,8 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         "step_times": step_times,
         "peak_memory": peak,
         "memory_source": mem.source,
+        "peak_reserved": mem.peak_reserved_bytes(),
+        "alloc_retries": retries,
         "state_bytes": state,
         "comm_metered": not cfg["compile"],
         "comm_by_op": comm.by_op(metered_step),
@@ -538,6 +545,12 @@ def _per_rank(results: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in results]
 
 
+def _slowest(results: list[dict[str, Any]], key: str, unit: str) -> Metric:
+    """The metric ``key`` of every rank, its value the largest (the rank that sets the run)."""
+    per = _per_rank(results, key)
+    return Metric(value=max(per), unit=unit, per_rank=per)
+
+
 def _layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
     mesh = (
         {"dp_replicate": cfg.nproc // cfg.shard_size, "dp_shard": cfg.shard_size}
@@ -635,23 +648,20 @@ def document(
             notes.append(f"mfu unknown: device {r0['device']!r} has no peak in the catalog")
         metrics["tokens_per_s_per_gpu"] = Metric(value=tps, unit="tokens/s")
         metrics["step_time"] = Metric(value=step_time, unit="s", per_rank=None)
-        metrics["peak_memory"] = Metric(
-            value=max(_per_rank(results, "peak_memory")),
-            unit="B",
-            per_rank=_per_rank(results, "peak_memory"),
-        )
+        metrics["peak_memory"] = _slowest(results, "peak_memory", "B")
         metrics["mfu"] = Metric(value=mfu, unit="fraction")
+        if r0.get("alloc_retries") is not None:  # CUDA: the caching allocator's own counters
+            metrics["peak_reserved"] = _slowest(results, "peak_reserved", "B")
+            metrics["alloc_retries"] = _slowest(results, "alloc_retries", "count")
+        if r0.get("alloc_retries"):
+            notes.append(
+                f"the caching allocator retried {int(max(_per_rank(results, 'alloc_retries')))} "
+                "allocation(s) in the timed steps (freed its cache, synchronizing the device): "
+                "the run is at its memory edge and its step time includes those stalls"
+            )
         if r0.get("comm_metered", True):
-            metrics["comm_time"] = Metric(
-                value=max(_per_rank(results, "comm_time")),
-                unit="s",
-                per_rank=_per_rank(results, "comm_time"),
-            )
-            metrics["comm_bytes_per_step"] = Metric(
-                value=max(_per_rank(results, "comm_bytes_per_step")),
-                unit="B",
-                per_rank=_per_rank(results, "comm_bytes_per_step"),
-            )
+            metrics["comm_time"] = _slowest(results, "comm_time", "s")
+            metrics["comm_bytes_per_step"] = _slowest(results, "comm_bytes_per_step", "B")
             for op in sorted(r0["comm_by_op"]):
                 per = [float(r["comm_by_op"].get(op, {}).get("bytes", 0)) for r in results]
                 metrics[f"comm_bytes_per_step.{op}"] = Metric(

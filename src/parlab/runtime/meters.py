@@ -218,6 +218,22 @@ class MemoryMeter:
             return int(torch.cuda.max_memory_allocated(self.device))
         return self._tracker.peak
 
+    def peak_reserved_bytes(self) -> int | None:
+        """The caching allocator's peak reserved bytes (CUDA; None on the CPU): above the
+        peak allocated by what fragmentation and cached free blocks hold."""
+        if self._tracker is None:
+            return int(torch.cuda.max_memory_reserved(self.device))
+        return None
+
+    def alloc_retries(self) -> int | None:
+        """cudaMalloc retries so far (CUDA; None on the CPU): each time the caching allocator
+        found no free block, it released its cached blocks (``cudaFree``, which synchronizes
+        the device) and tried again -- a step near the memory edge that idles the GPU. The
+        counter torchtitan's memory monitor reports as ``num_alloc_retries``."""
+        if self._tracker is None:
+            return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
+        return None
+
     def live_bytes(self) -> int:
         if self._tracker is None:
             return int(torch.cuda.memory_allocated(self.device))
