@@ -349,12 +349,13 @@ def table_gpu_runs(root: Path) -> None:
         # does not price and which differs between machines
         host_alone = host_steps.host_s(host_step_key(d)) if host_steps else None
         host_bound_run = host_alone is not None and pred is not None and host_alone >= pred
-        if host_bound_run and not why:
+        if host_bound_run:
             assert host_alone is not None and pred is not None
-            why = (
+            host_why = (
                 f"host-bound (not modelled): the host alone {host_alone:.3f} s (host-step "
                 f"probe) >= the roofline's {pred:.3f} s; the host's speed differs between machines"
             )
+            why = f"{why}; {host_why}" if why else host_why
         pm = d.predictions.get("peak_memory")
         peak_meas = d.metric("peak_memory")
         peak_pred = pm.value if pm is not None else planner_peak
