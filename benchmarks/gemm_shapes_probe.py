@@ -43,7 +43,10 @@ What is timed, per model (tp 1):
 
 Timing: ``--warmup`` untimed calls, then ``--repeats`` samples of ``--inner`` back-to-back calls
 between two CUDA events (``perf_counter`` on the CPU); a call's time is the median sample /
-``inner``. Identical shapes (wq/wk/wv of MHA, w1/w3, one model's batches of equal tokens, models
+``inner``. On a GPU the timed launches are queued behind a ``torch.cuda._sleep`` (``QUEUE_S``)
+before the GPU reaches them (format v3), so the events time the kernels back to back and not the
+host's launches: a 20 us GEMM launched from Python otherwise waits on the host (GPT-2 124M's
+GEMMs at 8,192 tokens timed at 0.198 of peak that way, against about 0.27 in earlier probes). Identical shapes (wq/wk/wv of MHA, w1/w3, one model's batches of equal tokens, models
 of equal dimensions) are timed once. A model's GEMM efficiency is FLOP-weighted: (layers x the
 layer's FLOPs + the output's) / (layers x the layer's seconds + the output's) / the catalog's
 dense bf16 peak of the device (``parlab.hardware.catalog``; unknown device, e.g. the CPU: no
@@ -52,7 +55,7 @@ elementwise ops are not timed: the roofline prices them apart. Nothing crosses a
 
 Output: a ``distributed-benchmark/v1`` document under ``RESULTS_DIR/PAR-TRAINING-STATE/``
 (``gemm-shapes-<stamp>.json``, task T6, role baseline, evidence ``real-training`` on a GPU and
-``cpu-mechanism`` on the CPU) whose ``workload.calibration`` (format ``parlab-gemm-shapes/v2``)
+``cpu-mechanism`` on the CPU) whose ``workload.calibration`` (format ``parlab-gemm-shapes/v3``)
 lists every GEMM's shape, FLOPs and seconds, each model's efficiency, and the ``attention``
 entries; it records no ``step_time`` metric, so it is never taken for a training run. The
 environment line (torch, CUDA, device) is printed first.
@@ -82,7 +85,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 import torch.nn.functional as F
 
-FORMAT = "parlab-gemm-shapes/v2"
+FORMAT = "parlab-gemm-shapes/v3"
+QUEUE_S = 0.02
+"""Seconds of GPU sleep queued ahead of each timed sample: longer than the host takes to launch
+a sample's calls (``--inner`` calls of up to a few dozen kernels each)."""
 """v2: a model's GEMM seconds include its linears' bias gradients (``bgrad`` rows), and
 ``attention`` entries time the attention core. v1: forward, dgrad and wgrad only."""
 KIND = "gemm-shape-calibration"
@@ -206,24 +212,35 @@ def _attention_op(a: dict[str, Any], dev: torch.device, dtype: torch.dtype) -> A
     return step
 
 
-def time_gemm(fn: Any, dev: torch.device, *, warmup: int, repeats: int, inner: int) -> list[float]:
-    """Seconds per call, one sample per repeat (``inner`` calls between two CUDA events)."""
+def _sleep_cycles(dev: torch.device, seconds: float) -> int:
+    """GPU clock cycles in ``seconds`` at the device's clock rate (kHz, as torch reports it)."""
+    rate_khz = getattr(torch.cuda.get_device_properties(dev), "clock_rate", 0) or 2_000_000
+    return int(seconds * rate_khz * 1e3)
+
+
+def time_gemm(
+    fn: Any, dev: torch.device, *, warmup: int, repeats: int, inner: int, queue: bool = True
+) -> list[float]:
+    """Seconds per call, one sample per repeat (``inner`` calls between two CUDA events). On a
+    GPU with ``queue``, each sample's launches wait behind a ``QUEUE_S`` GPU sleep, so the
+    kernels run back to back whatever the host's launch time."""
     for _ in range(warmup):
         fn()
     samples = []
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(repeats)
-        ]
-        for start, end in events:
+        cycles = _sleep_cycles(dev, QUEUE_S)
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if queue:
+                torch.cuda._sleep(cycles)  # the GPU busy while the host queues the sample
             start.record()
             for _ in range(inner):
                 fn()
             end.record()
-        torch.cuda.synchronize(dev)
-        samples = [s.elapsed_time(e) / 1e3 / inner for s, e in events]
+            torch.cuda.synchronize(dev)
+            samples.append(start.elapsed_time(end) / 1e3 / inner)
     else:
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -359,6 +376,7 @@ def calibration(
         "passes": list(PASSES),
         "timing": {"warmup": warmup, "repeats": repeats, "inner": inner,
                    "clock": "cuda-events" if backend == "cuda" else "perf_counter",
+                   "queued_s": QUEUE_S if backend == "cuda" else 0.0,
                    "statistic": "median"},
         "models": models,
         "attention": attention,

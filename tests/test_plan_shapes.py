@@ -59,7 +59,7 @@ def _body(**kw: Any) -> dict[str, Any]:
 
 def test_probe_times_every_layer_and_output_gemm_on_the_cpu(tmp_path: Path) -> None:
     body = _body()
-    assert body["format"] == "parlab-gemm-shapes/v2"
+    assert body["format"] == "parlab-gemm-shapes/v3"
     gpt2, llama = body["models"]
     # GPT-2: wq wk wv wo w1 w2 + output (GeLU, no w3), three passes each, and a bias gradient
     # for each of its six biased linears (the output has none); the 1.3B: w3, no bias
@@ -190,7 +190,7 @@ def test_cpu_dry_run_writes_a_v2_document(tmp_path: Path, monkeypatch: Any) -> N
     assert probe.main() == 0
     (path,) = (tmp_path / "PAR-TRAINING-STATE").glob("gemm-shapes-*.json")
     body = read_document(path).workload["calibration"]
-    assert body["format"] == "parlab-gemm-shapes/v2" and body["shrink"] == 16
+    assert body["format"] == "parlab-gemm-shapes/v3" and body["shrink"] == 16
     gpt2 = next(m for m in body["models"] if m["model"] == "gpt2-1.5b")
     assert gpt2["tokens"] == 8192 and sum(g["pass"] == "bgrad" for g in gpt2["gemms"]) == 6
     assert {(a["model"], a["micro_batch"], a["seq"]) for a in body["attention"]} == {
@@ -206,11 +206,14 @@ def _gpu_doc(
     *,
     attn: dict[str, float] | None = None,
     v1: bool = False,
+    version: int = 2,
 ) -> Any:
     """A GPU probe document from the CPU body: ``eff`` each model's GEMM efficiency, ``attn``
     each model's attention efficiency; ``v1``: as the v1 probe wrote it (no bias gradients, no
-    attention)."""
+    attention); else in format ``version`` (2: launches timed as the host issued them, 3:
+    queued)."""
     body = _body(device=H200, backend="cuda", shrink=1)
+    body["format"] = f"parlab-gemm-shapes/v{version}"
     body["models"] = [dict(m, efficiency=eff[m["model"]]) for m in body["models"]]
     body["attention"] = [
         dict(a, efficiency=(attn or {}).get(a["model"])) for a in body["attention"]
@@ -315,6 +318,25 @@ def test_merge_keeps_a_biased_models_newest_format_and_averages_the_rest(tmp_pat
         ("1.3b", 128): pytest.approx(0.8),
     }
     assert only_v1.attention == {} and only_v1.version == 1
+
+
+def test_a_queued_probe_supersedes_the_earlier_timings_of_what_it_measured(tmp_path: Path) -> None:
+    """v3 times the kernels back to back (launches queued behind a GPU sleep): where a v3 probe
+    measured a GEMM or an attention shape, v3 alone counts, for biased and unbiased models alike;
+    what only older probes measured keeps their mean."""
+    write_result(_gpu_doc({"gpt2-1.5b": 0.6, "1.3b": 0.9}, "2026-11-30T10:00:01Z", v1=True),
+                 tmp_path)  # fmt: skip
+    write_result(_gpu_doc({"gpt2-1.5b": 0.5, "1.3b": 0.8}, "2026-11-30T10:00:02Z",
+                          attn={"gpt2-1.5b": 0.2, "1.3b": 0.4}), tmp_path)  # fmt: skip
+    write_result(_gpu_doc({"gpt2-1.5b": 0.55, "1.3b": 0.85}, "2026-11-30T10:00:03Z",
+                          attn={"gpt2-1.5b": 0.3, "1.3b": 0.5}, version=3), tmp_path)  # fmt: skip
+    cal = gemm_shape_calibration(tmp_path)
+    assert cal is not None and cal.version == 3
+    assert cal.efficiency == {
+        ("gpt2-1.5b", 128): pytest.approx(0.55),
+        ("1.3b", 128): pytest.approx(0.85),  # not the v1/v2 mean with it
+    }
+    assert cal.attention[("gpt2-1.5b", 1, 128)] == pytest.approx(0.3)
 
 
 def _run(model: str, mb: int, seq: int, tp: int = 1, gpu: str = H200, cp: int = 1) -> Any:

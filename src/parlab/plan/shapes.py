@@ -62,9 +62,11 @@ from typing import Any
 
 from parlab.errors import UsageError
 
-FORMATS = ("parlab-gemm-shapes/v1", "parlab-gemm-shapes/v2")
+FORMATS = ("parlab-gemm-shapes/v1", "parlab-gemm-shapes/v2", "parlab-gemm-shapes/v3")
 """The probe's formats, oldest first. v2: GEMM seconds include the bias gradients (``bgrad``),
-and ``attention`` entries."""
+and ``attention`` entries. v3: each timed sample queued behind a GPU sleep, so small kernels are
+timed back to back, not at the host's launch rate (GPT-2 124M's GEMMs at 8,192 tokens: 0.198
+of peak in a v2 probe, about 0.27 in the v1 probes)."""
 FORMAT = FORMATS[-1]
 KIND = "gemm-shape-calibration"
 PROJECT = "PAR-TRAINING-STATE"
@@ -186,25 +188,26 @@ def merge(cals: list[GemmShapes]) -> GemmShapes:
     the earlier ones instead of replacing them:
 
     - a (model, tokens)'s GEMM efficiency is the mean over the probes that measured it, of the
-      newest format among them where the model is biased: v1 left out the bias gradients that
-      v2 counts, so a biased model's v1 and v2 efficiencies measure different work and are not
-      averaged (v2 alone). An unbiased model has no bias gradient: v1 and v2 time the same
-      GEMMs the same way, so every probe's measurement counts (more repeats, the same work);
-    - a (model, micro-batch, sequence)'s attention efficiency is the mean over the probes that
-      measured it (v2 on)."""
+      newest era among them (``_era``): v1 left out the bias gradients that v2 counts, so a
+      biased model's v1 and v2 efficiencies measure different work and are not averaged (v2
+      alone); an unbiased model has no bias gradient, so its v1 and v2 measurements time the
+      same GEMMs the same way and all count (more repeats, the same work); v3 times the kernels
+      without the host's launch gaps, so where a v3 probe measured it, v3 alone counts;
+    - a (model, micro-batch, sequence)'s attention efficiency is the mean over the probes of
+      the newest format that measured it (v2 timed it with launch gaps, v3 without)."""
     if len(cals) == 1:
         return cals[0]
     seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
-    attention: dict[tuple[str, int, int], list[float]] = {}
+    attention: dict[tuple[str, int, int], list[tuple[int, float]]] = {}
     hidden: dict[str, int] = {}
     biased: set[str] = set()
     for c in cals:
         biased |= c.biased
     for c in cals:
         for k, v in c.efficiency.items():
-            seen.setdefault(k, []).append((c.version if k[0] in biased else 0, v))
+            seen.setdefault(k, []).append((_era(c.version, k[0] in biased), v))
         for k, v in c.attention.items():
-            attention.setdefault(k, []).append(v)
+            attention.setdefault(k, []).append((c.version, v))
         hidden.update(c.hidden)
 
     def newest_mean(vals: list[tuple[int, float]]) -> float:
@@ -220,8 +223,14 @@ def merge(cals: list[GemmShapes]) -> GemmShapes:
         hidden=hidden,
         version=max(c.version for c in cals),
         biased=frozenset(biased),
-        attention={k: sum(v) / len(v) for k, v in attention.items()},
+        attention={k: newest_mean(v) for k, v in attention.items()},
     )
+
+
+def _era(version: int, biased: bool) -> int:
+    """The formats whose GEMM efficiencies measure the same thing share an era: v1 and v2 for a
+    model without biases (no bias gradient to count), every version apart otherwise."""
+    return 1 if version <= 2 and not biased else version
 
 
 def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
