@@ -442,6 +442,49 @@ TERMS: list[Term] = [
         group=G_TIME,
     ),
     Term(
+        name="host-bound",
+        aliases=(
+            "cpu-bound",
+            "launch-bound",
+            "cpu overhead",
+            "host overhead",
+            "gpu idle",
+            "host step",
+        ),
+        meaning="A step whose time is set by the host -- Python, the autograd engine, FSDP's "
+        "hooks, a dispatch mode -- issuing kernels more slowly than the GPU runs them: the GPU "
+        "idles between kernels, and the step takes the host's time, which differs from one "
+        "machine to the next. Small micro-batches, many small parameter tensors, per-op "
+        "Python dispatch (DTensor, op-level selective recompute) make it so. "
+        "benchmarks/host_step_probe.py times the host alone: the same step with the model "
+        "narrowed until the GPU idles.",
+        elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
+        "torch.compile remove it); HTA's 'idle time'.",
+        measure="parlab profile (per-step idle: the GPU waiting on the host); parlab plan "
+        "--roofline (the GPU's time, to set beside the measured step)",
+        group=G_TIME,
+    ),
+    Term(
+        name="allocator retries",
+        aliases=(
+            "alloc retries",
+            "num_alloc_retries",
+            "cudamalloc retry",
+            "fragmentation",
+            "peak reserved",
+            "expandable segments",
+        ),
+        meaning="Times PyTorch's caching allocator found no free block, released its cached "
+        "blocks (cudaFree, which synchronizes the device) and tried again: a run at its memory "
+        "edge stalls there. Reserved memory above allocated memory is the cache and its "
+        "fragmentation.",
+        elsewhere="torchtitan's memory monitor 'num_alloc_retries'; "
+        "torch.cuda.memory_stats()['num_alloc_retries']; PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True to fragment less.",
+        measure="parlab train (metrics.alloc_retries over the timed steps, metrics.peak_reserved)",
+        group=G_TIME,
+    ),
+    Term(
         name="flight recorder",
         aliases=(
             "nccl flight recorder",
