@@ -95,3 +95,29 @@ def test_calibration_merges_the_probes_of_the_newest_device(tmp_path: Path) -> N
     assert got is not None and got.run_ids == ("host-step-1", "host-step-2")
     assert got.host_s(("llama3.1-8b", "fsdp", 1, 1024, "full")) == pytest.approx(0.25)
     assert got.host_s(("llama3.1-8b", "ddp", 1, 1024, "full")) is None
+
+
+def test_plan_note_names_the_host_where_a_probe_ran_the_configuration() -> None:
+    """``parlab plan --roofline``'s host line: host-bound where the host alone takes at least
+    the roofline's GPU work, GPU-bound with the ratio otherwise; nothing where no probe ran the
+    configuration (another micro-batch, or the planner's Megatron selective recompute, which
+    ``parlab train`` has no form of); the runtime's op-selective is train's ``selective``."""
+    from types import SimpleNamespace
+
+    from parlab.plan.host import HostStep, host_note
+
+    steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200",
+                     steps={("llama3.1-8b", "fsdp", 1, 1024, "full"): (0.2, 0.3),
+                            ("1.3b", "fsdp", 2, 4096, "selective"): (0.29,)})  # fmt: skip
+
+    def cand(mb: int, rc: str) -> SimpleNamespace:
+        return SimpleNamespace(strategy="fsdp", micro_batch=mb, recompute=rc)
+
+    bound = host_note(steps, "llama3.1-8b", cand(1, "full"), 1024, 0.22)
+    assert "0.250 s a step" in bound and "host-bound there" in bound
+    free = host_note(steps, "llama3.1-8b", cand(1, "full"), 1024, 0.5)
+    assert "GPU-bound there (the host alone 0.50 of the GPU's time)" in free
+    assert "host-bound" in host_note(steps, "1.3b", cand(2, "op-selective"), 4096, 0.19)
+    assert host_note(steps, "1.3b", cand(2, "selective"), 4096, 0.19) == ""
+    assert host_note(steps, "llama3.1-8b", cand(2, "full"), 1024, 0.22) == ""
+    assert host_note(None, "llama3.1-8b", cand(1, "full"), 1024, 0.22) == ""

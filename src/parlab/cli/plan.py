@@ -240,6 +240,14 @@ def plan_cmd(
         roofline=roof,
     )
     result = plan(req)
+    if roofline is not None and result.top is not None and result.top.estimate is not None:
+        from parlab.plan.host import host_note, host_step_calibration
+
+        steps = host_step_calibration(roofline)
+        note = host_note(steps, spec.name, result.top.cand, seq, result.top.estimate.compute_s)
+        if note and steps is not None:
+            result.notes.append(note)
+            rests_on.extend(steps.run_ids)
     doc = plan_document(
         result,
         command=reproduce_command(),

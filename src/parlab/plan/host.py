@@ -246,3 +246,32 @@ def host_step_calibration(root: Any) -> HostStep | None:
     return HostStep(
         run_ids=tuple(r for c in cals for r in c.run_ids), device=cals[-1].device, steps=steps
     )
+
+
+TRAIN_RECOMPUTE = {"none": "none", "full": "full", "op-selective": "selective"}
+"""The planner's recompute names as ``parlab train`` (and so the host-step probe) names them;
+the planner's ``selective`` (Megatron's attention core) has no ``parlab train`` form."""
+
+
+def host_note(steps: HostStep | None, model: str, cand: Any, seq: int, gpu_s: float) -> str:
+    """A plan's line on the host for candidate ``cand`` of ``model`` at ``seq`` whose GPU work
+    the roofline puts at ``gpu_s``, where a host-step probe ran that configuration (the same
+    strategy, micro-batch, sequence and recompute, on one rank); "" where none did."""
+    rc = TRAIN_RECOMPUTE.get(cand.recompute)
+    if steps is None or rc is None:
+        return ""
+    host = steps.host_s((model, cand.strategy, cand.micro_batch, seq, rc))
+    if host is None:
+        return ""
+    verdict = (
+        "host-bound there: the step is the host's, which differs from one machine to the next; "
+        "a larger micro-batch amortizes it (the host's time per step does not grow with it)"
+        if host >= gpu_s
+        else f"GPU-bound there (the host alone {host / gpu_s:.2f} of the GPU's time)"
+    )
+    return (
+        f"host: parlab train of {cand.strategy} at {cand.micro_batch} x {seq}, recompute {rc}, "
+        f"took {host:.3f} s a step on one rank with the model narrowed until the GPU idles "
+        f"(host-step probe: {' + '.join(steps.run_ids)}, {steps.device}), against the roofline's "
+        f"{gpu_s:.3f} s of GPU work: {verdict}"
+    )
