@@ -1,8 +1,8 @@
-"""The host's time per training step of ``parlab train``: the planner's host term for eager runs.
+"""The host's time per training step of ``parlab train``, set beside the GPU's (the roofline).
 
 Why: on one H200 some training runs take longer than every kernel they launch. FSDP on one rank
-of Llama-3.1 8B and Qwen2.5 7B at 1 x 1024 tokens (full recompute) ran 0.32-0.41 s a step where
-the roofline's GPU work is 0.21-0.22 s; a profile of the 8B
+of Llama-3.1 8B and Qwen2.5 7B at 1 x 1024 tokens (full recompute) ran 0.29-0.43 s a step
+(eight runs, three machines) where the roofline's GPU work is 0.21-0.22 s; a profile of the 8B
 (``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T045000-9a446e``) shows 0.205 s of
 kernels in a 0.396 s step, the GPU idle about 2 ms before each block's backward, and no
 allocator retries (``alloc_retries`` 0 in the runs of ``scripts/gpu/fit_edge.sh``). GPT-2 124M at

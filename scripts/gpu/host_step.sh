@@ -7,7 +7,7 @@
 # benchmarks/host_step_probe.py: parlab train on one rank of each measured one-GPU configuration
 # below, with every layer, head, parameter tensor and the vocabulary kept and the width cut to
 # 16 and 32 elements per head, so the step's time is the host's: FSDP and DDP of the 7B/8B
-# models at 1 x 1024 with full recompute (0.32-0.41 s a step against 0.21-0.24 s of GPU work by
+# models at 1 x 1024 with full recompute (0.29-0.43 s a step against 0.21-0.24 s of GPU work by
 # the roofline), GPT-2 1.5B (8 x 1024), GPT-2 124M (1 x 1024: 22 ms a step over 9.7 ms of
 # kernels; 8 x 1024) and the 1.3B (2 x 4096). One document,
 # OUT_DIR/results/PAR-TRAINING-STATE/host-step-*.json, the log in OUT_DIR.
