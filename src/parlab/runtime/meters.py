@@ -151,6 +151,26 @@ class _TensorTracker(TorchDispatchMode):
                 f"{self.cap_bytes} bytes"
             )
 
+    def __enter__(self) -> _TensorTracker:
+        # FSDP2 frees and re-allocates its gathered parameters by resizing their storage in
+        # place (``storage.resize_(0)``, then ``resize_(n)``), which no dispatched op shows:
+        # while tracking, every storage resize is reported too (``resized``)
+        orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
+            out = orig(storage, nbytes)
+            tracker.resized(storage, int(nbytes))
+            return out
+
+        self._orig_resize = orig
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
