@@ -277,3 +277,24 @@ def test_gemm_width_efficiency_charges_tensor_parallelism() -> None:
     f = lambda n: n / (n + 700.0)  # noqa: E731
     assert compute(wide, 4) == pytest.approx(compute(flat, 4) * f(2048) / f(512))
     assert any("f(n) = n / (n + 700)" in n for n in wide.notes)
+
+
+def test_memory_rejection_says_when_a_fused_optimizer_would_fit() -> None:
+    """A candidate over memory only by foreach AdamW's temporaries says that the fused form
+    (no temporaries) fits, and its peak; one over memory without them says nothing of it."""
+    from parlab.plan.planner import Verdict
+
+    def rejected(gpus: str) -> Verdict:
+        req = PlanRequest(
+            spec=get_spec("llama3.1-8b"), cluster=make_cluster(gpus=gpus, gpus_per_node=1),
+            global_batch=1, seq=1024, throughput=Throughput(mfu=0.4, peak_flops=1e15, source="t", assumed=True),
+            micro_batches=(1,), strategies=("fsdp",), recompute=("full",), optimizer="adamw",
+        )  # fmt: skip
+        [v] = plan(req).rejected
+        return v
+
+    near = rejected("1xH200")  # 141 GB: 160.6 GB with the temporaries, 132.7 GB without
+    assert near.kind == "memory" and "with --optimizer adamw-fused" in near.reason
+    assert "the peak is 132.69 GB" in near.reason
+    far = rejected("1xA100-40GB")  # 40 GB: over with or without them
+    assert far.kind == "memory" and "adamw-fused" not in far.reason

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from parlab.errors import UsageError
@@ -327,22 +328,23 @@ def plan(req: PlanRequest) -> PlanResult:
                             )
                             continue
                         assert topo is not None
+                        ledger_for = partial(
+                            predict,
+                            spec,
+                            strategy=strategy,
+                            topology=topo,
+                            micro_batch=mb,
+                            seq_len=req.seq,
+                            dtype=req.dtype,
+                            recompute=rc,
+                            pp_schedule="1f1b" if sched == "-" else sched,
+                            microbatches=m,
+                            virtual_stages=vpp,
+                            sp=tp > 1,
+                        )
                         try:
                             calls += 1
-                            ledger = predict(
-                                spec,
-                                strategy=strategy,
-                                topology=topo,
-                                micro_batch=mb,
-                                seq_len=req.seq,
-                                dtype=req.dtype,
-                                optimizer=req.optimizer,
-                                recompute=rc,
-                                pp_schedule="1f1b" if sched == "-" else sched,
-                                microbatches=m,
-                                virtual_stages=vpp,
-                                sp=tp > 1,
-                            )
+                            ledger = ledger_for(optimizer=req.optimizer)
                         except ValueError as exc:
                             rejected.append(
                                 Verdict(
@@ -369,7 +371,8 @@ def plan(req: PlanRequest) -> PlanResult:
                                     kind="memory",
                                     reason=f"over memory by {_gb(peak - usable)}: predicted "
                                     f"peak {_gb(peak)} per GPU of {_gb(usable)} usable "
-                                    f"({ledger.peak_phase[0]})",
+                                    f"({ledger.peak_phase[0]})"
+                                    + _fused_hint(ledger, usable, req.optimizer, ledger_for),
                                     peak_bytes=peak,
                                 )
                             )
@@ -523,6 +526,25 @@ def plan(req: PlanRequest) -> PlanResult:
         elapsed_s=time.perf_counter() - t0,
         ledger_calls=calls,
         notes=notes,
+    )
+
+
+def _fused_hint(ledger: Any, usable: float, optimizer: str, ledger_for: Any) -> str:
+    """Where the foreach optimizer's temporaries are what puts the peak over: the same layout's
+    ledger with the fused form of the optimizer (no temporaries, ``ledger_for(optimizer=)``),
+    and its peak if that fits."""
+    from parlab.ledger.predict import OPTIMIZERS
+
+    temp = float(ledger.value("optimizer_temporaries"))
+    fused = f"{optimizer}-fused"
+    if not temp or ledger.peak_bytes - temp > usable or fused not in OPTIMIZERS:
+        return ""
+    again = ledger_for(optimizer=fused)
+    if again.peak_bytes > usable:
+        return ""
+    return (
+        f"; the {optimizer} temporaries ({_gb(temp)}) put it over: with --optimizer {fused} "
+        f"(what parlab train runs on GPUs) the peak is {_gb(again.peak_bytes)}"
     )
 
 
