@@ -385,9 +385,9 @@ def calibration(
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
-    from parlab.contract import Document, Metric, new_run_id, now_iso
+    from parlab.contract import Metric
+    from parlab.plan.probes import probe_document
 
-    gpu = body["backend"] == "cuda"
     metrics = {}
     for m in body["models"]:
         key = f"{m['model']}@{m['tokens']}"
@@ -399,16 +399,14 @@ def document(body: dict[str, Any], *, command: str, environment: dict[str, Any])
         metrics[f"attention_time_per_layer:{key}"] = Metric(value=a["time_s"], unit="s")
         if a["efficiency"] is not None:
             metrics[f"attention_efficiency:{key}"] = Metric(value=a["efficiency"], unit="fraction")
-    return Document(
-        run_id=new_run_id("gemm-shapes"),
-        created=now_iso(),
+    return probe_document(
+        prefix="gemm-shapes",
         project="PAR-TRAINING-STATE",
-        task="T6",
-        role="baseline",
-        evidence_level="real-training" if gpu else "cpu-mechanism",
+        kind=KIND,
+        body=body,
+        gpu=body["backend"] == "cuda",
         command=command,
         environment=environment,
-        workload={"kind": KIND, "calibration": body},
         layout={"world_size": 1, "mesh": {}, "strategy": "gemm-shape-probe", "tp": 1},
         metrics=metrics,
         notes=[

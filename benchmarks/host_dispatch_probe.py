@@ -248,19 +248,17 @@ def calibration(per_rank: list[dict[str, Any]], *, micro_batch: int, seq: int) -
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
-    from parlab.contract import Document, Metric, new_run_id, now_iso
+    from parlab.contract import Metric
+    from parlab.plan.probes import probe_document
 
-    gpu = body["backend"] == "nccl"
-    return Document(
-        run_id=new_run_id("host-dispatch"),
-        created=now_iso(),
+    return probe_document(
+        prefix="host-dispatch",
         project="PAR-MODEL-INTERNAL",
-        task="T6",
-        role="baseline",
-        evidence_level="real-training" if gpu else "cpu-mechanism",
+        kind=KIND,
+        body=body,
+        gpu=body["backend"] == "nccl",
         command=command,
         environment=environment,
-        workload={"kind": KIND, "calibration": body},
         layout={
             "world_size": 2,
             "mesh": {"tp": 2},

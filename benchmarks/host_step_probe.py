@@ -193,18 +193,16 @@ def calibration(entries: list[dict[str, Any]], *, device: str, backend: str) -> 
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
-    from parlab.contract import Document, new_run_id, now_iso
+    from parlab.plan.probes import probe_document
 
-    return Document(
-        run_id=new_run_id("host-step"),
-        created=now_iso(),
+    return probe_document(
+        prefix="host-step",
         project="PAR-TRAINING-STATE",
-        task="T6",
-        role="baseline",
-        evidence_level="real-training" if body["backend"] == "cuda" else "cpu-mechanism",
+        kind=KIND,
+        body=body,
+        gpu=body["backend"] == "cuda",
         command=command,
         environment=environment,
-        workload={"kind": KIND, "calibration": body},
         layout={"world_size": 1, "mesh": {}, "strategy": "host-step-probe"},
         metrics={},
         notes=[

@@ -51,17 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from gemm_shapes_probe import time_gemm
 
+from parlab.plan.roofline import DDP_BUCKET_PASSES
+
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
-BYTES_PER_PARAM = {
-    "adamw": 28,
-    "cast": 6,
-    "grad_cast": 6,
-    "zero_grad": 4,
-    "accumulate": 12,
-    "scale": 8,
-}
-"""What each kind moves per float32 parameter (the roofline's counts for the first two)."""
+BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, **DDP_BUCKET_PASSES}
+"""What each kind moves per float32 parameter: the roofline's counts (fused AdamW's 28 B,
+``CAST_BYTES_PER_PARAM`` split between the two casts, ``DDP_BUCKET_PASSES``)."""
 
 
 def probe(
@@ -110,23 +106,22 @@ def calibration(
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
-    from parlab.contract import Document, Metric, new_run_id, now_iso
+    from parlab.contract import Metric
+    from parlab.plan.probes import probe_document
 
     metrics = {}
     for kind, k in body["kinds"].items():
         metrics[f"bytes_per_s:{kind}"] = Metric(value=k["bytes_per_s"], unit="B/s")
         if k["of_hbm"] is not None:
             metrics[f"of_hbm:{kind}"] = Metric(value=k["of_hbm"], unit="fraction")
-    return Document(
-        run_id=new_run_id("param-work"),
-        created=now_iso(),
+    return probe_document(
+        prefix="param-work",
         project="PAR-TRAINING-STATE",
-        task="T6",
-        role="baseline",
-        evidence_level="real-training" if body["backend"] == "cuda" else "cpu-mechanism",
+        kind=KIND,
+        body=body,
+        gpu=body["backend"] == "cuda",
         command=command,
         environment=environment,
-        workload={"kind": KIND, "calibration": body},
         layout={"world_size": 1, "mesh": {}, "strategy": "param-work-probe"},
         metrics=metrics,
         notes=[

@@ -107,13 +107,12 @@ def within(pred: float | None, meas: float | None, target: float) -> str:
 def host_step_key(doc: Any) -> tuple[str, str, int, int, str]:
     """(model, strategy, micro-batch, sequence, recompute) of a training run, as the host-step
     probe's configurations are keyed (``parlab.plan.host.HostStep``)."""
-    from parlab.plan.calibrate import _model_name, knobs
+    from parlab.plan.calibrate import knobs
+    from parlab.plan.shapes import run_batch
 
-    w = doc.workload
-    k = knobs(doc)
-    return (_model_name(doc), str((doc.layout or {}).get("strategy", "")),
-            int(w.get("micro_batch") or 1), int(w.get("seq") or 0),
-            str(k.get("recompute") or "none"))  # fmt: skip
+    model, mb, seq, *_ = run_batch(doc)
+    strategy = str((doc.layout or {}).get("strategy", ""))
+    return model, strategy, mb, seq, str(knobs(doc).get("recompute") or "none")
 
 
 def gpu_runs(root: Path) -> list[Any]:
@@ -282,6 +281,7 @@ def table_gpu_runs(root: Path) -> None:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
     from parlab.plan.calibrate import collectives_calibration, host_bound
+    from parlab.plan.host import bound as which_bound
     from parlab.plan.host import host_dispatch_calibration, host_step_calibration
 
     cal = collectives_calibration(root)
@@ -348,12 +348,16 @@ def table_gpu_runs(root: Path) -> None:
         # the host alone as slow as the GPU's work: the step is the host's, which the roofline
         # does not price and which differs between machines
         host_alone = host_steps.host_s(host_step_key(d)) if host_steps else None
-        host_bound_run = host_alone is not None and pred is not None and host_alone >= pred
+        host_bound_run = (
+            host_alone is not None
+            and pred is not None
+            and which_bound(pred, host_alone)[1] == "host"
+        )
         if host_bound_run:
             assert host_alone is not None and pred is not None
             host_why = (
                 f"host-bound (not modelled): the host alone {host_alone:.3f} s (host-step "
-                f"probe) >= the roofline's {pred:.3f} s; the host's speed differs between machines"
+                f"probe) > the roofline's {pred:.3f} s; the host's speed differs between machines"
             )
             why = f"{why}; {host_why}" if why else host_why
         pm = d.predictions.get("peak_memory")
@@ -437,7 +441,7 @@ def table_gpu_runs(root: Path) -> None:
             "diagnosis beside the prediction, not a term of it: the host's speed differs between "
             "machines (GPT-2 124M at 1 x 1024, the same configuration: 22 ms a step on one, 28 ms "
             "on another), and the steps it covers lie between max(host, GPU) and their sum. "
-            "Where the host alone takes at least the roofline's time the run is host-bound and "
+            "Where the host alone takes longer than the roofline's time the run is host-bound and "
             "left out of the runs the model describes."
         )
     if param_work is not None:

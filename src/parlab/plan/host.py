@@ -34,10 +34,10 @@ or a process group.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.plan.probes import newest_device_calibrations
 
 FORMAT = "parlab-host-dispatch/v1"
 KIND = "host-dispatch-calibration"
@@ -164,29 +164,6 @@ def newest_gpu_calibration(root: Any, project: str, prefix: str, load: Any) -> A
     return cals[-1] if cals else None
 
 
-def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) -> list[Any]:
-    """``load(doc)`` of every GPU (``real-training``) document ``prefix-*.json`` under
-    ``root``/``project`` made on the newest one's device (its ``device``), oldest first; empty
-    without one (the probes whose repeats are averaged: ``parlab.plan.shapes``,
-    ``parlab.plan.paramwork``)."""
-    from parlab.contract import read_document
-
-    found: list[tuple[str, Any]] = []
-    for path in sorted((Path(root) / project).glob(f"{prefix}-*.json")):
-        try:
-            doc = read_document(path)
-            cal = load(doc)
-        except (ValueError, KeyError, TypeError, ZeroDivisionError, UsageError):
-            continue
-        if doc.evidence_level == "real-training":
-            found.append((doc.created, cal))
-    if not found:
-        return []
-    found.sort(key=lambda f: f[0])
-    device = found[-1][1].device
-    return [cal for _, cal in found if cal.device == device]
-
-
 def host_dispatch_calibration(root: Any) -> HostDispatch | None:
     """The newest GPU (``real-training``) host-dispatch calibration under
     ``root``/PAR-MODEL-INTERNAL, or None."""
@@ -266,7 +243,7 @@ def host_note(steps: HostStep | None, model: str, cand: Any, seq: int, gpu_s: fl
     verdict = (
         "host-bound there: the step is the host's, which differs from one machine to the next; "
         "a larger micro-batch amortizes it (the host's time per step does not grow with it)"
-        if host >= gpu_s
+        if bound(gpu_s, host)[1] == "host"
         else f"GPU-bound there (the host alone {host / gpu_s:.2f} of the GPU's time)"
     )
     return (

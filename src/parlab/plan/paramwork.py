@@ -32,14 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.plan.roofline import DDP_BUCKET_PASSES
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
 PROJECT = "PAR-TRAINING-STATE"
 PREFIX = "param-work"
-BUCKET_PASSES = {"zero_grad": 4.0, "accumulate": 12.0, "scale": 8.0}
-"""torch DDP's passes over a float32 parameter's bucket slot per step and the probe's kind
-timing each (``parlab.plan.roofline``: ``DDP_ACCUMULATE_BYTES``, ``DDP_STEP_BYTES``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +68,8 @@ def load_param_work(doc: Any) -> ParamWork:
     cast_s = 6.0 / k["cast"]["bytes_per_s"] + 6.0 / k["grad_cast"]["bytes_per_s"]
     bucket_bw = 0.0
     if "accumulate" in k and "scale" in k:
-        bucket_s = sum(n / k[kind]["bytes_per_s"] for kind, n in BUCKET_PASSES.items())
-        bucket_bw = sum(BUCKET_PASSES.values()) / bucket_s
+        bucket_s = sum(n / k[kind]["bytes_per_s"] for kind, n in DDP_BUCKET_PASSES.items())
+        bucket_bw = sum(DDP_BUCKET_PASSES.values()) / bucket_s
     return ParamWork(
         run_ids=(doc.run_id,),
         device=str(body["device"]),
@@ -84,7 +82,7 @@ def load_param_work(doc: Any) -> ParamWork:
 def param_work_calibration(root: Any) -> ParamWork | None:
     """The GPU (``real-training``) probes under ``root``/PAR-TRAINING-STATE of the newest one's
     device, their bandwidths averaged; None without one."""
-    from parlab.plan.host import newest_device_calibrations
+    from parlab.plan.probes import newest_device_calibrations
 
     same = newest_device_calibrations(root, PROJECT, PREFIX, load_param_work)
     if not same:

@@ -102,16 +102,19 @@ writes 4-byte elements (+4 forward, +6 backward), each residual add reads and wr
 CAST_BYTES_PER_PARAM = 12.0
 """Mixed precision with float32 parameters: each micro-batch casts the weights to bf16 (4+2)
 and the bf16 weight gradients back to float32 (2+4)."""
-DDP_ACCUMULATE_BYTES = 12.0
+DDP_BUCKET_PASSES: dict[str, float] = {"accumulate": 12.0, "scale": 8.0, "zero_grad": 4.0}
 """torch DDP as ``parlab train`` runs it (``gradient_as_bucket_view``, gradients zeroed, not
-set to None): each micro-batch's float32 weight gradient is added into the kept bucket view
-(autograd's AccumulateGrad, ``grad += g``: read 4 + 4, write 4). Profiled on one H200 (Llama-2
-7B, DDP): ``add<float>`` 20.8 ms a step over 6.74 billion parameters, 3.9 TB/s
-(``results/PAR-TRAINING-STATE/profile-train-ddp-20261201T044931-29002b.json``)."""
-DDP_STEP_BYTES = 12.0
-"""torch DDP once a step: the reducer divides each bucket by the world size in place before its
-all-reduce (read and write 4: 8; on one rank too) and ``zero_grad(set_to_none=False)`` fills
-the buckets with zeros (write 4)."""
+set to None), bytes per float32 parameter, named as ``benchmarks/param_work_probe.py`` times
+each: ``accumulate``, every micro-batch's gradient added into the kept bucket view (autograd's
+AccumulateGrad, ``grad += g``: read 4 + 4, write 4); once a step, ``scale``, the reducer's
+in-place division of the bucket by the world size before its all-reduce (read and write 4; on
+one rank too), and ``zero_grad``, ``zero_grad(set_to_none=False)`` filling the bucket (write 4).
+Profiled on one H200 (Llama-2 7B, DDP): ``add<float>`` 20.8 ms a step over 6.74 billion
+parameters, 3.9 TB/s (``results/PAR-TRAINING-STATE/profile-train-ddp-20261201T044931-29002b.json``)."""
+DDP_ACCUMULATE_BYTES = DDP_BUCKET_PASSES["accumulate"]
+"""Per micro-batch (``DDP_BUCKET_PASSES``)."""
+DDP_STEP_BYTES = DDP_BUCKET_PASSES["scale"] + DDP_BUCKET_PASSES["zero_grad"]
+"""Once a step (``DDP_BUCKET_PASSES``)."""
 FSDP_REGATHER_BYTES = 6.0
 """FSDP2 with ``reshard_after_forward``: each block is gathered again before its backward, and
 the gather's copy-in casts the float32 shard to bf16 again (4 + 2 per shard element). The

@@ -176,7 +176,7 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
 def gemm_shape_calibration(root: Any) -> GemmShapes | None:
     """The GPU (``real-training``) GEMM-shape calibrations under ``root``/PAR-TRAINING-STATE
     made on the newest one's device, merged (``merge``), or None."""
-    from parlab.plan.host import newest_device_calibrations
+    from parlab.plan.probes import newest_device_calibrations
 
     cals = newest_device_calibrations(root, PROJECT, PREFIX, load_gemm_shapes)
     return merge(cals) if cals else None
