@@ -98,9 +98,12 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     spec = SweepSpec(
         ops=("all_reduce", "all_gather", "broadcast"),
         minbytes=8,
-        maxbytes=1 << 20,
+        # the large sizes leave seconds of work after the second record, so the interrupt
+        # (the follower polls every 0.1 s) lands mid-sweep even on a fast machine; at 1 MiB x 3
+        # iterations the whole sweep could finish first
+        maxbytes=1 << 24,
         warmup=1,
-        iters=3,
+        iters=20,
         nproc=2,
         backend="gloo",
     )

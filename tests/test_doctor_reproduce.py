@@ -11,6 +11,10 @@ from parlab.doctor import diagnose
 from parlab.doctor.reproduce import REPRODUCTIONS
 
 CPU = [c for c, r in REPRODUCTIONS.items() if not r.needs_gpu]
+TIMED = {"ddp-small-buckets"}
+"""Cases whose detector compares step times of two-step CPU runs: another process loading the
+CPU can hide the difference in one reproduction (seen once while a benchmark ran beside the
+suite)."""
 
 
 def test_the_cpu_reproductions() -> None:
@@ -19,10 +23,13 @@ def test_the_cpu_reproductions() -> None:
     }  # fmt: skip
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", CPU)
 def test_reproduction_shows_case_not_in_healthy_twin(case: str, tmp_path: Path) -> None:
-    case_dir, healthy_dir = REPRODUCTIONS[case].run(tmp_path)
+    case_dir, healthy_dir = REPRODUCTIONS[case].run(tmp_path / "1")
+    if case in TIMED and case not in diagnose(case_dir).cases_found():
+        # a timed case on a loaded CPU: one more reproduction before calling it missing
+        case_dir, healthy_dir = REPRODUCTIONS[case].run(tmp_path / "2")
     sick, healthy = diagnose(case_dir), diagnose(healthy_dir)
     assert case in sick.cases_found(), [f.summary for f in sick.findings]
     assert case not in healthy.cases_found(), [f.summary for f in healthy.findings]

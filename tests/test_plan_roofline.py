@@ -115,9 +115,11 @@ def test_flash_work_is_causal_and_math_work_is_the_whole_square() -> None:
     sel = work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="selective")
     assert sel.attention_flops == pytest.approx(core * 4 / 3)
     assert sel.gemm_flops == flash.gemm_flops
-    # full recompute replays the whole forward: 8N instead of 6N
+    # full recompute replays the blocks' forward, not the output layer's (8N for the blocks,
+    # 6N for the output layer)
     full = work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="full")
-    assert full.gemm_flops == pytest.approx(flash.gemm_flops * 8 / 6)
+    out = spec.output_params()
+    assert full.gemm_flops == pytest.approx(flash.gemm_flops * 8 / 6 - 2 * out * 4096)
     with pytest.raises(UsageError, match="recompute"):
         work(spec, seq=4096, micro_batch=1, microbatches=1, recompute="sometimes")
     # context parallelism: half the tokens per rank, the ring's efficiency
@@ -446,3 +448,18 @@ def test_repeats_group_by_what_changes_the_work_or_where_it_runs() -> None:
     assert calibrate.group_of(shaped) == "train-zero1-1.3b/n2-mb2x4096/fused/none"
     shaped.layout = {**shaped.layout, "world_size": 1}
     assert calibrate.group_of(shaped) == "train-zero1-1.3b/n1-mb2x4096/fused/none"
+
+
+def test_full_recompute_replays_what_the_runtime_checkpoints() -> None:
+    """The extra GEMM FLOPs of full recompute are 2 x the parameters under ``apply_recompute``'s
+    checkpoints (the blocks: ``model.layers``) per token, on the model the runtime builds."""
+    import torch
+
+    from parlab.models.reference import build_model
+
+    spec = get_spec("tiny")
+    model = build_model(spec, device=torch.device("cpu"), dtype=torch.float32, seed=0)
+    checkpointed = sum(p.numel() for p in model.layers.parameters() if p.dim() == 2)
+    kw = {"seq": 64, "micro_batch": 2, "microbatches": 3}
+    extra = work(spec, recompute="full", **kw).gemm_flops - work(spec, **kw).gemm_flops
+    assert extra == pytest.approx(2 * checkpointed * 64 * 2 * 3, rel=0.01)

@@ -418,7 +418,9 @@ def work(
     if recompute == "op-selective" and impl.attention_kernel != "flash":
         raise UsageError("op-level selective recompute is modelled with flash attention only")
     rc_fwd = 1.0 if recompute == "full" else 0.0
-    gemm = (6.0 + 2.0 * rc_fwd) * n_stage * tokens
+    # full recompute replays the blocks' forward (the output layer is not checkpointed: parlab's
+    # ``apply_recompute``, as Megatron's)
+    gemm = (6.0 * n_stage + 2.0 * rc_fwd * blocks / (pp * tp)) * tokens
     attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
     rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
     # autocast over float32 parameters keeps a float32 residual stream; FSDP and ZeRO-3 gather
