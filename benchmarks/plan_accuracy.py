@@ -291,6 +291,7 @@ def table_gpu_runs(root: Path) -> None:
     from parlab.plan.shapes import (
         attention_factor,
         gemm_shape_calibration,
+        recompute_efficiency,
         run_shape,
         shape_factor,
     )
@@ -387,6 +388,10 @@ def table_gpu_runs(root: Path) -> None:
         if shaped is not None:  # GEMM shapes measured: the factor replaced the width law
             gemm_note = f"GEMM x {shaped[0]:.3f} (shapes measured against {shaped[1]})"
             note = f"{note}; {gemm_note}" if note else gemm_note
+        rc_eff = recompute_efficiency(d, shapes)
+        if rc_eff is not None:  # a full recompute's replayed GEMMs at their kernels' speed
+            rc_note = f"recompute's GEMMs at {rc_eff:.3f} (kernels measured)"
+            note = f"{note}; {rc_note}" if note else rc_note
         if attn is not None:  # attention core measured: its factor scales the attention term
             attn_note = f"attention x {attn[0]:.3f} (measured against {attn[1]})"
             note = f"{note}; {attn_note}" if note else attn_note
@@ -431,7 +436,9 @@ def table_gpu_runs(root: Path) -> None:
             "run's GEMM efficiency is GEMM x eff(model) / eff(reference) instead of the width "
             "law (note 'GEMM x'; bias gradients counted in v2 probes); where it measured both "
             "at the run's micro-batch x sequence (tp 1, cp 1), the attention efficiency is "
-            "attention x eff_attn(model) / eff_attn(reference) (note 'attention x')."
+            "attention x eff_attn(model) / eff_attn(reference) (note 'attention x'); a full "
+            "recompute's replayed GEMMs run at the model's measured GEMM efficiency at the run's "
+            "tokens where the probe measured it (note 'recompute's GEMMs at')."
         )
     if host_steps is not None:
         print(

@@ -463,3 +463,20 @@ def test_full_recompute_replays_what_the_runtime_checkpoints() -> None:
     kw = {"seq": 64, "micro_batch": 2, "microbatches": 3}
     extra = work(spec, recompute="full", **kw).gemm_flops - work(spec, **kw).gemm_flops
     assert extra == pytest.approx(2 * checkpointed * 64 * 2 * 3, rel=0.01)
+
+
+def test_the_replayed_gemms_run_at_recompute_gemm_the_rest_at_gemm() -> None:
+    spec = get_spec("1.3b")
+    kw = {"seq": 4096, "micro_batch": 2, "microbatches": 1}
+    none, full = work(spec, **kw), work(spec, recompute="full", **kw)
+    assert none.recompute_gemm_flops == 0.0
+    assert full.recompute_gemm_flops == pytest.approx(full.gemm_flops - none.gemm_flops)
+    roof = Roofline(gemm=0.5, attention=0.5, ring_attention=0.5, memory=1.0)
+    fast = replace(roof, recompute_gemm=0.8)
+    assert full.parts(fast, PEAK, BW).gemm_s == pytest.approx(
+        none.gemm_flops / (0.5 * PEAK) + full.recompute_gemm_flops / (0.8 * PEAK)
+    )
+    assert full.parts(roof, PEAK, BW).gemm_s == pytest.approx(full.gemm_flops / (0.5 * PEAK))
+    assert none.parts(fast, PEAK, BW).gemm_s == none.parts(roof, PEAK, BW).gemm_s
+    with pytest.raises(UsageError, match="recompute_gemm"):
+        replace(roof, recompute_gemm=1.5)

@@ -27,6 +27,7 @@ from parlab.plan.shapes import (
     gemm_shape_calibration,
     load_gemm_shapes,
     merge,
+    recompute_efficiency,
     shape_factor,
     shaped_roofline,
 )
@@ -461,3 +462,25 @@ def test_attention_factor_needs_the_runs_batch_one_rank_and_no_ring() -> None:
         is None
     )
     assert attention_factor(_run("gpt2-1.5b", 8, 1024), ROOF, SHAPES) is None
+
+
+def test_a_full_recompute_replays_its_gemms_at_the_kernels_measured_efficiency() -> None:
+    """Where the run recomputes fully and the probe measured its model at its tokens, the
+    replayed GEMMs run at that efficiency (aligned models too); other GEMMs keep ``gemm``."""
+    full = _run("1.3b", 2, 4096)
+    full.project, full.layout["knobs"] = "PAR-TRAINING-STATE", {"recompute": "full"}
+    assert recompute_efficiency(full, SHAPES) == pytest.approx(0.75)
+    got = shaped_roofline(full, ROOF, SHAPES)
+    assert got.recompute_gemm == pytest.approx(0.75) and "recompute's GEMMs at 0.750" in got.source
+    assert (got.gemm, got.gemm_width_half) == (ROOF.gemm, ROOF.gemm_width_half)  # the law stays
+    for other, knob in (
+        (_run("1.3b", 2, 4096), {}),  # no recompute
+        (_run("1.3b", 2, 4096), {"recompute": "selective"}),  # op-level: no GEMM replayed
+        (_run("1.3b", 1, 2048), {"recompute": "full"}),  # tokens not measured
+        (_run("1.3b", 2, 4096, tp=2), {"recompute": "full"}),  # sharded shapes
+        (_run("1.3b", 2, 4096, gpu="NVIDIA A100-SXM4-80GB"), {"recompute": "full"}),
+    ):
+        other.project, other.layout["knobs"] = "PAR-TRAINING-STATE", knob
+        assert recompute_efficiency(other, SHAPES) is None
+        assert shaped_roofline(other, ROOF, SHAPES) is ROOF
+    assert recompute_efficiency(full, None) is None

@@ -154,6 +154,18 @@ class Roofline:
     bucket_bw: float = 0.0
     """The same for torch DDP's passes over its gradient buckets (``DDP_ACCUMULATE_BYTES``,
     ``DDP_STEP_BYTES``)."""
+    recompute_gemm: float = 0.0
+    """Fraction of the peak reached by the GEMMs a full recompute replays: the model's GEMM
+    kernels' own efficiency at the run's shapes, as ``benchmarks/gemm_shapes_probe.py`` measured
+    it (``parlab.plan.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every other
+    GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what those
+    steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its GEMM
+    kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP at
+    2 x 4096 took 0.0439 s more with full recompute than without
+    (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call): the replayed
+    GEMMs come to 0.0372 s at ``gemm`` and 0.0257 s at the kernels' 0.794, beside 0.0178 s of
+    replayed elementwise work, attention core and weight casts, so the predicted difference is
+    0.0436 s at the kernels' efficiency and 0.055 s at ``gemm``."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
@@ -162,6 +174,11 @@ class Roofline:
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise UsageError(f"roofline {name} = {v}: give a fraction in (0, 1]")
+        if not 0.0 <= self.recompute_gemm <= 1.0:
+            raise UsageError(
+                f"roofline recompute_gemm = {self.recompute_gemm}: give 0 (off) or a fraction "
+                "in (0, 1]"
+            )
         if not 0.0 <= self.contention <= 1.0:
             raise UsageError(f"roofline contention = {self.contention}: give a fraction in [0, 1]")
         if self.gemm_width < 0 or self.gemm_width_half < 0:
@@ -220,6 +237,8 @@ class Work:
 
     gemm_flops: float
     """Matmul FLOPs (recompute included)."""
+    recompute_gemm_flops: float = 0.0
+    """The share of ``gemm_flops`` a full recompute replays (the blocks' forward GEMMs)."""
     attention_flops: float
     """Flash attention core FLOPs (causal half; recompute included); 0 for ``math``."""
     ring: bool
@@ -241,8 +260,11 @@ class Work:
     def parts(self, roof: Roofline, peak_flops: float, hbm_bw: float) -> ComputeParts:
         """Seconds of each kind at ``roof``'s efficiencies."""
         attn_eff = roof.ring_attention if self.ring else roof.attention
+        rc_eff = roof.recompute_gemm or roof.gemm_at(self.gemm_width)
         return ComputeParts(
-            gemm_s=self.gemm_flops / (roof.gemm_at(self.gemm_width) * peak_flops),
+            gemm_s=(self.gemm_flops - self.recompute_gemm_flops)
+            / (roof.gemm_at(self.gemm_width) * peak_flops)
+            + self.recompute_gemm_flops / (rc_eff * peak_flops),
             attention_s=self.attention_flops / (attn_eff * peak_flops),
             elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
             step_s=self.step_seconds(roof, hbm_bw),
@@ -420,7 +442,8 @@ def work(
     rc_fwd = 1.0 if recompute == "full" else 0.0
     # full recompute replays the blocks' forward (the output layer is not checkpointed: parlab's
     # ``apply_recompute``, as Megatron's)
-    gemm = (6.0 * n_stage + 2.0 * rc_fwd * blocks / (pp * tp)) * tokens
+    rc_gemm = 2.0 * rc_fwd * blocks / (pp * tp) * tokens
+    gemm = 6.0 * n_stage * tokens + rc_gemm
     attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
     rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
     # autocast over float32 parameters keeps a float32 residual stream; FSDP and ZeRO-3 gather
@@ -470,6 +493,7 @@ def work(
     fwd = (2.0 + 2.0 * rc_fwd) / (6.0 + 2.0 * rc_fwd)
     return Work(
         gemm_flops=gemm,
+        recompute_gemm_flops=rc_gemm,
         attention_flops=attention_flops,
         ring=cp > 1,
         elementwise_bytes=ew,

@@ -302,18 +302,43 @@ def aligned(model: str) -> bool:
     return all(d % ALIGN == 0 for d in dims)
 
 
+def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
+    """The measured efficiency of the run's model's GEMMs at its tokens per micro-batch, where
+    the run recomputes fully (``Roofline.recompute_gemm``: the replayed GEMMs run at their
+    kernels' speed), ``shapes`` measured them there, the run is not tensor-sharded (the probe
+    runs tp 1) and ran on the probe's GPU; else None. Aligned models included: this is the
+    kernels' own speed, not a ratio carried into a step."""
+    from parlab.plan.calibrate import recompute_of
+
+    if shapes is None or recompute_of(doc) != "full":
+        return None
+    model, tokens, tp, gpu = run_shape(doc)
+    if tp != 1 or gpu != shapes.device:
+        return None
+    return shapes.efficiency.get((model, tokens))
+
+
 def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
     """``roof`` for this run: where ``shapes`` covers its GEMMs, the GEMM efficiency ``gemm`` x
     the measured shape factor with the width law switched off (the factor replaces it); where
-    it covers its attention core, ``attention`` x the measured attention factor; ``source``
-    names each factor applied. ``roof`` itself where it covers neither."""
+    it covers its attention core, ``attention`` x the measured attention factor; where the run
+    recomputes fully and ``shapes`` measured its model's GEMMs at its tokens, the replayed GEMMs
+    at that efficiency (``recompute_efficiency``); ``source`` names each change. ``roof``
+    itself where none applies."""
     gemm = shape_factor(doc, roof, shapes)
     attn = attention_factor(doc, roof, shapes)
-    if gemm is None and attn is None:
+    kernel = recompute_efficiency(doc, shapes)
+    if gemm is None and attn is None and kernel is None:
         return roof
     assert shapes is not None
     changes: dict[str, Any] = {}
     source = roof.source
+    if kernel is not None:
+        changes["recompute_gemm"] = kernel
+        source += (
+            f"; the full recompute's GEMMs at {kernel:.3f} of peak, its kernels' measured "
+            f"efficiency ({shapes.label})"
+        )
     if gemm is not None:
         factor, ref = gemm
         changes.update(gemm=min(1.0, roof.gemm * factor), gemm_width_half=0.0)
