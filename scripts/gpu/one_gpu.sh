@@ -20,6 +20,10 @@
 # The GPU's SM clock, power, temperature and throttle reasons are sampled every 500 ms into
 # OUT_DIR/telemetry.csv. Without a GPU the same commands run at CPU size (tiny model, one gloo
 # rank) as a dry run.
+#
+# RUNS="NAME ARGS...;...": other runs instead (ALSO=1: first, then the set above), ARGS as parlab
+# train takes them with M13, GPT2, SMALL, S, S1, S2 for the preset's models and lengths, e.g.
+# RUNS="gpt2-ddp --strategy ddp --model GPT2 --micro-batch 8 --seq S1".
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu/one_gpu.sh OUT_DIR}"
 mkdir -p "$OUT/results"
@@ -50,27 +54,49 @@ train() {  # NAME ARGS...: one run, its last lines in the log
   timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 3 --steps "${STEPS:-10}" \
     --timeout 90 --results "$OUT/results" "$@" 2>&1 | tail -n 4 | tee -a "$LOG" || status=$?
 }
-train 1.3b-ddp --strategy ddp --model "$M13" --micro-batch 2 --seq "$S"
-train 1.3b-ddp-full --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" --recompute full
-train 1.3b-ddp-selective --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" \
-  --recompute selective
-train 1.3b-ddp-long --strategy ddp --model "$M13" --micro-batch 1 --seq "$S2"
-train 1.3b-ddp-short --strategy ddp --model "$M13" --micro-batch 8 --seq "$S1"
-train 1.3b-fsdp --strategy fsdp --model "$M13" --micro-batch 2 --seq "$S"
-train gpt2-fsdp-1 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
-train gpt2-fsdp-2 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
-train gpt2-ddp-full --strategy ddp --model "$GPT2" --micro-batch 8 --seq "$S1" --recompute full
-for mb in 1 8 32; do
-  train "small-ddp-mb$mb" --strategy ddp --model "$SMALL" --micro-batch "$mb" --seq "$S1"
-done
-# expected to fail: out of memory (exit 1 with a failure document; not counted against status)
-echo "== big-oom: parlab train --strategy ddp --model $BIG --recompute full (out of memory expected)" \
-  | tee -a "$LOG"
-big_cap=()
-[ "$GPUS" -ge 1 ] || big_cap=(--memory-cap 64MiB)
-timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 1 --steps 2 --timeout 90 \
-  --results "$OUT/results" --strategy ddp --model "$BIG" --micro-batch 1 --seq "$S1" \
-  --recompute full "${big_cap[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" || true
+if [ -n "${RUNS:-}" ]; then
+  # RUNS="NAME ARGS...;...": these runs instead of the set below (or beside it with ALSO=1);
+  # in ARGS the words M13, GPT2, SMALL, S, S1 and S2 stand for this preset's models and lengths
+  IFS=';' read -r -a SPECS <<< "$RUNS"
+  for spec in "${SPECS[@]}"; do
+    read -r -a words <<< "$spec"
+    args=()
+    for w in "${words[@]:1}"; do
+      case "$w" in
+        M13) args+=("$M13") ;; GPT2) args+=("$GPT2") ;; SMALL) args+=("$SMALL") ;;
+        S) args+=("$S") ;; S1) args+=("$S1") ;; S2) args+=("$S2") ;;
+        *) args+=("$w") ;;
+      esac
+    done
+    train "${words[0]}" "${args[@]}"
+  done
+fi
+default_set() {  # the runs this script is for
+  train 1.3b-ddp --strategy ddp --model "$M13" --micro-batch 2 --seq "$S"
+  train 1.3b-ddp-full --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" --recompute full
+  train 1.3b-ddp-selective --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" \
+    --recompute selective
+  train 1.3b-ddp-long --strategy ddp --model "$M13" --micro-batch 1 --seq "$S2"
+  train 1.3b-ddp-short --strategy ddp --model "$M13" --micro-batch 8 --seq "$S1"
+  train 1.3b-fsdp --strategy fsdp --model "$M13" --micro-batch 2 --seq "$S"
+  train gpt2-fsdp-1 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
+  train gpt2-fsdp-2 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
+  train gpt2-ddp-full --strategy ddp --model "$GPT2" --micro-batch 8 --seq "$S1" --recompute full
+  for mb in 1 8 32; do
+    train "small-ddp-mb$mb" --strategy ddp --model "$SMALL" --micro-batch "$mb" --seq "$S1"
+  done
+  # expected to fail: out of memory (exit 1 with a failure document; not counted against status)
+  echo "== big-oom: parlab train --strategy ddp --model $BIG --recompute full (out of memory expected)" \
+    | tee -a "$LOG"
+  big_cap=()
+  [ "$GPUS" -ge 1 ] || big_cap=(--memory-cap 64MiB)
+  timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 1 --steps 2 --timeout 90 \
+    --results "$OUT/results" --strategy ddp --model "$BIG" --micro-batch 1 --seq "$S1" \
+    --recompute full "${big_cap[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" || true
+}
+if [ -z "${RUNS:-}" ] || [ -n "${ALSO:-}" ]; then
+  default_set
+fi
 [ -z "$TELEMETRY" ] || kill "$TELEMETRY" 2> /dev/null || true
 # the runs, read back from the documents
 "$PY" - "$OUT/results" <<'PY' | tee -a "$LOG"
