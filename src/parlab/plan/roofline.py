@@ -155,17 +155,17 @@ class Roofline:
     """The same for torch DDP's passes over its gradient buckets (``DDP_ACCUMULATE_BYTES``,
     ``DDP_STEP_BYTES``)."""
     recompute_gemm: float = 0.0
-    """Fraction of the peak reached by the GEMMs a full recompute replays: the model's GEMM
-    kernels' own efficiency at the run's shapes, as ``benchmarks/gemm_shapes_probe.py`` measured
-    it (``parlab.plan.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every other
-    GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what those
-    steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its GEMM
-    kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP at
-    2 x 4096 took 0.0439 s more with full recompute than without
+    """Fraction of the peak reached by the GEMMs a full recompute replays: the model's layer
+    forward GEMMs' own efficiency at the run's shapes, as ``benchmarks/gemm_shapes_probe.py``
+    measured them (``parlab.plan.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every
+    other GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what
+    those steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its
+    GEMM kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP
+    at 2 x 4096 took 0.0439 s more with full recompute than without
     (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call): the replayed
-    GEMMs come to 0.0372 s at ``gemm`` and 0.0257 s at the kernels' 0.794, beside 0.0178 s of
-    replayed elementwise work, attention core and weight casts, so the predicted difference is
-    0.0436 s at the kernels' efficiency and 0.055 s at ``gemm``."""
+    GEMMs come to 0.0372 s at ``gemm`` and 0.0257 s at the layers' forward 0.793, beside
+    0.0178 s of replayed elementwise work, attention core and weight casts, so the predicted
+    difference is 0.0436 s at the kernels' efficiency and 0.055 s at ``gemm``."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 

@@ -96,6 +96,11 @@ class GemmShapes:
     attention: dict[tuple[str, int, int], float] = field(default_factory=dict)
     """(model, micro-batch, sequence) -> achieved fraction of the bf16 peak of one layer's
     causal attention core, forward + backward, on the roofline's causal FLOPs (v2 on)."""
+    forward: dict[tuple[str, int], float] = field(default_factory=dict)
+    """(model, tokens per micro-batch) -> FLOP-weighted achieved fraction of the bf16 peak of
+    one layer's forward GEMMs, the output layer's left out: what a full recompute replays
+    (``forward_efficiency``). GPT-2 124M at 32,768 tokens: 0.70, where all its GEMMs together
+    reach 0.28 (its output layer, vocabulary 50257, runs unaligned kernels)."""
 
     def reference(self, width: float, tokens: int) -> str | None:
         """The measured model of hidden ``width`` at ``tokens``, or None."""
@@ -146,12 +151,16 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
     if int(body.get("shrink", 1)) != 1:
         raise UsageError(f"{doc.run_id}: its shapes were shrunk {body['shrink']}x (a dry run)")
     eff: dict[tuple[str, int], float] = {}
+    forward: dict[tuple[str, int], float] = {}
     hidden: dict[str, int] = {}
     biased: set[str] = set()
     for m in body["models"]:
         if m.get("efficiency") is None or int(m.get("tp", 1)) != 1:
             continue
         eff[(str(m["model"]), int(m["tokens"]))] = float(m["efficiency"])
+        fwd = forward_efficiency(m.get("gemms") or [], float(body.get("peak_flops") or 0.0))
+        if fwd is not None:
+            forward[(str(m["model"]), int(m["tokens"]))] = fwd
         hidden[str(m["model"])] = int(m["hidden"])
         if any(g.get("bias") for g in m.get("gemms", [])):
             biased.add(str(m["model"]))
@@ -170,7 +179,21 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
         version=FORMATS.index(body["format"]) + 1,
         biased=frozenset(biased),
         attention=attention,
+        forward=forward,
     )
+
+
+def forward_efficiency(gemms: list[dict[str, Any]], peak_flops: float) -> float | None:
+    """The FLOP-weighted fraction of ``peak_flops`` of a probe entry's layer forward GEMMs (pass
+    ``fwd``, the ``output`` layer left out), or None without them or a peak."""
+    flops = secs = 0.0
+    for g in gemms:
+        if g.get("pass") == "fwd" and g.get("name") != "output":
+            flops += float(g["count"]) * float(g["flops"])
+            secs += float(g["count"]) * float(g["time_s"])
+    if not peak_flops or not flops or not secs:
+        return None
+    return flops / secs / peak_flops
 
 
 def gemm_shape_calibration(root: Any) -> GemmShapes | None:
@@ -193,11 +216,14 @@ def merge(cals: list[GemmShapes]) -> GemmShapes:
       alone); an unbiased model has no bias gradient, so its v1 and v2 measurements time the
       same GEMMs the same way and all count (more repeats, the same work); v3 times the kernels
       without the host's launch gaps, so where a v3 probe measured it, v3 alone counts;
+    - a (model, tokens)'s forward efficiency (``forward``) likewise, v1 and v2 one era (no bias
+      gradient among the forward GEMMs), v3 its own;
     - a (model, micro-batch, sequence)'s attention efficiency is the mean over the probes of
       the newest format that measured it (v2 timed it with launch gaps, v3 without)."""
     if len(cals) == 1:
         return cals[0]
     seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    forward: dict[tuple[str, int], list[tuple[int, float]]] = {}
     attention: dict[tuple[str, int, int], list[tuple[int, float]]] = {}
     hidden: dict[str, int] = {}
     biased: set[str] = set()
@@ -206,6 +232,8 @@ def merge(cals: list[GemmShapes]) -> GemmShapes:
     for c in cals:
         for k, v in c.efficiency.items():
             seen.setdefault(k, []).append((_era(c.version, k[0] in biased), v))
+        for k, v in c.forward.items():  # no bias gradient among them: v1 and v2 alike
+            forward.setdefault(k, []).append((_era(c.version, False), v))
         for k, v in c.attention.items():
             attention.setdefault(k, []).append((c.version, v))
         hidden.update(c.hidden)
@@ -224,6 +252,7 @@ def merge(cals: list[GemmShapes]) -> GemmShapes:
         version=max(c.version for c in cals),
         biased=frozenset(biased),
         attention={k: newest_mean(v) for k, v in attention.items()},
+        forward={k: newest_mean(v) for k, v in forward.items()},
     )
 
 
@@ -303,11 +332,12 @@ def aligned(model: str) -> bool:
 
 
 def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
-    """The measured efficiency of the run's model's GEMMs at its tokens per micro-batch, where
-    the run recomputes fully (``Roofline.recompute_gemm``: the replayed GEMMs run at their
-    kernels' speed), ``shapes`` measured them there, the run is not tensor-sharded (the probe
-    runs tp 1) and ran on the probe's GPU; else None. Aligned models included: this is the
-    kernels' own speed, not a ratio carried into a step."""
+    """The measured efficiency of the run's model's layer forward GEMMs at its tokens per
+    micro-batch (``GemmShapes.forward``), where the run recomputes fully
+    (``Roofline.recompute_gemm``: the replayed GEMMs run at their kernels' speed), ``shapes``
+    measured them there, the run is not tensor-sharded (the probe runs tp 1) and ran on the
+    probe's GPU; else None. Aligned models included: this is the kernels' own speed, not a
+    ratio carried into a step."""
     from parlab.plan.calibrate import recompute_of
 
     if shapes is None or recompute_of(doc) != "full":
@@ -315,7 +345,7 @@ def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
     model, tokens, tp, gpu = run_shape(doc)
     if tp != 1 or gpu != shapes.device:
         return None
-    return shapes.efficiency.get((model, tokens))
+    return shapes.forward.get((model, tokens))
 
 
 def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
