@@ -21,9 +21,7 @@
 # OUT_DIR/telemetry.csv. Without a GPU the same commands run at CPU size (tiny model, one gloo
 # rank) as a dry run.
 #
-# RUNS="NAME ARGS...;...": other runs instead (ALSO=1: first, then the set above), ARGS as parlab
-# train takes them with M13, GPT2, SMALL, S, S1, S2 for the preset's models and lengths, e.g.
-# RUNS="gpt2-ddp --strategy ddp --model GPT2 --micro-batch 8 --seq S1".
+# Chosen runs instead: scripts/gpu/runs.sh (RUNS, NPROC=1).
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu/one_gpu.sh OUT_DIR}"
 mkdir -p "$OUT/results"
@@ -54,23 +52,6 @@ train() {  # NAME ARGS...: one run, its last lines in the log
   timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 3 --steps "${STEPS:-10}" \
     --timeout 90 --results "$OUT/results" "$@" 2>&1 | tail -n 4 | tee -a "$LOG" || status=$?
 }
-if [ -n "${RUNS:-}" ]; then
-  # RUNS="NAME ARGS...;...": these runs instead of the set below (or beside it with ALSO=1);
-  # in ARGS the words M13, GPT2, SMALL, S, S1 and S2 stand for this preset's models and lengths
-  IFS=';' read -r -a SPECS <<< "$RUNS"
-  for spec in "${SPECS[@]}"; do
-    read -r -a words <<< "$spec"
-    args=()
-    for w in "${words[@]:1}"; do
-      case "$w" in
-        M13) args+=("$M13") ;; GPT2) args+=("$GPT2") ;; SMALL) args+=("$SMALL") ;;
-        S) args+=("$S") ;; S1) args+=("$S1") ;; S2) args+=("$S2") ;;
-        *) args+=("$w") ;;
-      esac
-    done
-    train "${words[0]}" "${args[@]}"
-  done
-fi
 default_set() {  # the runs this script is for
   train 1.3b-ddp --strategy ddp --model "$M13" --micro-batch 2 --seq "$S"
   train 1.3b-ddp-full --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" --recompute full
@@ -94,9 +75,7 @@ default_set() {  # the runs this script is for
     --results "$OUT/results" --strategy ddp --model "$BIG" --micro-batch 1 --seq "$S1" \
     --recompute full "${big_cap[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" || true
 }
-if [ -z "${RUNS:-}" ] || [ -n "${ALSO:-}" ]; then
-  default_set
-fi
+default_set
 [ -z "$TELEMETRY" ] || kill "$TELEMETRY" 2> /dev/null || true
 # the runs, read back from the documents
 "$PY" - "$OUT/results" <<'PY' | tee -a "$LOG"
