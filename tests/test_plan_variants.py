@@ -192,3 +192,24 @@ def test_the_selective_recompute_run_is_planned_with_the_runtimes_policy() -> No
         pytest.skip("the selective-recompute run is not under results/")
     made = calibrate.run_request(d)
     assert made is not None and made[1].recompute == "op-selective"
+
+
+def test_each_miss_gets_the_first_cause_that_fits() -> None:
+    miss, cause = plan_accuracy.Miss, plan_accuracy.miss_cause
+    a = doc("mi-tp2-sp-20261201T000934-45b70c", step=0.10)
+    b = doc("mi-tp2-sp-20261201T001008-accd8a", step=0.13)  # the same configuration, 30 % off
+    alone = doc("mi-tp2-20261201T001008-aaaaaa", step=0.10)
+    repeats = {
+        calibrate.group_of(a): [(a, 0.10, False), (b, 0.10, False)],
+        calibrate.group_of(alone): [(alone, 0.2, False)],
+    }
+    assert cause(miss(b, "", True, 1.2), repeats).startswith("host-bound")
+    assert cause(miss(b, "DeepSpeed's engine: its own buckets (x)", False, None), repeats) == (
+        "not modelled: DeepSpeed's engine"
+    )
+    assert cause(miss(b, "", False, 0.95), repeats).startswith("the host alone at 90%")
+    assert cause(miss(b, "", False, 0.5), repeats).startswith("repeats spread over 20 %")
+    assert cause(miss(alone, "", False, None), repeats) == "other"
+    # a spread the prediction meets on none of the repeats is no excuse
+    repeats[calibrate.group_of(a)] = [(a, 0.2, False), (b, 0.2, False)]
+    assert cause(miss(b, "", False, None), repeats) == "other"
