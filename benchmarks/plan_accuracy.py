@@ -450,8 +450,9 @@ def table_gpu_runs(root: Path) -> None:
             "law (note 'GEMM x'; bias gradients counted in v2 probes); where it measured both "
             "at the run's micro-batch x sequence (tp 1, cp 1), the attention efficiency is "
             "attention x eff_attn(model) / eff_attn(reference) (note 'attention x'); a full "
-            "recompute's replayed GEMMs run at the model's measured GEMM efficiency at the run's "
-            "tokens where the probe measured it (note 'recompute's GEMMs at')."
+            "recompute's replayed GEMMs run at the measured efficiency of the model's layer "
+            "forward GEMMs at the run's tokens where the probe measured it (note 'recompute's "
+            "GEMMs at')."
         )
     if host_steps is not None:
         print(

@@ -366,8 +366,8 @@ def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
     if kernel is not None:
         changes["recompute_gemm"] = kernel
         source += (
-            f"; the full recompute's GEMMs at {kernel:.3f} of peak, its kernels' measured "
-            f"efficiency ({shapes.label})"
+            f"; the full recompute's GEMMs at {kernel:.3f} of peak, the measured efficiency "
+            f"of the model's layer forward GEMMs ({shapes.label})"
         )
     if gemm is not None:
         factor, ref = gemm
