@@ -293,9 +293,9 @@ def table_gpu_runs(root: Path) -> None:
     from parlab.plan.paramwork import param_work_calibration
     from parlab.plan.shapes import (
         attention_factor,
+        doc_batch,
         gemm_shape_calibration,
         recompute_efficiency,
-        run_shape,
         shape_factor,
     )
 
@@ -331,10 +331,10 @@ def table_gpu_runs(root: Path) -> None:
         out_of_sample = loo if cal_of else pred
         why = unmodelled(d, host=host, shapes=shapes, roofline=rf["roof"])
         shaped = shape_factor(d, rf["roof"], shapes)
-        if shaped is not None and shaped[1] == run_shape(d)[0]:
+        if shaped is not None and shaped[1] == doc_batch(d).model:
             shaped = None  # the reference's own runs: factor 1, as under the width law
         attn = attention_factor(d, rf["roof"], shapes)
-        if attn is not None and attn[1] == run_shape(d)[0]:
+        if attn is not None and attn[1] == doc_batch(d).model:
             attn = None  # the reference's own runs: factor 1
         if recompute_of(d) == "op-selective" and pred is not None:
             rc_s = recompute_s(d, rf["roof"], cal, shapes)

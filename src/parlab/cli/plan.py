@@ -195,14 +195,16 @@ def plan_cmd(
         env_doc = contract.read_document(env)
         rests_on.append(env_doc.run_id)
     cal = load_calibration(calibration) if calibration is not None else None
-    roof = None
+    roof = shapes = None
     if roofline is not None:
         from parlab.plan.calibrate import collectives_calibration, lab_roofline
+        from parlab.plan.shapes import gemm_shape_calibration
 
         if cal is None:
             cal = collectives_calibration(roofline)
         roof, fitted_on = lab_roofline(roofline, calibration=cal)
         rests_on.extend(fitted_on)
+        shapes = gemm_shape_calibration(roofline)
     if cal is not None:
         rests_on.append(cal.run_id)
     from parlab.plan.space import make_cluster
@@ -238,8 +240,16 @@ def plan_cmd(
         max_exposed_comm=max_exposed_comm,
         gemm_width_half=gemm_width_half,
         roofline=roof,
+        shapes=shapes,
     )
     result = plan(req)
+    if shapes is not None and result.top is not None:
+        from parlab.plan.planner import shapes_note
+
+        note = shapes_note(req, result.top.cand)
+        if note:  # the lab measured the top choice's shapes: say what they changed
+            result.notes.append(note)
+            rests_on.extend(shapes.run_id.split(" + "))
     if roofline is not None and result.top is not None and result.top.estimate is not None:
         from parlab.plan.host import host_note, host_step_calibration
 

@@ -106,6 +106,10 @@ class PlanRequest:
     carries its own GEMM width law (``gemm_width_half`` above is the MFU model's)."""
     implementation: Implementation = field(default_factory=Implementation)
     """The implementation the roofline's elementwise bytes are counted for."""
+    shapes: Any = None
+    """A GEMM-shape calibration (``parlab.plan.shapes.GemmShapes``) measured on this cluster's
+    GPU: where it covers a candidate's model and batch, its measured factors adjust
+    ``roofline`` for that candidate (``candidate_roofline``); None: the roofline as fitted."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1 or self.seq < 1:
@@ -567,6 +571,57 @@ def candidate_work(req: PlanRequest, cand: Candidate, *, sp: bool) -> Any:
     )
 
 
+def candidate_roofline(req: PlanRequest, cand: Candidate) -> Roofline | None:
+    """``req.roofline`` for ``cand``: with ``req.shapes``, its measured GEMM, attention-core
+    and recompute factors where they cover the candidate's model, micro-batch x sequence and
+    GPU (``parlab.plan.shapes.shaped``); else as fitted."""
+    roof = req.roofline
+    if roof is None or req.shapes is None:
+        return roof
+    from parlab.plan.shapes import shaped
+
+    return shaped(_batch(req, cand), roof, req.shapes)
+
+
+def _batch(req: PlanRequest, cand: Candidate) -> Any:
+    """``cand``'s ``parlab.plan.shapes.Batch``."""
+    from parlab.plan.shapes import Batch
+
+    return Batch(
+        model=req.spec.name,
+        micro_batch=cand.micro_batch,
+        seq=req.seq,
+        tp=cand.tp,
+        cp=cand.cp,
+        gpu=req.cluster.gpu.name,
+        recompute=cand.recompute,
+    )
+
+
+def shapes_note(req: PlanRequest, cand: Candidate) -> str:
+    """What ``req.shapes`` changed in ``cand``'s roofline (``candidate_roofline``), in words;
+    '' where it changed nothing."""
+    roof = req.roofline
+    if roof is None or req.shapes is None:
+        return ""
+    from parlab.plan.shapes import attn_factor, gemm_factor, rc_efficiency
+
+    batch = _batch(req, cand)
+    parts = []
+    if (g := gemm_factor(batch, roof, req.shapes)) is not None:
+        parts.append(f"GEMMs x {g[0]:.3f} against {g[1]}'s (instead of the width law)")
+    if (a := attn_factor(batch, roof, req.shapes)) is not None:
+        parts.append(f"attention core x {a[0]:.3f} against {a[1]}'s")
+    if (k := rc_efficiency(batch, req.shapes)) is not None:
+        parts.append(f"the full recompute's GEMMs at {k:.3f} of peak")
+    if not parts:
+        return ""
+    return (
+        f"shapes: the GEMM-shape probe measured {req.spec.name} at {batch.micro_batch} x "
+        f"{batch.seq} on {req.cluster.gpu.name}: {'; '.join(parts)} ({req.shapes.label})"
+    )
+
+
 def _timed(
     req: PlanRequest,
     cand: Candidate,
@@ -581,7 +636,7 @@ def _timed(
     th = req.throughput
     ref = th.ref_width or float(req.spec.hidden)
     eff = width_factor(req.spec.hidden / cand.tp, ref, req.gemm_width_half)
-    roof = req.roofline
+    roof = candidate_roofline(req, cand)
     if roof is None:
         extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute)
         compute_s = (fpt + extra) * req.tokens_per_step / world / (th.achieved * eff)

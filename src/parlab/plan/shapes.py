@@ -57,6 +57,7 @@ here; nothing imports torch or crosses a wire.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,6 +102,15 @@ class GemmShapes:
     one layer's forward GEMMs, the output layer's left out: what a full recompute replays
     (``forward_efficiency``). GPT-2 124M at 32,768 tokens: 0.70, where all its GEMMs together
     reach 0.28 (its output layer, vocabulary 50257, runs unaligned kernels)."""
+
+    def __post_init__(self) -> None:
+        # one name per model, the catalog's (``canonical``): runs and candidates look it up so
+        for name in ("efficiency", "forward", "attention"):
+            table = getattr(self, name)
+            fixed = {(canonical(k[0]), *k[1:]): v for k, v in table.items()}
+            object.__setattr__(self, name, fixed)
+        object.__setattr__(self, "hidden", {canonical(k): v for k, v in self.hidden.items()})
+        object.__setattr__(self, "biased", frozenset(canonical(m) for m in self.biased))
 
     def reference(self, width: float, tokens: int) -> str | None:
         """The measured model of hidden ``width`` at ``tokens``, or None."""
@@ -168,7 +178,9 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
     for a in body.get("attention") or []:
         if a.get("efficiency") is None or int(a.get("tp", 1)) != 1 or int(a.get("cp", 1)) != 1:
             continue
-        attention[(str(a["model"]), int(a["micro_batch"]), int(a["seq"]))] = float(a["efficiency"])
+        attention[(str(a["model"]), int(a["micro_batch"]), int(a["seq"]))] = float(
+            a["efficiency"]
+        )
         hidden[str(a["model"])] = int(a["hidden"])
     return GemmShapes(
         run_id=doc.run_id,
@@ -285,79 +297,100 @@ def run_shape(doc: Any) -> tuple[str, int, int, str]:
     return model, mb * seq // cp, tp, gpu
 
 
-def shape_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
-    """(measured shape factor, its reference model) for this run under ``shapes``, or None
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    """What the shape factors look up for one rank's step: a measured run's (``doc_batch``) or a
+    planned candidate's (``parlab.plan.planner``)."""
+
+    model: str
+    micro_batch: int
+    seq: int
+    tp: int = 1
+    cp: int = 1
+    gpu: str
+    """The GPU's name, as the run's environment or the catalog gives it."""
+    recompute: str = "none"
+    """In the planner's names (``parlab.plan.calibrate.recompute_of``)."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch per rank."""
+        return self.micro_batch * self.seq // self.cp
+
+
+def doc_batch(doc: Any) -> Batch:
+    """The ``Batch`` of a measured training run."""
+    from parlab.plan.calibrate import recompute_of
+
+    model, mb, seq, tp, cp, gpu = run_batch(doc)
+    return Batch(
+        model=canonical(model),
+        micro_batch=mb,
+        seq=seq,
+        tp=tp,
+        cp=cp,
+        gpu=gpu,
+        recompute=recompute_of(doc),
+    )
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """The same GPU model: equal names, or names the catalog resolves to one entry
+    (``NVIDIA H200`` from torch, ``H200`` from ``--gpus``)."""
+    if a == b:
+        return True
+    from parlab.hardware.catalog import lookup
+
+    ga, gb = lookup(a), lookup(b)
+    return ga is not None and gb is not None and ga.name == gb.name
+
+
+def gemm_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+    """(measured shape factor, its reference model) for ``batch`` under ``shapes``, or None
     where the calibration does not cover it (the width law then stays)."""
     if shapes is None or roof.gemm_width <= 0:
         return None
-    model, tokens, tp, gpu = run_shape(doc)
-    if tp != 1 or gpu != shapes.device or aligned(model):
+    if batch.tp != 1 or not same_gpu(batch.gpu, shapes.device) or aligned(batch.model):
         return None
-    return shapes.factor(model, tokens, roof.gemm_width)
+    return shapes.factor(batch.model, batch.tokens, roof.gemm_width)
 
 
-def attention_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
-    """(measured attention factor, its reference model) for this run under ``shapes``, or None
-    where the calibration does not cover it: not measured at the run's micro-batch and
-    sequence (for the model or the reference, the model of ``roof.gemm_width``), tp > 1 (the
-    heads split), cp > 1 (the ring: ``ring_attention``), or another GPU."""
+def attn_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+    """(measured attention factor, its reference model) for ``batch`` under ``shapes``, or None
+    where the calibration does not cover it: not measured at its micro-batch and sequence (for
+    the model or the reference, the model of ``roof.gemm_width``), tp > 1 (the heads split),
+    cp > 1 (the ring: ``ring_attention``), or another GPU."""
     if shapes is None or roof.gemm_width <= 0 or not shapes.attention:
         return None
-    model, mb, seq, tp, cp, gpu = run_batch(doc)
-    if tp != 1 or cp != 1 or gpu != shapes.device:
+    if batch.tp != 1 or batch.cp != 1 or not same_gpu(batch.gpu, shapes.device):
         return None
-    return shapes.attention_factor(model, mb, seq, roof.gemm_width)
+    return shapes.attention_factor(batch.model, batch.micro_batch, batch.seq, roof.gemm_width)
 
 
-ALIGN = 128
-"""The GEMM tile the width law's fitting runs all divide into (their every GEMM dimension)."""
-
-
-def aligned(model: str) -> bool:
-    """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
-    multiple of ``ALIGN``, as in the Llama-style runs the width law was fitted on: the law
-    describes it, and the measured factor is not applied. (On the H200s the probe put the 8B's
-    GEMMs at 0.92 of the 1.3B's (``gemm-shapes-20261130T232027-2c4a49``) while the runs the law was fitted on ran both at the law's
-    efficiency: a bare GEMM's ratio does not carry to aligned shapes inside a training step.)
-    Unknown models count as aligned (no factor)."""
-    from parlab.models import get_spec
-
-    try:
-        spec = get_spec(model)
-    except ValueError:
-        return True
-    kv = spec.kv_heads or spec.heads
-    dims = (spec.hidden, spec.ffn_hidden, spec.vocab_size, spec.q_dim, kv * spec.d_head)
-    return all(d % ALIGN == 0 for d in dims)
-
-
-def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
-    """The measured efficiency of the run's model's layer forward GEMMs at its tokens per
-    micro-batch (``GemmShapes.forward``), where the run recomputes fully
+def rc_efficiency(batch: Batch, shapes: GemmShapes | None) -> float | None:
+    """The measured efficiency of the model's layer forward GEMMs at ``batch``'s tokens per
+    micro-batch (``GemmShapes.forward``), where it recomputes fully
     (``Roofline.recompute_gemm``: the replayed GEMMs run at their kernels' speed), ``shapes``
-    measured them there, the run is not tensor-sharded (the probe runs tp 1) and ran on the
-    probe's GPU; else None. Aligned models included: this is the kernels' own speed, not a
-    ratio carried into a step."""
-    from parlab.plan.calibrate import recompute_of
-
-    if shapes is None or recompute_of(doc) != "full":
+    measured them there, it is not tensor-sharded (the probe runs tp 1) and runs on the probe's
+    GPU; else None. Aligned models included: this is the kernels' own speed, not a ratio
+    carried into a step."""
+    if shapes is None or batch.recompute != "full":
         return None
-    model, tokens, tp, gpu = run_shape(doc)
-    if tp != 1 or gpu != shapes.device:
+    if batch.tp != 1 or not same_gpu(batch.gpu, shapes.device):
         return None
-    return shapes.forward.get((model, tokens))
+    return shapes.forward.get((batch.model, batch.tokens))
 
 
-def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
-    """``roof`` for this run: where ``shapes`` covers its GEMMs, the GEMM efficiency ``gemm`` x
+def shaped(batch: Batch, roof: Any, shapes: GemmShapes | None) -> Any:
+    """``roof`` for ``batch``: where ``shapes`` covers its GEMMs, the GEMM efficiency ``gemm`` x
     the measured shape factor with the width law switched off (the factor replaces it); where
-    it covers its attention core, ``attention`` x the measured attention factor; where the run
-    recomputes fully and ``shapes`` measured its model's GEMMs at its tokens, the replayed GEMMs
-    at that efficiency (``recompute_efficiency``); ``source`` names each change. ``roof``
-    itself where none applies."""
-    gemm = shape_factor(doc, roof, shapes)
-    attn = attention_factor(doc, roof, shapes)
-    kernel = recompute_efficiency(doc, shapes)
+    it covers its attention core, ``attention`` x the measured attention factor; where it
+    recomputes fully and ``shapes`` measured its model's layer GEMMs at its tokens, the replayed
+    GEMMs at that efficiency (``rc_efficiency``); ``source`` names each change. ``roof`` itself
+    where none applies."""
+    gemm = gemm_factor(batch, roof, shapes)
+    attn = attn_factor(batch, roof, shapes)
+    kernel = rc_efficiency(batch, shapes)
     if gemm is None and attn is None and kernel is None:
         return roof
     assert shapes is not None
@@ -378,3 +411,58 @@ def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
         changes["attention"] = min(1.0, roof.attention * factor)
         source += f"; attention x {factor:.3f} measured against {ref} ({shapes.label})"
     return replace(roof, **changes, source=source)
+
+
+def shape_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+    """``gemm_factor`` of a measured run."""
+    return gemm_factor(doc_batch(doc), roof, shapes)
+
+
+def attention_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+    """``attn_factor`` of a measured run."""
+    return attn_factor(doc_batch(doc), roof, shapes)
+
+
+def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
+    """``rc_efficiency`` of a measured run."""
+    return rc_efficiency(doc_batch(doc), shapes)
+
+
+def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
+    """``shaped`` for a measured run."""
+    return shaped(doc_batch(doc), roof, shapes)
+
+
+ALIGN = 128
+"""The GEMM tile the width law's fitting runs all divide into (their every GEMM dimension)."""
+
+
+@functools.cache
+def canonical(model: Any) -> str:
+    """The catalog's name of ``model`` (``8b`` and ``llama3.1-8b`` are one model), or the name
+    as given where the catalog has none."""
+    from parlab.models import get_spec
+
+    try:
+        return get_spec(str(model)).name
+    except ValueError:
+        return str(model)
+
+
+@functools.cache
+def aligned(model: str) -> bool:
+    """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
+    multiple of ``ALIGN``, as in the Llama-style runs the width law was fitted on: the law
+    describes it, and the measured factor is not applied. (On the H200s the probe put the 8B's
+    GEMMs at 0.92 of the 1.3B's (``gemm-shapes-20261130T232027-2c4a49``) while the runs the law was fitted on ran both at the law's
+    efficiency: a bare GEMM's ratio does not carry to aligned shapes inside a training step.)
+    Unknown models count as aligned (no factor)."""
+    from parlab.models import get_spec
+
+    try:
+        spec = get_spec(model)
+    except ValueError:
+        return True
+    kv = spec.kv_heads or spec.heads
+    dims = (spec.hidden, spec.ffn_hidden, spec.vocab_size, spec.q_dim, kv * spec.d_head)
+    return all(d % ALIGN == 0 for d in dims)
