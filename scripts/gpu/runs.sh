@@ -5,7 +5,8 @@
 #   RUNS="NAME ARGS...;..." scripts/gpu/runs.sh OUT_DIR
 #
 # Each entry is one `parlab train` run: its NAME for the log, then its arguments, where the
-# words M13 (the 1.3B), M7 (Llama-2 7B), M8 (the 8B), GPT2 (GPT-2 1.5B), SMALL (GPT-2 124M),
+# words M13 (the 1.3B), M7 (Llama-2 7B), M8 (the 8B), Q7 (Qwen2.5 7B), GPT2 (GPT-2 1.5B), SMALL
+# (GPT-2 124M),
 # S (4096), S1 (1024) and S2 (8192) stand for the preset's models and lengths. Every run: bf16,
 # NPROC ranks (default: every GPU here), 3 warm-up and STEPS (5) timed steps, every step kept
 # (workload.step_times). E.g.
@@ -24,10 +25,11 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 if [ "$GPUS" -ge 1 ]; then
-  M13=1.3b M7=llama2-7b M8=8b GPT2=gpt2-1.5b SMALL=gpt2-124m DT=bf16 S=4096 S1=1024 S2=8192
+  M13=1.3b M7=llama2-7b M8=8b Q7=qwen2.5-7b GPT2=gpt2-1.5b SMALL=gpt2-124m DT=bf16
+  S=4096 S1=1024 S2=8192
   NP="${NPROC:-$GPUS}"
 else
-  M13=tiny M7=small M8=small GPT2=tiny SMALL=tiny DT=fp32 S=64 S1=32 S2=128
+  M13=tiny M7=small M8=small Q7=small GPT2=tiny SMALL=tiny DT=fp32 S=64 S1=32 S2=128
   NP="${NPROC:-2}"
 fi
 LOG="$OUT/runs.log"
@@ -42,7 +44,7 @@ for spec in "${SPECS[@]}"; do
   args=()
   for w in "${words[@]:1}"; do
     case "$w" in
-      M13) args+=("$M13") ;; M7) args+=("$M7") ;; M8) args+=("$M8") ;;
+      M13) args+=("$M13") ;; M7) args+=("$M7") ;; M8) args+=("$M8") ;; Q7) args+=("$Q7") ;;
       GPT2) args+=("$GPT2") ;; SMALL) args+=("$SMALL") ;;
       S) args+=("$S") ;; S1) args+=("$S1") ;; S2) args+=("$S2") ;;
       *) args+=("$w") ;;
