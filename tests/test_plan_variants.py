@@ -213,3 +213,23 @@ def test_each_miss_gets_the_first_cause_that_fits() -> None:
     # a spread the prediction meets on none of the repeats is no excuse
     repeats[calibrate.group_of(a)] = [(a, 0.2, False), (b, 0.2, False)]
     assert cause(miss(b, "", False, None), repeats) == "other"
+
+
+@pytest.mark.parametrize(
+    "stage, dtype", [("zero1", "bf16-master"), ("zero2", "bf16-master"), ("zero3", "bf16-mixed")]
+)
+def test_deepspeed_runs_are_priced_as_their_zero_stage_and_bf16_recipe(
+    stage: str, dtype: str
+) -> None:
+    """DeepSpeed's ZeRO-N shards as parlab's zeroN; its bf16 under ZeRO-1/2 keeps bf16
+    parameters and gradients with float32 master partitions: parlab's bf16-master."""
+    from parlab.contract import read_document
+
+    root = Path(__file__).resolve().parents[1] / "results" / "PAR-TRAINING-STATE"
+    paths = sorted(root.glob(f"train-deepspeed-{stage}-1.3b-*.json"))
+    if not paths:
+        pytest.skip("the committed DeepSpeed runs are not in this checkout")
+    made = calibrate.run_request(read_document(paths[0]))
+    assert made is not None
+    req, cand, _ = made
+    assert cand.strategy == stage and req.dtype == dtype

@@ -228,6 +228,8 @@ def run_request(
     mesh = lay.get("mesh") or {}
     k = knobs(doc)
     strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
+    deepspeed = strategy.startswith("deepspeed-")
+    strategy = strategy.removeprefix("deepspeed-")  # DeepSpeed's ZeRO stages: the same sharding
     if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
         strategy = "ddp"
     tp, pp, cp = int(mesh.get("tp", 1)), int(mesh.get("pp", 1)), int(mesh.get("cp", 1))
@@ -248,6 +250,10 @@ def run_request(
     if (k.get("dtype") or w.get("dtype")) == "fp32":
         dtype = "fp32"
     elif k.get("dtype") == "bf16-master":  # ZeRO-1/2: bf16 params, fp32 master shards
+        dtype = "bf16-master"
+    elif deepspeed and k.get("dtype") == "bf16" and strategy in ("zero1", "zero2"):
+        # DeepSpeed's bf16 (``"bf16": {"enabled": true}``) under ZeRO-1/2 is that recipe: bf16
+        # parameters and gradients, float32 master weights in the optimizer's partitions
         dtype = "bf16-master"
     elif w.get("dtype") == "bf16":
         dtype = "bf16"
