@@ -415,7 +415,16 @@ def markdown(folder: Path) -> str:
     cal = collectives_calibration(folder)
     host = host_dispatch_calibration(folder)
     old = pa.mfu_model_rows(runs, cal) if runs else {}
-    rf = pa.roofline_rows(runs, cal) if runs else {"pred": {}, "loo": {}, "calibrating": {}}
+    from parlab.plan.paramwork import param_work_calibration
+    from parlab.plan.shapes import gemm_shape_calibration
+
+    # the roofline as benchmarks/plan_accuracy.py runs it: measured shapes and per-parameter
+    # bandwidths included, so the two documents count the same runs within 10 %
+    rf = (
+        pa.roofline_rows(runs, cal, gemm_shape_calibration(folder), param_work_calibration(folder))
+        if runs
+        else {"pred": {}, "loo": {}, "calibrating": {}}
+    )
     # DTensor TP runs: roofline and ops x host seconds per op (sum or max: parlab.plan.host)
     bounds = {d.run_id: b for d in runs if (b := host_bound(d, rf["pred"].get(d.run_id), host))}
     rf["pred"].update({rid: b[0] for rid, b in bounds.items()})
@@ -760,14 +769,13 @@ def misses(
             f"{_gib(nr['revised_comm'])} against {_gib(nr['comm_bytes_per_step'][0])} "
             f"measured ({_pct(rel(nr['comm_bytes_per_step'][0], nr['revised_comm']))})."
         )
-    both = [
-        (rel(v["step"], v["mfu"]), rel(v["step"], v["roofline"]))
-        for v in steps.values()
-        if v.get("step")
-    ]
+    both = [(v["step"], v["mfu"], v["roofline"]) for v in steps.values() if v.get("step")]
     if both:
-        n_mfu = sum(1 for e, _ in both if e is not None and abs(e) <= 0.10)
-        n_roof = sum(1 for _, e in both if e is not None and abs(e) <= 0.10)
+        import plan_accuracy as pa
+
+        # plan_accuracy's verdict: |predicted - measured| / measured below 10 %
+        n_mfu = sum(pa.within(mfu, step, pa.STEP_TARGET) == "yes" for step, mfu, _ in both)
+        n_roof = sum(pa.within(roof, step, pa.STEP_TARGET) == "yes" for step, _, roof in both)
         out.append(
             f"**Step time.** Within 10 %: the roofline (out of sample) {n_roof} of {len(both)} "
             f"runs; the MFU model with the other runs' MFU {n_mfu} of {len(both)}. One MFU "
