@@ -178,9 +178,7 @@ def load_gemm_shapes(doc: Any) -> GemmShapes:
     for a in body.get("attention") or []:
         if a.get("efficiency") is None or int(a.get("tp", 1)) != 1 or int(a.get("cp", 1)) != 1:
             continue
-        attention[(str(a["model"]), int(a["micro_batch"]), int(a["seq"]))] = float(
-            a["efficiency"]
-        )
+        attention[(str(a["model"]), int(a["micro_batch"]), int(a["seq"]))] = float(a["efficiency"])
         hidden[str(a["model"])] = int(a["hidden"])
     return GemmShapes(
         run_id=doc.run_id,
