@@ -178,7 +178,8 @@ def test_manual_gc_keeps_results_and_is_recorded() -> None:
     cfg = cfg_for("fsdp", 2, manual_gc=2)
     check_equal(run_ranks(train_rank, 2, return_params=True, **cfg.to_json()), 2)
     assert _layout(cfg, "gloo")["knobs"]["manual_gc"] == 2
-    assert "manual_gc" not in _layout(cfg_for("fsdp", 2), "gloo")["knobs"]
+    assert _layout(cfg_for("fsdp", 2), "gloo")["knobs"]["manual_gc"] == 50  # the default
+    assert "manual_gc" not in _layout(cfg_for("fsdp", 2, manual_gc=0), "gloo")["knobs"]
 
 
 def _parlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

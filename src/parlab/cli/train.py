@@ -108,10 +108,11 @@ def train_cmd(
         "node, socket, exclusive, core-complex). CPU ranks are never bound.",
     ),
     manual_gc: int = typer.Option(
-        0,
+        50,
         "--manual-gc",
         help="N: Python's automatic garbage collection off while training, a young-generation "
-        "collection every N steps instead (torchtitan's gc_freq); 0: automatic.",
+        "collection every N steps instead (torchtitan's gc_freq, default 50); 0: automatic "
+        "(its full collections pause the host mid-step).",
     ),
     results: Path | None = ResultsOption,
 ) -> None:
