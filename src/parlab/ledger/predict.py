@@ -701,7 +701,13 @@ def predict(
             row["gather_buffers"] = (root_el + sn.largest_block) * gather_b
         else:
             row["gather_buffers"] = 0
-        if strategy in ("zero2", "zero3", "fsdp", "fsdp-hybrid"):
+        if strategy in ("zero2", "zero3"):
+            # parlab's ZeRO-2/3 flatten a unit's gradients as soon as they are ready: at the top
+            # of backward, where the activations peak, the first is the last stage's head unit
+            # (final norm and output projection), a block's on any other stage
+            first = math.ceil(sn.head / n) * n if last and sn.head else sn.largest_block
+            row["reduce_buffers"] = first * pol.grad_bytes
+        elif strategy in ("fsdp", "fsdp-hybrid"):
             row["reduce_buffers"] = largest_unit * pol.grad_bytes
         else:
             row["reduce_buffers"] = 0
