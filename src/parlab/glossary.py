@@ -437,8 +437,9 @@ TERMS: list[Term] = [
         "about the model.",
         elsewhere="torchtitan training.gc_freq and Megatron --manual-gc (collect garbage by "
         "hand, between steps); nccl-tests' -n/-w iterations and warm-up.",
-        measure="parlab train (workload.step_times, --manual-gc N); parlab project "
-        "model-internal (workload.step_times)",
+        measure="parlab train (workload.step_times, --manual-gc N: default 50, Python's "
+        "automatic collection off, which paused one step in every 10-step GPT-2 FSDP run); "
+        "parlab project model-internal (workload.step_times)",
         group=G_TIME,
     ),
     Term(
