@@ -769,10 +769,10 @@ def misses(
             f"{_gib(nr['revised_comm'])} against {_gib(nr['comm_bytes_per_step'][0])} "
             f"measured ({_pct(rel(nr['comm_bytes_per_step'][0], nr['revised_comm']))})."
         )
+    import plan_accuracy as pa
+
     both = [(v["step"], v["mfu"], v["roofline"]) for v in steps.values() if v.get("step")]
     if both:
-        import plan_accuracy as pa
-
         # plan_accuracy's verdict: |predicted - measured| / measured below 10 %
         n_mfu = sum(pa.within(mfu, step, pa.STEP_TARGET) == "yes" for step, mfu, _ in both)
         n_roof = sum(pa.within(roof, step, pa.STEP_TARGET) == "yes" for step, _, roof in both)
@@ -785,8 +785,6 @@ def misses(
             "memory-bound work apart. Its misses and the runs it does not model are listed "
             "in `benchmarks/results/plan_accuracy.txt`."
         )
-    import plan_accuracy as pa
-
     mg = pa.megatron_results()
     slow = [(pred - pub) / pub for _n, _l, pub, pred, _v in mg["base"] if pred]
     cal = {("22B", "selective + SP"), ("175B", "selective + SP")}

@@ -52,30 +52,27 @@ train() {  # NAME ARGS...: one run, its last lines in the log
   timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 3 --steps "${STEPS:-10}" \
     --timeout 90 --results "$OUT/results" "$@" 2>&1 | tail -n 4 | tee -a "$LOG" || status=$?
 }
-default_set() {  # the runs this script is for
-  train 1.3b-ddp --strategy ddp --model "$M13" --micro-batch 2 --seq "$S"
-  train 1.3b-ddp-full --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" --recompute full
-  train 1.3b-ddp-selective --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" \
-    --recompute selective
-  train 1.3b-ddp-long --strategy ddp --model "$M13" --micro-batch 1 --seq "$S2"
-  train 1.3b-ddp-short --strategy ddp --model "$M13" --micro-batch 8 --seq "$S1"
-  train 1.3b-fsdp --strategy fsdp --model "$M13" --micro-batch 2 --seq "$S"
-  train gpt2-fsdp-1 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
-  train gpt2-fsdp-2 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
-  train gpt2-ddp-full --strategy ddp --model "$GPT2" --micro-batch 8 --seq "$S1" --recompute full
-  for mb in 1 8 32; do
-    train "small-ddp-mb$mb" --strategy ddp --model "$SMALL" --micro-batch "$mb" --seq "$S1"
-  done
-  # expected to fail: out of memory (exit 1 with a failure document; not counted against status)
-  echo "== big-oom: parlab train --strategy ddp --model $BIG --recompute full (out of memory expected)" \
-    | tee -a "$LOG"
-  big_cap=()
-  [ "$GPUS" -ge 1 ] || big_cap=(--memory-cap 64MiB)
-  timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 1 --steps 2 --timeout 90 \
-    --results "$OUT/results" --strategy ddp --model "$BIG" --micro-batch 1 --seq "$S1" \
-    --recompute full "${big_cap[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" || true
-}
-default_set
+train 1.3b-ddp --strategy ddp --model "$M13" --micro-batch 2 --seq "$S"
+train 1.3b-ddp-full --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" --recompute full
+train 1.3b-ddp-selective --strategy ddp --model "$M13" --micro-batch 2 --seq "$S" \
+  --recompute selective
+train 1.3b-ddp-long --strategy ddp --model "$M13" --micro-batch 1 --seq "$S2"
+train 1.3b-ddp-short --strategy ddp --model "$M13" --micro-batch 8 --seq "$S1"
+train 1.3b-fsdp --strategy fsdp --model "$M13" --micro-batch 2 --seq "$S"
+train gpt2-fsdp-1 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
+train gpt2-fsdp-2 --strategy fsdp --model "$GPT2" --micro-batch 8 --seq "$S1"
+train gpt2-ddp-full --strategy ddp --model "$GPT2" --micro-batch 8 --seq "$S1" --recompute full
+for mb in 1 8 32; do
+  train "small-ddp-mb$mb" --strategy ddp --model "$SMALL" --micro-batch "$mb" --seq "$S1"
+done
+# expected to fail: out of memory (exit 1 with a failure document; not counted against status)
+echo "== big-oom: parlab train --strategy ddp --model $BIG --recompute full (out of memory expected)" \
+  | tee -a "$LOG"
+big_cap=()
+[ "$GPUS" -ge 1 ] || big_cap=(--memory-cap 64MiB)
+timeout 150 "$PY" -m parlab train --nproc 1 --dtype "$DT" --warmup 1 --steps 2 --timeout 90 \
+  --results "$OUT/results" --strategy ddp --model "$BIG" --micro-batch 1 --seq "$S1" \
+  --recompute full "${big_cap[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" || true
 [ -z "$TELEMETRY" ] || kill "$TELEMETRY" 2> /dev/null || true
 # the runs, read back from the documents
 "$PY" - "$OUT/results" <<'PY' | tee -a "$LOG"

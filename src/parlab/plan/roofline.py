@@ -161,11 +161,10 @@ class Roofline:
     other GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what
     those steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its
     GEMM kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP
-    at 2 x 4096 took 0.0439 s more with full recompute than without
-    (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call): the replayed
-    GEMMs come to 0.0372 s at ``gemm`` and 0.0257 s at the layers' forward 0.793, beside
-    0.0178 s of replayed elementwise work, attention core and weight casts, so the predicted
-    difference is 0.0436 s at the kernels' efficiency and 0.055 s at ``gemm``."""
+    at 2 x 4096 measured 0.186 s without recompute and 0.230 s with full recompute
+    (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call); the roofline
+    column of ``benchmarks/results/plan_accuracy.txt`` gives them 0.190 and 0.234 s, where
+    with the replayed GEMMs at ``gemm`` it gave 0.190 and 0.246 s (the table at 4959231)."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 

@@ -289,12 +289,6 @@ def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
     )
 
 
-def run_shape(doc: Any) -> tuple[str, int, int, str]:
-    """(model, tokens per micro-batch per rank, tp, GPU name) of a measured training run."""
-    model, mb, seq, tp, cp, gpu = run_batch(doc)
-    return model, mb * seq // cp, tp, gpu
-
-
 @dataclass(frozen=True, kw_only=True)
 class Batch:
     """What the shape factors look up for one rank's step: a measured run's (``doc_batch``) or a
@@ -332,6 +326,7 @@ def doc_batch(doc: Any) -> Batch:
     )
 
 
+@functools.cache
 def same_gpu(a: str, b: str) -> bool:
     """The same GPU model: equal names, or names the catalog resolves to one entry
     (``NVIDIA H200`` from torch, ``H200`` from ``--gpus``)."""
