@@ -46,6 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from parlab.plan.host import narrow_spec  # the probe's narrowed model
+
 FORMAT = "parlab-host-step/v1"
 KIND = "host-step-calibration"
 
@@ -67,25 +69,6 @@ class Run:
             raise ValueError(f"--run {text!r}: give STRATEGY:MODEL:MBxSEQ:RECOMPUTE")
         mb, seq = (int(x) for x in parts[2].lower().split("x"))
         return cls(parts[0], parts[1], mb, seq, parts[3])
-
-
-def narrow_spec(model: str, head_dim: int) -> Any:
-    """``model``'s spec at ``head_dim`` per head: hidden = heads x head_dim, the FFN in
-    proportion (a multiple of 64, at least 64); layers, heads, KV heads, vocabulary, biases,
-    norm and activation kept (every parameter tensor is still there)."""
-    from parlab.models import get_spec
-
-    s = get_spec(model)
-    hidden = s.heads * head_dim
-    ffn = max(64, round(s.ffn_hidden * hidden / s.hidden / 64) * 64)
-    return dataclasses.replace(
-        s,
-        name=f"{s.name}-hd{head_dim}",
-        hidden=hidden,
-        ffn_hidden=ffn,
-        head_dim=None,
-        published_params=None,
-    )
 
 
 def hf_config(spec: Any) -> dict[str, Any]:

@@ -428,6 +428,11 @@ def markdown(folder: Path) -> str:
     # DTensor TP runs: roofline and ops x host seconds per op (sum or max: parlab.plan.host)
     bounds = {d.run_id: b for d in runs if (b := host_bound(d, rf["pred"].get(d.run_id), host))}
     rf["pred"].update({rid: b[0] for rid, b in bounds.items()})
+    # host-bound runs: the host alone over the roofline sets the step, as plan_accuracy has it
+    hosts = pa.host_estimates(runs, folder) if runs else {}
+    host_bound_ids = {
+        rid for rid, h in hosts.items() if rf["pred"].get(rid) is not None and h > rf["pred"][rid]
+    }
     lines: list[str] = []
     add = lines.append
     add("# Accuracy: what parlab predicted against what the GPUs measured")
@@ -512,6 +517,8 @@ def markdown(folder: Path) -> str:
         loo = old.get(d.run_id, (None, None, None))[1]
         cal_of = rf["calibrating"].get(d.run_id, "")
         roof = rf["loo"].get(d.run_id) if cal_of else rf["pred"].get(d.run_id)
+        if d.run_id in host_bound_ids:
+            roof = pa.with_host(roof, hosts[d.run_id])
         bound = bounds.get(d.run_id)
         pm = d.predictions.get("peak_memory")
         peak, peak_p = d.metric("peak_memory"), (pm.value if pm is not None else None)
@@ -528,6 +535,9 @@ def markdown(folder: Path) -> str:
                 note += f": recompute {_ms(rc_s)} of the predicted {_ms(roof)}"
         if bound is not None and host is not None:
             note = f"{bound[1]}-bound: host {bound[2] * 1e3:.0f} ms ({host.run_id})"
+        if d.run_id in host_bound_ids:
+            host_why = f"host-bound: the host alone {_ms(hosts[d.run_id])} (host-step probe)"
+            note = f"{note}; {host_why}" if note else host_why
         add(
             f"| {d.run_id} | {_ms(meas)} | {_ms(loo)} | {_pct(rel(meas, loo))} | {_ms(roof)} | "
             f"{_pct(rel(meas, roof))} | {_gib(peak)} | "
@@ -584,10 +594,11 @@ def markdown(folder: Path) -> str:
         d.run_id: {
             "step": d.metric("step_time"),
             "mfu": old.get(d.run_id, (None, None, None))[1],
-            "roofline": (
+            "roofline": pa.with_host(
                 rf["loo"].get(d.run_id)
                 if d.run_id in rf["calibrating"]
-                else rf["pred"].get(d.run_id)
+                else rf["pred"].get(d.run_id),
+                hosts[d.run_id] if d.run_id in host_bound_ids else None,
             ),
         }
         for d in runs

@@ -22,7 +22,18 @@ What is timed, over ``--params`` float32 parameters held as ``--shape`` tensors 
 - ``accumulate``: a float32 gradient added into the kept one (``grad += g``, autograd's
   AccumulateGrad when the gradient exists: DDP's bucket views), 12 B;
 - ``scale``: the float32 gradients divided in place (``grad.div_(world)``, DDP's reducer on a
-  bucket view before its all-reduce), 8 B.
+  bucket view before its all-reduce), 8 B;
+- ``chunk_cat``: the float32 gradients copied into one flat buffer by ``torch._chunk_cat`` with
+  one chunk, FSDP2's reduce-scatter copy-in on one rank, 8 B.
+
+Each kind's host seconds as well: the wall time of the call itself, the GPU's work not waited
+for (``perf_counter`` around the call alone). Some of this work costs the host time in
+proportion to its bytes, not only per call: on CUDA, ``_chunk_cat`` builds its kernel's
+block-to-tensor table on the CPU, one entry per 2 KiB of each rank's chunk, and copies it to
+the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a 3.4 MB host-to-device copy before each
+block's reduce-scatter, the GPU idle about 2 ms before it), and fused AdamW packs the addresses
+of each ~64 Ki-element chunk of every tensor into its launches. A host-bound step pays it
+(``parlab.plan.host``: ``host_per_param_s``).
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the
@@ -55,16 +66,36 @@ from parlab.plan.roofline import DDP_BUCKET_PASSES
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
-BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, **DDP_BUCKET_PASSES}
+BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, **DDP_BUCKET_PASSES, "chunk_cat": 8}
 """What each kind moves per float32 parameter: the roofline's counts (fused AdamW's 28 B,
-``CAST_BYTES_PER_PARAM`` split between the two casts, ``DDP_BUCKET_PASSES``)."""
+``CAST_BYTES_PER_PARAM`` split between the two casts, ``DDP_BUCKET_PASSES``) and the copy-in's
+float32 read and write."""
+
+
+def host_seconds(fn: Any, dev: torch.device, *, warmup: int, repeats: int) -> float:
+    """The median wall time of one call on the host, the GPU's work not waited for (the device
+    synchronized before each call and after it, outside the timing)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    return statistics.median(samples)
 
 
 def probe(
     params: int, shape: tuple[int, int], dev: torch.device, *, warmup: int, repeats: int
 ) -> dict[str, dict[str, float]]:
-    """Seconds (median) and bytes of each kind over ``params`` parameters (rounded down to
-    whole ``shape`` tensors, at least one)."""
+    """Seconds (median), host seconds (median) and bytes of each kind over ``params``
+    parameters (rounded down to whole ``shape`` tensors, at least one)."""
     per = shape[0] * shape[1]
     n = max(1, params // per)
     ws = [torch.nn.Parameter(torch.randn(shape, device=dev)) for _ in range(n)]
@@ -82,12 +113,18 @@ def probe(
         "zero_grad": lambda: opt.zero_grad(set_to_none=False),
         "accumulate": lambda: [w.grad.add_(g32) for w in ws],
         "scale": lambda: [w.grad.div_(1.0) for w in ws],
+        "chunk_cat": lambda: torch._chunk_cat([w.grad for w in ws], 0, 1),
     }
     out = {}
     with torch.no_grad():
         for kind, fn in kinds.items():
             t = statistics.median(time_gemm(fn, dev, warmup=warmup, repeats=repeats, inner=1))
-            out[kind] = {"seconds": t, "bytes": float(BYTES_PER_PARAM[kind] * n * per)}
+            host = host_seconds(fn, dev, warmup=1, repeats=repeats)
+            out[kind] = {
+                "seconds": t,
+                "bytes": float(BYTES_PER_PARAM[kind] * n * per),
+                "host_seconds": host,
+            }
     return {"params": n * per, "tensors": n, "kinds": out}
 
 
@@ -98,7 +135,8 @@ def calibration(
     kinds = {}
     for kind, m in measured["kinds"].items():
         bw = m["bytes"] / m["seconds"]
-        kinds[kind] = {**m, "bytes_per_s": bw, "of_hbm": bw / hbm_bw if hbm_bw else None}
+        kinds[kind] = {**m, "bytes_per_s": bw, "of_hbm": bw / hbm_bw if hbm_bw else None,
+                       "host_s_per_param": m["host_seconds"] / measured["params"]}  # fmt: skip
     return {"format": FORMAT, "device": device, "backend": backend, "hbm_bw": hbm_bw,
             "params": measured["params"], "tensors": measured["tensors"], "kinds": kinds,
             **how}  # fmt: skip
@@ -139,6 +177,7 @@ def summary(body: dict[str, Any]) -> list[str]:
         of = "" if k["of_hbm"] is None else f" = {k['of_hbm']:.2f} of the catalog's HBM"
         lines.append(
             f"  {kind:<10} {k['seconds'] * 1e3:8.2f} ms  {k['bytes_per_s'] / 1e12:6.2f} TB/s{of}"
+            f"  host {k['host_seconds'] * 1e3:7.3f} ms"
         )
     return lines
 

@@ -118,6 +118,37 @@ def host_step_key(doc: Any) -> tuple[str, str, int, int, str]:
     return model, strategy, mb, seq, str(knobs(doc).get("recompute") or "none")
 
 
+def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
+    """Each run's host seconds per step where a host-step probe ran its configuration
+    (``parlab.plan.host.host_estimate``: the probe's narrowed step with the model's own
+    per-parameter host work, on the run's ranks, from the param-work probes)."""
+    from parlab.plan.host import host_estimate, host_step_calibration
+    from parlab.plan.paramwork import param_work_calibration
+
+    steps = host_step_calibration(root)
+    if steps is None:
+        return {}
+    work = param_work_calibration(root)
+    out = {}
+    for d in docs:
+        layout = d.layout or {}
+        mesh = layout.get("mesh") or {}
+        ranks = int(mesh.get("dp_shard") or layout.get("world_size") or 1)
+        params = float((d.workload or {}).get("params") or 0.0)
+        host = host_estimate(steps, work, host_step_key(d), params=params, shard=ranks)
+        if host is not None:
+            out[d.run_id] = host
+    return out
+
+
+def with_host(pred: float | None, host: float | None) -> float | None:
+    """The step predicted with the host's time: the longer of the GPU's (the roofline's) and
+    the host's, which issues the GPU's work (``parlab.plan.host.bound``)."""
+    if pred is None or host is None:
+        return pred
+    return max(pred, host)
+
+
 def gpu_runs(root: Path) -> list[Any]:
     """The measured GPU training runs (``parlab.plan.calibrate.training_runs``)."""
     from parlab.plan.calibrate import training_runs
@@ -285,11 +316,11 @@ def table_gpu_runs(root: Path) -> None:
         return
     from parlab.plan.calibrate import collectives_calibration, host_bound
     from parlab.plan.host import bound as which_bound
-    from parlab.plan.host import host_dispatch_calibration, host_step_calibration
+    from parlab.plan.host import host_dispatch_calibration
 
     cal = collectives_calibration(root)
     host = host_dispatch_calibration(root)
-    host_steps = host_step_calibration(root)
+    hosts = host_estimates(docs, root)
     from parlab.plan.paramwork import param_work_calibration
     from parlab.plan.shapes import (
         attention_factor,
@@ -350,9 +381,9 @@ def table_gpu_runs(root: Path) -> None:
                 "gpu": f"GPU-bound: roofline {gpu_s:.3f} s >= host {host_s:.3f} s",
                 "host+gpu": f"serialized: host {host_s:.3f} s + roofline {gpu_s:.3f} s",
             }[term]
-        # the host alone as slow as the GPU's work: the step is the host's, which the roofline
-        # does not price and which differs between machines
-        host_alone = host_steps.host_s(host_step_key(d)) if host_steps else None
+        # the host alone as slow as the GPU's work: the step is the host's, measured on other
+        # machines than the run's, whose hosts differ in speed
+        host_alone = hosts.get(d.run_id)
         host_bound_run = (
             host_alone is not None
             and pred is not None
@@ -361,10 +392,12 @@ def table_gpu_runs(root: Path) -> None:
         if host_bound_run:
             assert host_alone is not None and pred is not None
             host_why = (
-                f"host-bound (not modelled): the host alone {host_alone:.3f} s (host-step "
-                f"probe) > the roofline's {pred:.3f} s; the host's speed differs between machines"
+                f"host-bound: the step predicted as the host alone, {host_alone:.3f} s "
+                f"(host-step and param-work probes), over the roofline's {pred:.3f} s; the "
+                "host's speed differs between machines"
             )
             why = f"{why}; {host_why}" if why else host_why
+            out_of_sample = with_host(out_of_sample, host_alone)
         pm = d.predictions.get("peak_memory")
         peak_meas = d.metric("peak_memory")
         peak_pred = pm.value if pm is not None else planner_peak
@@ -410,15 +443,17 @@ def table_gpu_runs(root: Path) -> None:
             note = f"{note}; {attn_note}" if note else attn_note
         if host_alone is not None and pred is not None and not host_bound_run:
             host_note = (
-                f"host alone {host_alone:.3f} s (host-step probe) = {host_alone / pred:.2f} x "
-                "the roofline"
+                f"host alone {host_alone:.3f} s (host-step and param-work probes) = "
+                f"{host_alone / pred:.2f} x the roofline"
             )
             note = f"{note}; {host_note}" if note else host_note
         if peak_note:
             note = f"{note}; peak: {peak_note}" if note else f"peak: {peak_note}"
         print(
             f"{d.run_id[:43]:<44}{impl:<9}{meas:>10.3f}{mfu_loo or 0:>9.3f}{pct(mfu_loo, meas):>9}"
-            f"{pred or 0:>9.3f}{pct(pred, meas):>9}{pct(loo, meas) if cal_of else '-':>9}"
+            f"{(with_host(pred, host_alone) if host_bound_run else pred) or 0:>9.3f}"
+            f"{pct(with_host(pred, host_alone) if host_bound_run else pred, meas):>9}"
+            f"{pct(loo, meas) if cal_of else '-':>9}"
             f"{'yes' if ok else 'NO':>5}"
             f"{gb(peak_meas):>10}{gb(peak_pred):>9}{pct(peak_pred, peak_meas):>8}"
             f"{gb(peak_now):>9}{pct(peak_now, peak_meas):>8}"
@@ -454,16 +489,30 @@ def table_gpu_runs(root: Path) -> None:
             "forward GEMMs at the run's tokens where the probe measured it (note 'recompute's "
             "GEMMs at')."
         )
+    from parlab.plan.host import host_step_calibration
+
+    host_steps = host_step_calibration(root)
     if host_steps is not None:
+        per_param = param_work.host_s_per_param if param_work is not None else {}
         print(
             f"Host alone: {' + '.join(host_steps.run_ids)} ({host_steps.device}): parlab train "
             "of the runs' configurations with the model narrowed to a few elements per head "
-            "(benchmarks/host_step_probe.py), the mean narrowed step (note 'host alone'); a "
-            "diagnosis beside the prediction, not a term of it: the host's speed differs between "
-            "machines (GPT-2 124M at 1 x 1024, the same configuration: 22 ms a step on one, 28 ms "
-            "on another), and the steps it covers lie between max(host, GPU) and their sum. "
-            "Where the host alone takes longer than the roofline's time the run is host-bound and "
-            "left out of the runs the model describes."
+            "(benchmarks/host_step_probe.py), the mean narrowed step, plus the host's work that "
+            "grows with the parameters, which the narrowed model leaves out (fused AdamW over "
+            "each rank's parameters"
+            + (f", {per_param['adamw'] * 1e12:.0f} us per million" if "adamw" in per_param else "")
+            + "; FSDP's reduce-scatter copy-in of each rank's float32 gradients"
+            + (
+                f", {per_param['chunk_cat'] * 1e12:.0f} us per million"
+                if "chunk_cat" in per_param
+                else ""
+            )
+            + "; param-work probes; parlab.plan.host.host_estimate) (note 'host alone'). Where "
+            "it takes longer than the roofline's time the run is host-bound: the step predicted "
+            "is the host's (the roofline column shows it, the note both), and the run is left "
+            "out of the runs the model describes, since the host's speed differs between machines "
+            "(GPT-2 124M at 1 x 1024, the same configuration: 22 ms a step on one, 28 ms on "
+            "another) and the steps it covers lie between max(host, GPU) and their sum."
         )
     if param_work is not None:
         print(
@@ -496,8 +545,8 @@ def table_gpu_runs(root: Path) -> None:
             "(benchmarks/host_dispatch_probe.py on the GPU machine writes one): not modelled."
         )
     print(
-        "<10%: the out-of-sample prediction -- the roofline's for runs outside the calibration, "
-        "the LOO column (every step refitted without all repeats of the run's configuration) for "
+        "<10%: the out-of-sample prediction -- the roofline's for runs outside the calibration "
+        "(the host's where the host alone takes longer), the LOO column (every step refitted without all repeats of the run's configuration) for "
         "calibration runs. MFU LOO: the previous model, FLOPs / (median MFU of the other runs of "
         "the workload x peak). Peak memory in GB (1e9 B), error (predicted - measured) / "
         "measured: recorded, the peak the run recorded before it started (the planner's ledger "
@@ -534,7 +583,7 @@ class Miss:
     why: str
     """Its 'not modelled' note ('' where the model describes it)."""
     host_bound: bool
-    """The host-step probe's host alone took at least the roofline's time."""
+    """The host alone (``host_estimates``) took at least the roofline's time."""
     host_share: float | None
     """The host alone over the roofline's step, where the probe ran the configuration."""
 
@@ -548,7 +597,7 @@ def miss_cause(m: Miss, repeats: dict[str, list[tuple[Any, float | None, bool]]]
     host alone near the GPU's time; a configuration whose repeats spread over 20 % and which
     the prediction meets on one of them; else 'other'."""
     if m.host_bound:
-        return "host-bound: the host alone at least the roofline's step (host-step probe)"
+        return "host-bound: predicted as the host alone (host-step and param-work probes)"
     if m.why:
         reason = m.why.split(":")[0].split(" (")[0].split(";")[0]
         return f"not modelled: {reason}"

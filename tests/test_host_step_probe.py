@@ -71,6 +71,10 @@ def test_probe_times_narrowed_and_full_runs_on_one_cpu_rank(tmp_path: Path) -> N
     assert doc.metric("step_time") is None and doc.workload["kind"] == "host-step-calibration"
     got = load_host_step(doc)
     assert got.steps == {("tiny", "ddp", 1, 16, "none"): (narrow["step_s"],)}
+    # the narrowed model's parameters, which host_estimate swaps for the model's own
+    assert got.params == {
+        ("tiny", "ddp", 1, 16, "none"): (probe.narrow_spec("tiny", 4).num_params(),)
+    }
 
 
 def test_calibration_merges_the_probes_of_the_newest_device(tmp_path: Path) -> None:

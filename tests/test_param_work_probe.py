@@ -96,3 +96,36 @@ def test_bucket_bandwidth_only_from_probes_that_timed_the_bucket_passes(tmp_path
     by_id = {d.run_id: d for d in map(read_document, tmp_path.rglob("*.json"))}
     assert load_param_work(by_id["param-work-1"]).bucket_bw == 0.0
     assert load_param_work(by_id["param-work-0"]).bucket_bw == pytest.approx(want)
+
+
+def test_host_seconds_per_parameter_are_kept_where_the_probe_timed_them(tmp_path: Path) -> None:
+    """Each kind's host seconds (the call's own wall time) per parameter; the loader keeps them,
+    each the mean over the probes that timed it; a probe from before the host timing carries
+    none (its bandwidths still count)."""
+    import dataclasses
+
+    from parlab.plan.paramwork import load_param_work, param_work_calibration
+
+    m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=2)
+    assert all(k["host_seconds"] > 0 for k in m["kinds"].values())
+    assert m["kinds"]["chunk_cat"]["bytes"] == 8 * 4096
+    for i, host in enumerate((None, 2e-12, 4e-12)):
+        body = probe.calibration(m, device="NVIDIA H200", backend="cuda", hbm_bw=4.8e12,
+                                 shape=[64, 64])  # fmt: skip
+        assert body["kinds"]["adamw"]["host_s_per_param"] == pytest.approx(
+            m["kinds"]["adamw"]["host_seconds"] / 4096
+        )
+        for k in body["kinds"].values():
+            if host is None:  # as written before the host was timed
+                del k["host_seconds"], k["host_s_per_param"]
+            else:
+                k["host_s_per_param"] = host
+        doc = probe.document(body, command="t", environment=ENV)
+        doc = dataclasses.replace(doc, created=f"2026-12-01T11:00:0{i}Z", run_id=f"param-work-{i}")
+        write_result(doc, tmp_path)
+        assert set(load_param_work(doc).host_s_per_param) == (
+            set() if host is None else set(probe.BYTES_PER_PARAM)
+        )
+    got = param_work_calibration(tmp_path)
+    assert got is not None and got.run_ids == ("param-work-0", "param-work-1", "param-work-2")
+    assert got.host_s_per_param["chunk_cat"] == pytest.approx(3e-12)

@@ -252,12 +252,24 @@ def plan_cmd(
             rests_on.extend(shapes.run_id.split(" + "))
     if roofline is not None and result.top is not None and result.top.estimate is not None:
         from parlab.plan.host import host_note, host_step_calibration
+        from parlab.plan.paramwork import param_work_calibration
 
         steps = host_step_calibration(roofline)
-        note = host_note(steps, spec.name, result.top.cand, seq, result.top.estimate.compute_s)
+        work = param_work_calibration(roofline)
+        note = host_note(
+            steps,
+            spec.name,
+            result.top.cand,
+            seq,
+            result.top.estimate.compute_s,
+            work=work,
+            params=spec.num_params(),
+        )
         if note and steps is not None:
             result.notes.append(note)
             rests_on.extend(steps.run_ids)
+            if work is not None and "param-work probe" in note:
+                rests_on.extend(work.run_ids)
     doc = plan_document(
         result,
         command=reproduce_command(),

@@ -33,7 +33,8 @@ or a process group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.errors import UsageError
@@ -174,6 +175,26 @@ STEP_FORMAT = "parlab-host-step/v1"
 STEP_KIND = "host-step-calibration"
 
 
+def narrow_spec(model: str, head_dim: int) -> Any:
+    """``model``'s spec at ``head_dim`` per head: hidden = heads x head_dim, the FFN in
+    proportion (a multiple of 64, at least 64); layers, heads, KV heads, vocabulary, biases,
+    norm and activation kept (every parameter tensor is still there): the host-step probe's
+    narrowed model."""
+    from parlab.models import get_spec
+
+    s = get_spec(model)
+    hidden = s.heads * head_dim
+    ffn = max(64, round(s.ffn_hidden * hidden / s.hidden / 64) * 64)
+    return dataclasses.replace(
+        s,
+        name=f"{s.name}-hd{head_dim}",
+        hidden=hidden,
+        ffn_hidden=ffn,
+        head_dim=None,
+        published_params=None,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class HostStep:
     """The host's time per step of ``parlab train`` configurations on one device
@@ -186,11 +207,59 @@ class HostStep:
     steps: dict[tuple[str, str, int, int, str], tuple[float, ...]]
     """(model, strategy, micro-batch, sequence, recompute) -> the narrowed runs' median steps,
     every width of every probe."""
+    params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = field(default_factory=dict)
+    """The same keys -> the narrowed models' parameter counts, one per step in ``steps``."""
 
     def host_s(self, key: tuple[str, str, int, int, str]) -> float | None:
         """The mean of ``key``'s narrowed steps, or None where no probe ran it."""
         got = self.steps.get(key)
         return sum(got) / len(got) if got else None
+
+    def narrow_params(self, key: tuple[str, str, int, int, str]) -> float:
+        """The mean parameter count of ``key``'s narrowed models (0 where none is known)."""
+        got = self.params.get(key)
+        return sum(got) / len(got) if got else 0.0
+
+
+def host_per_param_s(work: Any, strategy: str, params: float, shard: int = 1) -> float:
+    """The host's seconds per step that grow with the parameters rather than with the ops:
+    fused AdamW over each rank's parameters (``params / shard`` under FSDP and ZeRO, where each
+    rank steps its shard; all of them under DDP) and, under FSDP, the reduce-scatter copy-in
+    (``_chunk_cat``) of each rank's float32 gradient chunk, at the host seconds per parameter
+    that ``work`` (``parlab.plan.paramwork.ParamWork``) measured; 0 without them, and for
+    DeepSpeed (its own optimizer and buckets: not modelled).
+
+    The host-step probe's narrowed model keeps every tensor but few parameters, so its step
+    leaves these out: on one H200, FSDP's copy-in cost the host 1.3 ms per GB of a rank's
+    float32 gradients, 43 ms a step for Llama-3.1 8B on one rank."""
+    if work is None or strategy.startswith("deepspeed"):
+        return 0.0
+    per = getattr(work, "host_s_per_param", {}) or {}
+    per_rank = params / shard if strategy.startswith(("fsdp", "zero")) else params
+    s = per.get("adamw", 0.0) * per_rank
+    if strategy.startswith("fsdp"):
+        s += per.get("chunk_cat", 0.0) * per_rank
+    return s
+
+
+def host_estimate(
+    steps: HostStep | None,
+    work: Any,
+    key: tuple[str, str, int, int, str],
+    *,
+    params: float,
+    shard: int = 1,
+) -> float | None:
+    """The host's seconds per step of configuration ``key`` at the model's own width on
+    ``shard`` ranks: the host-step probe's narrowed step with its narrowed model's
+    per-parameter host time (``host_per_param_s``, one rank) replaced by the model's
+    (``params``, ``shard`` ranks); None where no probe ran the configuration."""
+    host = steps.host_s(key) if steps is not None else None
+    if steps is None or host is None:
+        return None
+    strategy = key[1]
+    narrow = host_per_param_s(work, strategy, steps.narrow_params(key), 1)
+    return host - narrow + host_per_param_s(work, strategy, params, shard)
 
 
 def load_host_step(doc: Any) -> HostStep:
@@ -201,13 +270,17 @@ def load_host_step(doc: Any) -> HostStep:
     if doc.workload.get("kind") != STEP_KIND or body.get("format") != STEP_FORMAT:
         raise UsageError(f"{doc.run_id}: not a {STEP_KIND} document ({STEP_FORMAT})")
     steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
+    params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = {}
     for r in body["runs"]:
         key = (str(r["model"]), str(r["strategy"]), int(r["micro_batch"]), int(r["seq"]),
                str(r["recompute"]))  # fmt: skip
-        narrow = tuple(float(w["step_s"]) for w in r["widths"] if "run_id" not in w)
+        narrow = [w for w in r["widths"] if "run_id" not in w]
         if narrow:
-            steps[key] = steps.get(key, ()) + narrow
-    return HostStep(run_ids=(doc.run_id,), device=str(body["device"]), steps=steps)
+            steps[key] = steps.get(key, ()) + tuple(float(w["step_s"]) for w in narrow)
+            params[key] = params.get(key, ()) + tuple(
+                narrow_spec(key[0], int(w["head_dim"])).num_params() for w in narrow
+            )
+    return HostStep(run_ids=(doc.run_id,), device=str(body["device"]), steps=steps, params=params)
 
 
 def host_step_calibration(root: Any) -> HostStep | None:
@@ -217,11 +290,16 @@ def host_step_calibration(root: Any) -> HostStep | None:
     if not cals:
         return None
     steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
+    params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = {}
     for c in cals:
         for k, v in c.steps.items():
             steps[k] = steps.get(k, ()) + v
+            params[k] = params.get(k, ()) + c.params.get(k, ())
     return HostStep(
-        run_ids=tuple(r for c in cals for r in c.run_ids), device=cals[-1].device, steps=steps
+        run_ids=tuple(r for c in cals for r in c.run_ids),
+        device=cals[-1].device,
+        steps=steps,
+        params=params,
     )
 
 
@@ -230,15 +308,30 @@ TRAIN_RECOMPUTE = {"none": "none", "full": "full", "op-selective": "selective"}
 the planner's ``selective`` (Megatron's attention core) has no ``parlab train`` form."""
 
 
-def host_note(steps: HostStep | None, model: str, cand: Any, seq: int, gpu_s: float) -> str:
+def host_note(
+    steps: HostStep | None,
+    model: str,
+    cand: Any,
+    seq: int,
+    gpu_s: float,
+    *,
+    work: Any = None,
+    params: float = 0.0,
+) -> str:
     """A plan's line on the host for candidate ``cand`` of ``model`` at ``seq`` whose GPU work
     the roofline puts at ``gpu_s``, where a host-step probe ran that configuration (the same
-    strategy, micro-batch, sequence and recompute, on one rank); "" where none did."""
+    strategy, micro-batch, sequence and recompute, on one rank; no tensor, pipeline or context
+    parallelism); "" where none did. With ``work`` (``parlab.plan.paramwork.ParamWork``) and the
+    model's ``params``, the host's time is ``host_estimate``'s, on ``cand.dp`` ranks."""
     rc = TRAIN_RECOMPUTE.get(cand.recompute)
-    if steps is None or rc is None:
+    split = (getattr(cand, "tp", 1), getattr(cand, "pp", 1), getattr(cand, "cp", 1))
+    if steps is None or rc is None or split != (1, 1, 1):
         return ""
-    host = steps.host_s((model, cand.strategy, cand.micro_batch, seq, rc))
-    if host is None:
+    key = (model, cand.strategy, cand.micro_batch, seq, rc)
+    narrowed = steps.host_s(key)
+    dp = int(getattr(cand, "dp", 1))
+    host = host_estimate(steps, work, key, params=params, shard=dp)
+    if narrowed is None or host is None:
         return ""
     verdict = (
         "host-bound there: the step is the host's, which differs from one machine to the next; "
@@ -246,9 +339,15 @@ def host_note(steps: HostStep | None, model: str, cand: Any, seq: int, gpu_s: fl
         if bound(gpu_s, host)[1] == "host"
         else f"GPU-bound there (the host alone {host / gpu_s:.2f} of the GPU's time)"
     )
+    per_param = (
+        f"; with the host's per-parameter work of the model's {params / 1e9:.2f} B parameters on "
+        f"{dp} rank{'s' if dp > 1 else ''} (param-work probe: {work.label}), {host:.3f} s"
+        if abs(host - narrowed) > 5e-4
+        else ""
+    )
     return (
         f"host: parlab train of {cand.strategy} at {cand.micro_batch} x {seq}, recompute {rc}, "
-        f"took {host:.3f} s a step on one rank with the model narrowed until the GPU idles "
-        f"(host-step probe: {' + '.join(steps.run_ids)}, {steps.device}), against the roofline's "
-        f"{gpu_s:.3f} s of GPU work: {verdict}"
+        f"took {narrowed:.3f} s a step on one rank with the model narrowed until the GPU idles "
+        f"(host-step probe: {' + '.join(steps.run_ids)}, {steps.device}){per_param}, against the "
+        f"roofline's {gpu_s:.3f} s of GPU work: {verdict}"
     )
