@@ -23,8 +23,10 @@ What is timed, over ``--params`` float32 parameters held as ``--shape`` tensors 
   AccumulateGrad when the gradient exists: DDP's bucket views), 12 B;
 - ``scale``: the float32 gradients divided in place (``grad.div_(world)``, DDP's reducer on a
   bucket view before its all-reduce), 8 B;
-- ``chunk_cat``: the float32 gradients copied into one flat buffer by ``torch._chunk_cat`` with
-  one chunk, FSDP2's reduce-scatter copy-in on one rank, 8 B.
+- ``chunk_cat``: the float32 gradients copied into flat buffers by ``torch._chunk_cat`` with one
+  chunk, ``--unit`` tensors a call (default 16: 268 million parameters of 4096 x 4096, about a
+  7B's block, or 67 million of 2048 x 2048, about the 1.3B's), FSDP2's reduce-scatter copy-in of
+  one unit on one rank, 8 B.
 
 Each kind's host seconds as well: the wall time of the call itself, the GPU's work not waited
 for (``perf_counter`` around the call alone). Some of this work costs the host time in
@@ -33,7 +35,9 @@ block-to-tensor table on the CPU, one entry per 2 KiB of each rank's chunk, and 
 the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a 3.4 MB host-to-device copy before each
 block's reduce-scatter, the GPU idle about 2 ms before it), and fused AdamW packs the addresses
 of each ~64 Ki-element chunk of every tensor into its launches. A host-bound step pays it
-(``parlab.plan.host``: ``host_per_param_s``).
+(``parlab.plan.host``: ``host_per_param_s``). The copy-in's host time per byte depends on the
+call's size (its table outgrows the CPU's caches): one call over 2 billion parameters cost the
+host 3.7 ms per GB, block-sized calls about 1.4 ms per GB; hence the unit.
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the
@@ -92,8 +96,14 @@ def host_seconds(fn: Any, dev: torch.device, *, warmup: int, repeats: int) -> fl
 
 
 def probe(
-    params: int, shape: tuple[int, int], dev: torch.device, *, warmup: int, repeats: int
-) -> dict[str, dict[str, float]]:
+    params: int,
+    shape: tuple[int, int],
+    dev: torch.device,
+    *,
+    warmup: int,
+    repeats: int,
+    unit: int = 16,
+) -> dict[str, Any]:
     """Seconds (median), host seconds (median) and bytes of each kind over ``params``
     parameters (rounded down to whole ``shape`` tensors, at least one)."""
     per = shape[0] * shape[1]
@@ -113,7 +123,10 @@ def probe(
         "zero_grad": lambda: opt.zero_grad(set_to_none=False),
         "accumulate": lambda: [w.grad.add_(g32) for w in ws],
         "scale": lambda: [w.grad.div_(1.0) for w in ws],
-        "chunk_cat": lambda: torch._chunk_cat([w.grad for w in ws], 0, 1),
+        "chunk_cat": lambda: [
+            torch._chunk_cat([w.grad for w in ws[i : i + unit]], 0, 1)
+            for i in range(0, len(ws), unit)
+        ],
     }
     out = {}
     with torch.no_grad():
@@ -125,7 +138,7 @@ def probe(
                 "bytes": float(BYTES_PER_PARAM[kind] * n * per),
                 "host_seconds": host,
             }
-    return {"params": n * per, "tensors": n, "kinds": out}
+    return {"params": n * per, "tensors": n, "kinds": out, "chunk_cat_unit": unit}
 
 
 def calibration(
@@ -138,8 +151,8 @@ def calibration(
         kinds[kind] = {**m, "bytes_per_s": bw, "of_hbm": bw / hbm_bw if hbm_bw else None,
                        "host_s_per_param": m["host_seconds"] / measured["params"]}  # fmt: skip
     return {"format": FORMAT, "device": device, "backend": backend, "hbm_bw": hbm_bw,
-            "params": measured["params"], "tensors": measured["tensors"], "kinds": kinds,
-            **how}  # fmt: skip
+            "params": measured["params"], "tensors": measured["tensors"],
+            "chunk_cat_unit": measured["chunk_cat_unit"], "kinds": kinds, **how}  # fmt: skip
 
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
@@ -187,6 +200,8 @@ def main() -> int:
     ap.add_argument("results", help="results folder (the document goes to PAR-TRAINING-STATE/)")
     ap.add_argument("--params", type=float, default=1e9, help="float32 parameters (default 1e9)")
     ap.add_argument("--shape", default="4096x4096", help="each tensor's shape, ROWSxCOLS")
+    ap.add_argument("--unit", type=int, default=16,
+                    help="tensors per _chunk_cat call (an FSDP unit; default 16)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
@@ -207,7 +222,11 @@ def main() -> int:
     name = meters.device_name(dev)
     gpu = lookup(name) if cuda else None
     how = {"shape": [rows, cols], "warmup": a.warmup, "repeats": a.repeats}
-    measured = probe(int(a.params), (rows, cols), dev, warmup=a.warmup, repeats=a.repeats)
+    if a.unit < 1:
+        ap.error(f"--unit {a.unit}: give at least one tensor per call")
+    measured = probe(
+        int(a.params), (rows, cols), dev, warmup=a.warmup, repeats=a.repeats, unit=a.unit
+    )
     hbm = float(gpu.memory_bw) if gpu is not None else None
     body = calibration(measured, device=name, backend=dev.type, hbm_bw=hbm, **how)
     print("\n".join(summary(body)))

@@ -106,8 +106,8 @@ def test_host_seconds_per_parameter_are_kept_where_the_probe_timed_them(tmp_path
 
     from parlab.plan.paramwork import load_param_work, param_work_calibration
 
-    m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=2)
-    assert all(k["host_seconds"] > 0 for k in m["kinds"].values())
+    m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=2, unit=1)
+    assert all(k["host_seconds"] > 0 for k in m["kinds"].values()) and m["chunk_cat_unit"] == 1
     assert m["kinds"]["chunk_cat"]["bytes"] == 8 * 4096
     for i, host in enumerate((None, 2e-12, 4e-12)):
         body = probe.calibration(m, device="NVIDIA H200", backend="cuda", hbm_bw=4.8e12,
@@ -126,6 +126,14 @@ def test_host_seconds_per_parameter_are_kept_where_the_probe_timed_them(tmp_path
         assert set(load_param_work(doc).host_s_per_param) == (
             set() if host is None else set(probe.BYTES_PER_PARAM)
         )
+    # the copy-in timed in one call over every tensor (before chunk_cat_unit): left out
+    del body["chunk_cat_unit"]
+    body["kinds"]["chunk_cat"]["host_s_per_param"] = 9e-12
+    whole = probe.document(body, command="t", environment=ENV)
+    whole = dataclasses.replace(whole, created="2026-12-01T11:00:09Z", run_id="param-work-9")
+    assert "chunk_cat" not in load_param_work(whole).host_s_per_param
+    write_result(whole, tmp_path)
     got = param_work_calibration(tmp_path)
-    assert got is not None and got.run_ids == ("param-work-0", "param-work-1", "param-work-2")
+    assert got is not None and got.run_ids[:3] == ("param-work-0", "param-work-1", "param-work-2")
     assert got.host_s_per_param["chunk_cat"] == pytest.approx(3e-12)
+    assert got.host_s_per_param["adamw"] == pytest.approx((2e-12 + 4e-12 + 4e-12) / 3)

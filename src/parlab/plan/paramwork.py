@@ -18,7 +18,9 @@ device, each bandwidth the mean over them:
 - ``host_s_per_param``: the host's seconds per float32 parameter of each kind's call (fused
   AdamW's step, ``_chunk_cat``'s copy-in), the GPU's work not waited for: what a host-bound step
   pays per parameter (``parlab.plan.host.host_per_param_s``); only probes that timed the host
-  (since 2026-12-01T11:20) carry it.
+  (since 2026-12-01T11:19) carry it, and the copy-in's only those that called it per FSDP unit
+  (``chunk_cat_unit``; the first two called it once over every tensor, a size at which its
+  host time per byte is 2.5 times a block's).
 
 A sweep of the footprint on one H200 (0.5 to 6.7 billion parameters, up to 107 GB of
 parameters, gradients and AdamW states: ``results/PAR-TRAINING-STATE/param-work-20261201T0536*``)
@@ -84,7 +86,9 @@ def load_param_work(doc: Any) -> ParamWork:
         cast_bw=12.0 / cast_s,
         bucket_bw=bucket_bw,
         host_s_per_param={
-            kind: float(v["host_s_per_param"]) for kind, v in k.items() if "host_s_per_param" in v
+            kind: float(v["host_s_per_param"])
+            for kind, v in k.items()
+            if "host_s_per_param" in v and (kind != "chunk_cat" or "chunk_cat_unit" in body)
         },
     )
 
