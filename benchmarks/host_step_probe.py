@@ -20,6 +20,15 @@ width (by more than ``parlab.plan.host.SERIAL_GROWTH``) says the GPU's work adds
 The narrowed model reaches ``parlab train`` as a Hugging Face ``config.json`` (``hf_config``),
 which ``parlab.models.get_spec`` reads.
 
+The narrowed model leaves out the host's work that grows with the parameters: FSDP2's
+reduce-scatter copy-in builds its CUDA kernel's block table on the CPU (a profile of FSDP on one
+rank of the 8B showed the GPU idle about 2 ms before each block's 3.4 MB table copy) and fused
+AdamW packs every tensor chunk's address into its launches. ``--tokens`` measures it: the model
+at its own width on one sequence of a few tokens (``1 x T``), every parameter there and the
+GPU's work still a small part of the step (its entries carry ``tokens``; these runs are not
+written as training runs). ``parlab.plan.host.host_estimate`` takes them, where a probe made
+them, for the configuration on one rank.
+
 Output: one ``distributed-benchmark/v1`` document under ``RESULTS_DIR/PAR-TRAINING-STATE/``
 (``host-step-<stamp>.json``, task T6, role baseline, evidence ``real-training`` on a GPU and
 ``cpu-mechanism`` on the CPU) whose ``workload.calibration`` lists, per run, the median step of
@@ -28,6 +37,7 @@ not written (their step times are in the calibration); it records no ``step_time
 it is never taken for a training run.
 
     python3 benchmarks/host_step_probe.py RESULTS_DIR --run fsdp:llama3.1-8b:1x1024:full
+    python3 benchmarks/host_step_probe.py RESULTS_DIR --run ... --tokens 32,64
     scripts/gpu/host_step.sh OUT_DIR      # the GPU run
 
 Without a GPU the runs are one gloo CPU rank in fp32 (a dry run: the times say nothing of a GPU
@@ -107,9 +117,19 @@ def hf_config(spec: Any) -> dict[str, Any]:
     }
 
 
-def time_run(run: Run, head_dim: int, *, gpu: bool, steps: int, warmup: int, tmp: Path) -> Any:
+def time_run(
+    run: Run,
+    head_dim: int,
+    *,
+    gpu: bool,
+    steps: int,
+    warmup: int,
+    tmp: Path,
+    tokens: int | None = None,
+) -> Any:
     """The narrowed run's document (``parlab train`` on one rank; head dim 0: the model itself,
-    the measured configuration); raises on a failed run."""
+    the measured configuration; ``tokens``: the model itself on one sequence of that many
+    tokens); raises on a failed run."""
     from parlab.projects.training_state import TrainConfig, run_training
 
     model = run.model
@@ -124,8 +144,8 @@ def time_run(run: Run, head_dim: int, *, gpu: bool, steps: int, warmup: int, tmp
         nproc=1,
         steps=steps,
         warmup=warmup,
-        micro_batch=run.micro_batch,
-        seq=run.seq,
+        micro_batch=1 if tokens else run.micro_batch,
+        seq=tokens or run.seq,
         dtype="bf16" if gpu else "fp32",
         recompute=run.recompute,
         timeout_s=240.0,
@@ -138,7 +158,14 @@ def time_run(run: Run, head_dim: int, *, gpu: bool, steps: int, warmup: int, tmp
 
 
 def measure(
-    run: Run, head_dims: list[int], *, gpu: bool, steps: int, warmup: int, results: str
+    run: Run,
+    head_dims: list[int],
+    *,
+    gpu: bool,
+    steps: int,
+    warmup: int,
+    results: str,
+    tokens: list[int] | None = None,
 ) -> dict[str, Any]:
     """One run's entry of the calibration: each width's median step and every step. The model's
     own width (head dim 0) is a real run of the configuration: its document is written under
@@ -158,6 +185,16 @@ def measure(
             widths.append({
                 **full,
                 "head_dim": hd or spec.d_head,
+                "hidden": spec.hidden,
+                "step_s": float(doc.metric("step_time")),
+                "step_times": list(doc.workload.get("step_times") or []),
+            })  # fmt: skip
+        for t in tokens or []:  # the model's own width, few tokens: nothing written
+            doc = time_run(run, 0, gpu=gpu, steps=steps, warmup=warmup, tmp=Path(tmp), tokens=t)
+            spec = get_spec(run.model)
+            widths.append({
+                "tokens": t,
+                "head_dim": spec.d_head,
                 "hidden": spec.hidden,
                 "step_s": float(doc.metric("step_time")),
                 "step_times": list(doc.workload.get("step_times") or []),
@@ -200,9 +237,11 @@ def summary(body: dict[str, Any]) -> list[str]:
     lines = [f"host step on {body['device']} ({body['backend']})"]
     for r in body["runs"]:
         steps = ", ".join(
-            f"{'full ' if 'run_id' in w else ''}hd {w['head_dim']}: {w['step_s'] * 1e3:.1f} ms"
+            (f"1x{w['tokens']} tokens" if "tokens" in w
+             else f"{'full ' if 'run_id' in w else ''}hd {w['head_dim']}")
+            + f": {w['step_s'] * 1e3:.1f} ms"
             for w in r["widths"]
-        )
+        )  # fmt: skip
         lines.append(
             f"  {r['strategy']:<5} {r['model']:<12} {r['micro_batch']}x{r['seq']:<6} "
             f"{r['recompute']:<9} {steps}"
@@ -218,12 +257,19 @@ def main() -> int:
     ap.add_argument("--head-dims", default="16,32",
                     help="widths per head, comma-separated; 0: the model's own (a real run, "
                          "written beside the calibration)")  # fmt: skip
+    ap.add_argument("--tokens", default="",
+                    help="also the model at its own width on one sequence of each of these "
+                         "lengths, comma-separated (e.g. 32,64): the host's step with every "
+                         "parameter, the GPU's work a small part of it (not written as runs)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
     try:
         runs = [Run.parse(r) for r in a.run]
-        head_dims = [int(x) for x in a.head_dims.split(",")]
+        head_dims = [int(x) for x in a.head_dims.split(",") if x]
+        tokens = [int(x) for x in a.tokens.split(",") if x]
+        if any(t < 1 for t in tokens):
+            raise ValueError(f"--tokens {a.tokens!r}: give positive sequence lengths")
         from parlab.models import get_spec
 
         for r in runs:
@@ -246,7 +292,15 @@ def main() -> int:
     try:
         for r in runs:
             entries.append(
-                measure(r, head_dims, gpu=gpu, steps=a.steps, warmup=a.warmup, results=a.results)
+                measure(
+                    r,
+                    head_dims,
+                    gpu=gpu,
+                    steps=a.steps,
+                    warmup=a.warmup,
+                    results=a.results,
+                    tokens=tokens,
+                )
             )
             print("\n".join(summary(calibration(entries[-1:], device="", backend=""))[1:]))
     except KeyboardInterrupt:

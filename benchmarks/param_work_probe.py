@@ -95,6 +95,14 @@ def host_seconds(fn: Any, dev: torch.device, *, warmup: int, repeats: int) -> fl
     return statistics.median(samples)
 
 
+def copy_in(ws: list[torch.nn.Parameter], unit: int) -> None:
+    """FSDP2's reduce-scatter copy-in of every ``unit`` tensors' gradients in turn, each buffer
+    freed before the next is made (the allocator hands the next call the same block, as FSDP's
+    units reuse theirs)."""
+    for i in range(0, len(ws), unit):
+        torch._chunk_cat([w.grad for w in ws[i : i + unit]], 0, 1)
+
+
 def probe(
     params: int,
     shape: tuple[int, int],
@@ -123,10 +131,7 @@ def probe(
         "zero_grad": lambda: opt.zero_grad(set_to_none=False),
         "accumulate": lambda: [w.grad.add_(g32) for w in ws],
         "scale": lambda: [w.grad.div_(1.0) for w in ws],
-        "chunk_cat": lambda: [
-            torch._chunk_cat([w.grad for w in ws[i : i + unit]], 0, 1)
-            for i in range(0, len(ws), unit)
-        ],
+        "chunk_cat": lambda: copy_in(ws, unit),
     }
     out = {}
     with torch.no_grad():

@@ -14,6 +14,7 @@ from parlab.plan.host import HostStep, host_estimate, host_note, host_per_param_
 from parlab.runtime.testing import run_ranks
 
 WORK = SimpleNamespace(host_s_per_param={"adamw": 1e-12, "chunk_cat": 2e-12}, label="pw-1")
+"""A param-work probe: fused AdamW's host seconds per parameter (the copy-in's unused)."""
 KEY = ("llama3.1-8b", "fsdp", 1, 1024, "full")
 
 
@@ -71,8 +72,9 @@ def _copy_ins(ctx: Any, strategy: str) -> list[int]:
 def test_fsdp_copies_each_units_gradients_in_once_per_backward(strategy: str) -> None:
     """Under FSDP2 every unit's backward copies its float32 gradients into the reduce-scatter
     buffer with ``fsdp.chunk_cat`` (``torch._chunk_cat``), each rank's chunk 1/world of them:
-    the work the host pays per parameter (``_chunk_cat`` builds its CUDA kernel's block table
-    on the CPU); DDP runs none of it."""
+    host work that grows with the gradients (on CUDA the copy's block table is built on the
+    CPU), which the narrowed host-step probe leaves out and its few-token steps of the model
+    itself include (``parlab.plan.host.host_per_param_s``); DDP runs none of it."""
     sizes = run_ranks(_copy_ins, 2, strategy)
     if strategy == "ddp":
         assert sizes == [[], []]
@@ -83,12 +85,12 @@ def test_fsdp_copies_each_units_gradients_in_once_per_backward(strategy: str) ->
     assert sizes == [[per_unit, per_unit], [per_unit, per_unit]]
 
 
-def test_per_parameter_host_time_follows_what_each_rank_steps_and_copies() -> None:
+def test_per_parameter_host_time_follows_what_each_rank_steps() -> None:
     """Fused AdamW over each rank's parameters (all of them under DDP, 1/shard under FSDP and
-    ZeRO); FSDP's copy-in of each rank's chunk on top; DeepSpeed and no probe: nothing."""
+    ZeRO); FSDP's copy-in is not priced per parameter; DeepSpeed and no probe: nothing."""
     p = 8e9
-    assert host_per_param_s(WORK, "fsdp", p, 1) == pytest.approx(p * 3e-12)
-    assert host_per_param_s(WORK, "fsdp", p, 2) == pytest.approx(p / 2 * 3e-12)
+    assert host_per_param_s(WORK, "fsdp", p, 1) == pytest.approx(p * 1e-12)
+    assert host_per_param_s(WORK, "fsdp", p, 2) == pytest.approx(p / 2 * 1e-12)
     assert host_per_param_s(WORK, "ddp", p, 2) == pytest.approx(p * 1e-12)
     assert host_per_param_s(WORK, "zero2", p, 2) == pytest.approx(p / 2 * 1e-12)
     assert host_per_param_s(WORK, "deepspeed-zero3", p, 2) == 0.0
@@ -103,9 +105,9 @@ def test_host_estimate_replaces_the_narrowed_models_parameters_with_the_models()
                      steps={KEY: (0.2, 0.3)}, params={KEY: (1e8, 3e8)})  # fmt: skip
     assert steps.narrow_params(KEY) == 2e8
     one = host_estimate(steps, WORK, KEY, params=8e9, shard=1)
-    assert one == pytest.approx(0.25 - 2e8 * 3e-12 + 8e9 * 3e-12)
+    assert one == pytest.approx(0.25 - 2e8 * 1e-12 + 8e9 * 1e-12)
     two = host_estimate(steps, WORK, KEY, params=8e9, shard=2)
-    assert two == pytest.approx(0.25 - 2e8 * 3e-12 + 4e9 * 3e-12)
+    assert two == pytest.approx(0.25 - 2e8 * 1e-12 + 4e9 * 1e-12)
     assert host_estimate(steps, None, KEY, params=8e9) == pytest.approx(0.25)
     assert host_estimate(steps, WORK, (*KEY[:4], "none"), params=8e9) is None
     assert host_estimate(None, WORK, KEY, params=8e9) is None
@@ -126,10 +128,26 @@ def test_plan_note_adds_the_models_per_parameter_host_work() -> None:
     steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200",
                      steps={KEY: (0.25,)}, params={KEY: (2e8,)})  # fmt: skip
     cand = SimpleNamespace(strategy="fsdp", micro_batch=1, recompute="full", dp=1, tp=1, pp=1, cp=1)
-    note = host_note(steps, KEY[0], cand, 1024, 0.26, work=WORK, params=8e9)
-    total = 0.25 - 2e8 * 3e-12 + 8e9 * 3e-12
+    note = host_note(steps, KEY[0], cand, 1024, 0.25, work=WORK, params=8e9)
+    total = 0.25 - 2e8 * 1e-12 + 8e9 * 1e-12
     assert "took 0.250 s a step" in note and f"{total:.3f} s" in note and "pw-1" in note
-    assert "host-bound there" in note  # 0.274 s of host over 0.26 s of GPU work
-    assert "host-bound" not in host_note(steps, KEY[0], cand, 1024, 0.26)  # without the probe
+    assert "host-bound there" in note  # 0.258 s of host over 0.25 s of GPU work
+    assert "host-bound" not in host_note(steps, KEY[0], cand, 1024, 0.255)  # without the probe
     tp = SimpleNamespace(**{**vars(cand), "tp": 2})
     assert host_note(steps, KEY[0], tp, 1024, 0.26, work=WORK, params=8e9) == ""
+
+
+def test_the_models_own_few_token_steps_are_the_host_on_one_rank() -> None:
+    """Where the probe ran the model at its own width on a few tokens (``--tokens``), those
+    steps are the host's on one rank (every parameter's host work in them); on more ranks the
+    narrowed step carried by the per-parameter work, as without them."""
+    steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200", steps={KEY: (0.25,)},
+                     params={KEY: (2e8,)}, full={KEY: (0.30, 0.34)})  # fmt: skip
+    assert host_estimate(steps, WORK, KEY, params=8e9, shard=1) == pytest.approx(0.32)
+    assert host_estimate(steps, WORK, KEY, params=8e9, shard=2) == pytest.approx(
+        0.25 - 2e8 * 1e-12 + 4e9 * 1e-12
+    )
+    cand = SimpleNamespace(strategy="fsdp", micro_batch=1, recompute="full", dp=1, tp=1, pp=1, cp=1)
+    note = host_note(steps, KEY[0], cand, 1024, 0.22, params=8e9)
+    assert "0.320 s at the model's own width on one sequence of a few tokens" in note
+    assert "host-bound" in note

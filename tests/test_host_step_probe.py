@@ -60,8 +60,10 @@ def test_probe_times_narrowed_and_full_runs_on_one_cpu_rank(tmp_path: Path) -> N
     whose run document is written beside the calibration and named by it; the loader keeps the
     narrowed steps only (the full run is the configuration, not the host's time)."""
     run = probe.Run("ddp", "tiny", 1, 16, "none")
-    entry = probe.measure(run, [4, 0], gpu=False, steps=1, warmup=1, results=str(tmp_path))
-    narrow, full = entry["widths"]
+    entry = probe.measure(run, [4, 0], gpu=False, steps=1, warmup=1, results=str(tmp_path),
+                          tokens=[8])  # fmt: skip
+    narrow, full, few = entry["widths"]
+    assert few["tokens"] == 8 and few["hidden"] == get_spec("tiny").hidden and few["step_s"] > 0
     assert narrow["hidden"] == 4 * get_spec("tiny").heads and narrow["step_s"] > 0
     assert "run_id" not in narrow and full["hidden"] == get_spec("tiny").hidden
     runs = list((tmp_path / "PAR-TRAINING-STATE").glob("train-ddp-tiny-*.json"))
@@ -71,6 +73,7 @@ def test_probe_times_narrowed_and_full_runs_on_one_cpu_rank(tmp_path: Path) -> N
     assert doc.metric("step_time") is None and doc.workload["kind"] == "host-step-calibration"
     got = load_host_step(doc)
     assert got.steps == {("tiny", "ddp", 1, 16, "none"): (narrow["step_s"],)}
+    assert got.full == {("tiny", "ddp", 1, 16, "none"): (few["step_s"],)}  # not a narrowed step
     # the narrowed model's parameters, which host_estimate swaps for the model's own
     assert got.params == {
         ("tiny", "ddp", 1, 16, "none"): (probe.narrow_spec("tiny", 4).num_params(),)

@@ -13,7 +13,9 @@
 # OUT_DIR/results/PAR-TRAINING-STATE/host-step-*.json, the log in OUT_DIR.
 # RUNS ("STRATEGY:MODEL:MBxSEQ:RECOMPUTE ..."): other runs instead. HEAD_DIMS (16,32): the widths
 # per head; 0 adds the model's own width, a real run of the configuration on the same machine
-# (its document beside the calibration), e.g. HEAD_DIMS=16,0. Without a GPU: one gloo CPU
+# (its document beside the calibration), e.g. HEAD_DIMS=16,0; empty: none. TOKENS (e.g. 32): the
+# model at its own width on one sequence of that many tokens, the host's step with every
+# parameter's host work in it (not written as a training run). Without a GPU: one gloo CPU
 # rank on the small model (a dry run, ~1 minute).
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu/host_step.sh OUT_DIR}"
@@ -37,4 +39,5 @@ fi
 RUN_ARGS=()
 for r in ${RUNS:-$DEFAULT}; do RUN_ARGS+=(--run "$r"); done
 CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" "$PY" benchmarks/host_step_probe.py \
-  "$OUT/results" "${RUN_ARGS[@]}" "${ARGS[@]}" --head-dims "${HEAD_DIMS:-16,32}" 2>&1 | tee -a "$OUT/host-step.log"
+  "$OUT/results" "${RUN_ARGS[@]}" "${ARGS[@]}" --head-dims "${HEAD_DIMS-16,32}" \
+  --tokens "${TOKENS:-}" 2>&1 | tee -a "$OUT/host-step.log"

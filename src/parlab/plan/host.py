@@ -209,6 +209,9 @@ class HostStep:
     every width of every probe."""
     params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = field(default_factory=dict)
     """The same keys -> the narrowed models' parameter counts, one per step in ``steps``."""
+    full: dict[tuple[str, str, int, int, str], tuple[float, ...]] = field(default_factory=dict)
+    """The same keys -> the model's own steps on one sequence of a few tokens (``--tokens``):
+    the host's step with every parameter, on one rank."""
 
     def host_s(self, key: tuple[str, str, int, int, str]) -> float | None:
         """The mean of ``key``'s narrowed steps, or None where no probe ran it."""
@@ -224,22 +227,21 @@ class HostStep:
 def host_per_param_s(work: Any, strategy: str, params: float, shard: int = 1) -> float:
     """The host's seconds per step that grow with the parameters rather than with the ops:
     fused AdamW over each rank's parameters (``params / shard`` under FSDP and ZeRO, where each
-    rank steps its shard; all of them under DDP) and, under FSDP, the reduce-scatter copy-in
-    (``_chunk_cat``) of each rank's float32 gradient chunk, at the host seconds per parameter
-    that ``work`` (``parlab.plan.paramwork.ParamWork``) measured; 0 without them, and for
-    DeepSpeed (its own optimizer and buckets: not modelled).
+    rank steps its shard; all of them under DDP), at the host seconds per parameter that
+    ``work`` (``parlab.plan.paramwork.ParamWork``) measured; 0 without them, and for DeepSpeed
+    (its own optimizer: not modelled).
 
-    The host-step probe's narrowed model keeps every tensor but few parameters, so its step
-    leaves these out: on one H200, FSDP's copy-in cost the host 1.3 ms per GB of a rank's
-    float32 gradients, 43 ms a step for Llama-3.1 8B on one rank."""
+    Not here: FSDP2's reduce-scatter copy-in (``_chunk_cat``), whose CUDA kernel table is built
+    on the CPU, one entry per 2 KiB of each rank's chunk. Its host time per byte depends on the
+    call, not on the bytes alone: the param-work probes timed 16 tensors of 4096 x 4096 at
+    5.5-7 ms per GB and 16 of 2048 x 2048 at 1.8 (``results/PAR-TRAINING-STATE/
+    param-work-20261201T1125*``). On one rank the probe's few-token steps of the model itself
+    include it (``host_estimate``); on more ranks it is left out."""
     if work is None or strategy.startswith("deepspeed"):
         return 0.0
     per = getattr(work, "host_s_per_param", {}) or {}
     per_rank = params / shard if strategy.startswith(("fsdp", "zero")) else params
-    s = per.get("adamw", 0.0) * per_rank
-    if strategy.startswith("fsdp"):
-        s += per.get("chunk_cat", 0.0) * per_rank
-    return s
+    return per.get("adamw", 0.0) * per_rank
 
 
 def host_estimate(
@@ -251,9 +253,12 @@ def host_estimate(
     shard: int = 1,
 ) -> float | None:
     """The host's seconds per step of configuration ``key`` at the model's own width on
-    ``shard`` ranks: the host-step probe's narrowed step with its narrowed model's
+    ``shard`` ranks: on one rank, the model's own few-token steps where the probe made them
+    (``HostStep.full``); else the host-step probe's narrowed step with its narrowed model's
     per-parameter host time (``host_per_param_s``, one rank) replaced by the model's
     (``params``, ``shard`` ranks); None where no probe ran the configuration."""
+    if steps is not None and shard == 1 and steps.full.get(key):
+        return sum(steps.full[key]) / len(steps.full[key])
     host = steps.host_s(key) if steps is not None else None
     if steps is None or host is None:
         return None
@@ -271,16 +276,22 @@ def load_host_step(doc: Any) -> HostStep:
         raise UsageError(f"{doc.run_id}: not a {STEP_KIND} document ({STEP_FORMAT})")
     steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
     params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = {}
+    full: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
     for r in body["runs"]:
         key = (str(r["model"]), str(r["strategy"]), int(r["micro_batch"]), int(r["seq"]),
                str(r["recompute"]))  # fmt: skip
-        narrow = [w for w in r["widths"] if "run_id" not in w]
+        narrow = [w for w in r["widths"] if "run_id" not in w and "tokens" not in w]
+        own = tuple(float(w["step_s"]) for w in r["widths"] if "tokens" in w)
+        if own:
+            full[key] = full.get(key, ()) + own
         if narrow:
             steps[key] = steps.get(key, ()) + tuple(float(w["step_s"]) for w in narrow)
             params[key] = params.get(key, ()) + tuple(
                 narrow_spec(key[0], int(w["head_dim"])).num_params() for w in narrow
             )
-    return HostStep(run_ids=(doc.run_id,), device=str(body["device"]), steps=steps, params=params)
+    return HostStep(
+        run_ids=(doc.run_id,), device=str(body["device"]), steps=steps, params=params, full=full
+    )
 
 
 def host_step_calibration(root: Any) -> HostStep | None:
@@ -291,15 +302,19 @@ def host_step_calibration(root: Any) -> HostStep | None:
         return None
     steps: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
     params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = {}
+    full: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
     for c in cals:
         for k, v in c.steps.items():
             steps[k] = steps.get(k, ()) + v
             params[k] = params.get(k, ()) + c.params.get(k, ())
+        for k, v in c.full.items():
+            full[k] = full.get(k, ()) + v
     return HostStep(
         run_ids=tuple(r for c in cals for r in c.run_ids),
         device=cals[-1].device,
         steps=steps,
         params=params,
+        full=full,
     )
 
 
@@ -331,7 +346,7 @@ def host_note(
     narrowed = steps.host_s(key)
     dp = int(getattr(cand, "dp", 1))
     host = host_estimate(steps, work, key, params=params, shard=dp)
-    if narrowed is None or host is None:
+    if host is None:
         return ""
     verdict = (
         "host-bound there: the step is the host's, which differs from one machine to the next; "
@@ -339,15 +354,20 @@ def host_note(
         if bound(gpu_s, host)[1] == "host"
         else f"GPU-bound there (the host alone {host / gpu_s:.2f} of the GPU's time)"
     )
-    per_param = (
-        f"; with the host's per-parameter work of the model's {params / 1e9:.2f} B parameters on "
-        f"{dp} rank{'s' if dp > 1 else ''} (param-work probe: {work.label}), {host:.3f} s"
-        if abs(host - narrowed) > 5e-4
-        else ""
-    )
+    took = []
+    if narrowed is not None:
+        took.append(
+            f"{narrowed:.3f} s a step on one rank with the model narrowed until the GPU idles"
+        )
+    if dp == 1 and steps.full.get(key):  # the model's own width measured: every parameter
+        took.append(f"{host:.3f} s at the model's own width on one sequence of a few tokens")
+    elif work is not None and narrowed is not None and abs(host - narrowed) > 5e-4:
+        took.append(
+            f"{host:.3f} s with the host's per-parameter work of the model's {params / 1e9:.2f} B "
+            f"parameters on {dp} rank{'s' if dp > 1 else ''} (param-work probe: {work.label})"
+        )
     return (
         f"host: parlab train of {cand.strategy} at {cand.micro_batch} x {seq}, recompute {rc}, "
-        f"took {narrowed:.3f} s a step on one rank with the model narrowed until the GPU idles "
-        f"(host-step probe: {' + '.join(steps.run_ids)}, {steps.device}){per_param}, against the "
-        f"roofline's {gpu_s:.3f} s of GPU work: {verdict}"
+        f"took {'; '.join(took)} (host-step probe: {' + '.join(steps.run_ids)}, {steps.device}), "
+        f"against the roofline's {gpu_s:.3f} s of GPU work: {verdict}"
     )

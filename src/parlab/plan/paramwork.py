@@ -15,12 +15,11 @@ device, each bandwidth the mean over them:
   ``zero_grad`` (4 B), the gradient's accumulation into the kept bucket view (12 B) and the
   bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
   them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it;
-- ``host_s_per_param``: the host's seconds per float32 parameter of each kind's call (fused
-  AdamW's step, ``_chunk_cat``'s copy-in), the GPU's work not waited for: what a host-bound step
-  pays per parameter (``parlab.plan.host.host_per_param_s``); only probes that timed the host
-  (since 2026-12-01T11:19) carry it, and the copy-in's only those that called it per FSDP unit
-  (``chunk_cat_unit``; the first two called it once over every tensor, a size at which its
-  host time per byte is 2.5 times a block's).
+- ``host_s_per_param``: the host's seconds per float32 parameter of each kind's call, the GPU's
+  work not waited for; ``parlab.plan.host.host_per_param_s`` takes fused AdamW's. Only probes
+  that timed the host (since 2026-12-01T11:19) carry it, and the copy-in's (``chunk_cat``)
+  only those that called it per FSDP unit (``chunk_cat_unit``; the first two called it once
+  over every tensor).
 
 A sweep of the footprint on one H200 (0.5 to 6.7 billion parameters, up to 107 GB of
 parameters, gradients and AdamW states: ``results/PAR-TRAINING-STATE/param-work-20261201T0536*``)
