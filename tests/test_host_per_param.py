@@ -144,6 +144,8 @@ def test_the_models_own_few_token_steps_are_the_host_on_one_rank() -> None:
     steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200", steps={KEY: (0.25,)},
                      params={KEY: (2e8,)}, full={KEY: (0.30, 0.34)})  # fmt: skip
     assert host_estimate(steps, WORK, KEY, params=8e9, shard=1) == pytest.approx(0.32)
+    # the model by any of its names: a run of ``8b`` is the probe's llama3.1-8b
+    assert host_estimate(steps, WORK, ("8b", *KEY[1:]), params=8e9) == pytest.approx(0.32)
     assert host_estimate(steps, WORK, KEY, params=8e9, shard=2) == pytest.approx(
         0.25 - 2e8 * 1e-12 + 4e9 * 1e-12
     )

@@ -214,14 +214,27 @@ class HostStep:
     the host's step with every parameter, on one rank."""
 
     def host_s(self, key: tuple[str, str, int, int, str]) -> float | None:
-        """The mean of ``key``'s narrowed steps, or None where no probe ran it."""
-        got = self.steps.get(key)
+        """The mean of ``key``'s narrowed steps, or None where no probe ran it (the model by
+        any of its names: ``8b`` is ``llama3.1-8b``)."""
+        got = self.steps.get(_canonical(key))
         return sum(got) / len(got) if got else None
 
     def narrow_params(self, key: tuple[str, str, int, int, str]) -> float:
         """The mean parameter count of ``key``'s narrowed models (0 where none is known)."""
-        got = self.params.get(key)
+        got = self.params.get(_canonical(key))
         return sum(got) / len(got) if got else 0.0
+
+    def own_s(self, key: tuple[str, str, int, int, str]) -> float | None:
+        """The mean of the model's own few-token steps for ``key`` (``full``), or None."""
+        got = self.full.get(_canonical(key))
+        return sum(got) / len(got) if got else None
+
+
+def _canonical(key: tuple[str, str, int, int, str]) -> tuple[str, str, int, int, str]:
+    """``key`` with the catalog's name of its model (``parlab.plan.shapes.canonical``)."""
+    from parlab.plan.shapes import canonical
+
+    return (canonical(key[0]), *key[1:])  # type: ignore[return-value]
 
 
 def host_per_param_s(work: Any, strategy: str, params: float, shard: int = 1) -> float:
@@ -257,8 +270,9 @@ def host_estimate(
     (``HostStep.full``); else the host-step probe's narrowed step with its narrowed model's
     per-parameter host time (``host_per_param_s``, one rank) replaced by the model's
     (``params``, ``shard`` ranks); None where no probe ran the configuration."""
-    if steps is not None and shard == 1 and steps.full.get(key):
-        return sum(steps.full[key]) / len(steps.full[key])
+    own = steps.own_s(key) if steps is not None and shard == 1 else None
+    if own is not None:
+        return own
     host = steps.host_s(key) if steps is not None else None
     if steps is None or host is None:
         return None
@@ -278,8 +292,8 @@ def load_host_step(doc: Any) -> HostStep:
     params: dict[tuple[str, str, int, int, str], tuple[int, ...]] = {}
     full: dict[tuple[str, str, int, int, str], tuple[float, ...]] = {}
     for r in body["runs"]:
-        key = (str(r["model"]), str(r["strategy"]), int(r["micro_batch"]), int(r["seq"]),
-               str(r["recompute"]))  # fmt: skip
+        key = _canonical((str(r["model"]), str(r["strategy"]), int(r["micro_batch"]),
+                          int(r["seq"]), str(r["recompute"])))  # fmt: skip
         narrow = [w for w in r["widths"] if "run_id" not in w and "tokens" not in w]
         own = tuple(float(w["step_s"]) for w in r["widths"] if "tokens" in w)
         if own:
@@ -359,7 +373,7 @@ def host_note(
         took.append(
             f"{narrowed:.3f} s a step on one rank with the model narrowed until the GPU idles"
         )
-    if dp == 1 and steps.full.get(key):  # the model's own width measured: every parameter
+    if dp == 1 and steps.own_s(key) is not None:  # the model's own width: every parameter
         took.append(f"{host:.3f} s at the model's own width on one sequence of a few tokens")
     elif work is not None and narrowed is not None and abs(host - narrowed) > 5e-4:
         took.append(
