@@ -458,11 +458,15 @@ TERMS: list[Term] = [
         "machine to the next. Small micro-batches, many small parameter tensors, per-op "
         "Python dispatch (DTensor, op-level selective recompute) make it so. "
         "benchmarks/host_step_probe.py times the host alone: the same step with the model "
-        "narrowed until the GPU idles.",
+        "narrowed until the GPU idles, or (--tokens) the model itself on one sequence of a few "
+        "tokens, which keeps the host work that grows with the parameters (FSDP2's "
+        "reduce-scatter copy-in builds its kernel's table on the CPU, about 2 ms a block of an "
+        "8B on one rank); parlab's accuracy benchmark predicts such a step as the host alone.",
         elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
         "torch.compile remove it); HTA's 'idle time'.",
         measure="parlab profile (per-step idle: the GPU waiting on the host); parlab plan "
-        "--roofline (the GPU's time, to set beside the measured step)",
+        "--roofline (the GPU's time, and the host's where a host-step probe ran the "
+        "configuration)",
         group=G_TIME,
     ),
     Term(
