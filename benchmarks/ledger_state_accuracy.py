@@ -787,9 +787,17 @@ def misses(
         # plan_accuracy's verdict: |predicted - measured| / measured below 10 %
         n_mfu = sum(pa.within(mfu, step, pa.STEP_TARGET) == "yes" for step, mfu, _ in both)
         n_roof = sum(pa.within(roof, step, pa.STEP_TARGET) == "yes" for step, _, roof in both)
+        from parlab.plan.calibrate import group_of
+
+        groups: dict[str, list[tuple[Any, None, bool]]] = {}
+        for d in runs:
+            groups.setdefault(group_of(d), []).append((d, None, False))
+        best, total = pa.ceiling(groups)
         out.append(
             f"**Step time.** Within 10 %: the roofline (out of sample) {n_roof} of {len(both)} "
-            f"runs; the MFU model with the other runs' MFU {n_mfu} of {len(both)}. One MFU "
+            f"runs; the MFU model with the other runs' MFU {n_mfu} of {len(both)}; one "
+            f"prediction per configuration could meet at most {best} of {total} (some "
+            "configurations' repeats spread too far for any one value). One MFU "
             "per workload cannot tell apart what differs in compute efficiency between "
             "layouts (a 1-GPU baseline against a 2-GPU run, attention-heavy long sequences, "
             "autocast's float32 residual stream); the roofline times GEMMs, attention and "
