@@ -152,7 +152,7 @@ def time_run(
     )
     doc = run_training(cfg, command=f"host_step_probe {run} hd{head_dim}")
     if doc.status != "ok" or doc.metric("step_time") is None:
-        why = (doc.failure or {}).get("message", doc.status) if doc.failure else doc.status
+        why = f"{doc.failure.kind}: {doc.failure.message}" if doc.failure else doc.status
         raise RuntimeError(f"{run} at head dim {head_dim}: the run failed: {why}")
     return doc
 

@@ -128,3 +128,21 @@ def test_plan_note_names_the_host_where_a_probe_ran_the_configuration() -> None:
     assert host_note(steps, "1.3b", cand(2, "selective"), 4096, 0.19) == ""
     assert host_note(steps, "llama3.1-8b", cand(2, "full"), 1024, 0.22) == ""
     assert host_note(None, "llama3.1-8b", cand(1, "full"), 1024, 0.22) == ""
+
+
+def test_a_failed_run_stops_the_probe_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A narrowed run that fails (out of memory, say) raises with its failure's kind and line,
+    so the probe writes nothing half-made."""
+    from types import SimpleNamespace
+
+    from parlab.contract import Failure
+    from parlab.projects import training_state
+
+    failed = SimpleNamespace(status="failed", failure=Failure(kind="oom", message="over 80 GB"),
+                             metric=lambda name: None)  # fmt: skip
+    monkeypatch.setattr(training_state, "run_training", lambda cfg, command: failed)
+    with pytest.raises(RuntimeError, match="oom: over 80 GB"):
+        probe.time_run(probe.Run("ddp", "tiny", 1, 16, "none"), 4, gpu=False, steps=1, warmup=1,
+                       tmp=tmp_path)  # fmt: skip
