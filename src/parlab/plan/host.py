@@ -363,8 +363,9 @@ def host_note(
     if host is None:
         return ""
     verdict = (
-        "host-bound there: the step is the host's, which differs from one machine to the next; "
-        "a larger micro-batch amortizes it (the host's time per step does not grow with it)"
+        f"host-bound there: the step is the host's, predicted {host:.3f} s, which differs from "
+        "one machine to the next and can reach the host's and the GPU's time added; a larger "
+        "micro-batch amortizes it (the host's time per step does not grow with it)"
         if bound(gpu_s, host)[1] == "host"
         else f"GPU-bound there (the host alone {host / gpu_s:.2f} of the GPU's time)"
     )
