@@ -493,26 +493,25 @@ def table_gpu_runs(root: Path) -> None:
 
     host_steps = host_step_calibration(root)
     if host_steps is not None:
-        per_param = param_work.host_s_per_param if param_work is not None else {}
+        adamw = (param_work.host_s_per_param if param_work is not None else {}).get("adamw")
         print(
-            f"Host alone: {' + '.join(host_steps.run_ids)} ({host_steps.device}): parlab train "
-            "of the runs' configurations with the model narrowed to a few elements per head "
-            "(benchmarks/host_step_probe.py), the mean narrowed step, plus the host's work that "
-            "grows with the parameters, which the narrowed model leaves out (fused AdamW over "
-            "each rank's parameters"
-            + (f", {per_param['adamw'] * 1e12:.0f} us per million" if "adamw" in per_param else "")
-            + "; FSDP's reduce-scatter copy-in of each rank's float32 gradients"
+            f"Host alone: {' + '.join(host_steps.run_ids)} ({host_steps.device}): on one rank, "
+            "parlab train of the run's model on one sequence of 32 tokens where the probe made "
+            "it (every parameter's host work in it: FSDP2's copy-in builds its kernel's table on "
+            "the CPU); else the same configuration with the model narrowed to a few elements per "
+            "head (benchmarks/host_step_probe.py), its narrowed model's fused-AdamW host time "
+            "replaced by the model's on the run's ranks"
             + (
-                f", {per_param['chunk_cat'] * 1e12:.0f} us per million"
-                if "chunk_cat" in per_param
+                f" ({adamw * 1e12:.2f} ms per billion parameters, param-work probes)"
+                if adamw
                 else ""
             )
-            + "; param-work probes; parlab.plan.host.host_estimate) (note 'host alone'). Where "
-            "it takes longer than the roofline's time the run is host-bound: the step predicted "
-            "is the host's (the roofline column shows it, the note both), and the run is left "
-            "out of the runs the model describes, since the host's speed differs between machines "
-            "(GPT-2 124M at 1 x 1024, the same configuration: 22 ms a step on one, 28 ms on "
-            "another) and the steps it covers lie between max(host, GPU) and their sum."
+            + " (parlab.plan.host.host_estimate; note 'host alone'). Where it takes longer than "
+            "the roofline's time the run is host-bound: the step predicted is the host's (the "
+            "roofline column shows it, the note both), and the run is left out of the runs the "
+            "model describes, since the host's speed differs between machines (GPT-2 124M at "
+            "1 x 1024, the same configuration: 22 ms a step on one, 28 ms on another) and the "
+            "steps it covers lie between max(host, GPU) and their sum."
         )
     if param_work is not None:
         print(
