@@ -22,7 +22,7 @@ which ``parlab.models.get_spec`` reads.
 
 The narrowed model leaves out the host's work that grows with the parameters: FSDP2's
 reduce-scatter copy-in builds its CUDA kernel's block table on the CPU (a profile of FSDP on one
-rank of the 8B showed the GPU idle about 2 ms before each block's 3.4 MB table copy) and fused
+rank of the 8B showed the GPU idle about 2 ms before each block's table copy) and fused
 AdamW packs every tensor chunk's address into its launches. ``--tokens`` measures it: the model
 at its own width on one sequence of a few tokens (``1 x T``), every parameter there and the
 GPU's work still a small part of the step (its entries carry ``tokens``; these runs are not

@@ -32,12 +32,15 @@ Each kind's host seconds as well: the wall time of the call itself, the GPU's wo
 for (``perf_counter`` around the call alone). Some of this work costs the host time in
 proportion to its bytes, not only per call: on CUDA, ``_chunk_cat`` builds its kernel's
 block-to-tensor table on the CPU, one entry per 2 KiB of each rank's chunk, and copies it to
-the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a 3.4 MB host-to-device copy before each
+the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a host-to-device copy before each
 block's reduce-scatter, the GPU idle about 2 ms before it), and fused AdamW packs the addresses
 of each ~64 Ki-element chunk of every tensor into its launches. A host-bound step pays it
 (``parlab.plan.host``: ``host_per_param_s``). The copy-in's host time per byte depends on the
-call's size (its table outgrows the CPU's caches): one call over 2 billion parameters cost the
-host 3.7 ms per GB, block-sized calls about 1.4 ms per GB; hence the unit.
+call: one call over 2 billion parameters cost the host 3.7 ms per GB
+(``results/PAR-TRAINING-STATE/param-work-20261201T111951-c3899a.json``), calls of 16 tensors
+of 2048 x 2048 1.8 ms per GB and of 16 of 4096 x 4096 5.5-7
+(``results/PAR-TRAINING-STATE/param-work-20261201T1125*``); hence the unit, and
+``parlab.plan.host`` prices the copy-in by the few-token host step instead.
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the

@@ -460,8 +460,9 @@ TERMS: list[Term] = [
         "benchmarks/host_step_probe.py times the host alone: the same step with the model "
         "narrowed until the GPU idles, or (--tokens) the model itself on one sequence of a few "
         "tokens, which keeps the host work that grows with the parameters (FSDP2's "
-        "reduce-scatter copy-in builds its kernel's table on the CPU, about 2 ms a block of an "
-        "8B on one rank); parlab's accuracy benchmark predicts such a step as the host alone.",
+        "reduce-scatter copy-in builds its kernel's table on the CPU: on one rank of an 8B the "
+        "GPU idles about 2 ms before each block's copy); parlab's accuracy benchmark predicts "
+        "such a step as the host alone.",
         elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
         "torch.compile remove it); HTA's 'idle time'.",
         measure="parlab profile (per-step idle: the GPU waiting on the host); parlab plan "
