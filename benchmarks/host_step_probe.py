@@ -150,10 +150,11 @@ def time_run(
         recompute=run.recompute,
         timeout_s=240.0,
     )
-    doc = run_training(cfg, command=f"host_step_probe {run} hd{head_dim}")
+    what = f"1x{tokens} tokens" if tokens else f"hd{head_dim}"
+    doc = run_training(cfg, command=f"host_step_probe {run} {what}")
     if doc.status != "ok" or doc.metric("step_time") is None:
         why = f"{doc.failure.kind}: {doc.failure.message}" if doc.failure else doc.status
-        raise RuntimeError(f"{run} at head dim {head_dim}: the run failed: {why}")
+        raise RuntimeError(f"{run} at {what}: the run failed: {why}")
     return doc
 
 
@@ -228,7 +229,9 @@ def document(body: dict[str, Any], *, command: str, environment: dict[str, Any])
         notes=[
             "each run: parlab train on one rank with every layer, head, parameter tensor and "
             "the vocabulary of its model, the width cut to a few elements per head; the median "
-            "step of each width (the GPU's work a small fraction of it: the host's time)"
+            "step of each width (the GPU's work a small fraction of it: the host's time); "
+            "entries with 'tokens': the model at its own width on one sequence of that many "
+            "tokens (every parameter's host work in the step)"
         ],
     )
 

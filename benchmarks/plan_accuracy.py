@@ -120,8 +120,9 @@ def host_step_key(doc: Any) -> tuple[str, str, int, int, str]:
 
 def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
     """Each run's host seconds per step where a host-step probe ran its configuration
-    (``parlab.plan.host.host_estimate``: the probe's narrowed step with the model's own
-    per-parameter host work, on the run's ranks, from the param-work probes)."""
+    (``parlab.plan.host.host_estimate``: on one rank the model's own few-token steps where the
+    probe made them, else the narrowed step with fused AdamW's host time carried to the run's
+    parameters and ranks, from the param-work probes)."""
     from parlab.plan.host import host_estimate, host_step_calibration
     from parlab.plan.paramwork import param_work_calibration
 
@@ -545,8 +546,8 @@ def table_gpu_runs(root: Path) -> None:
         )
     print(
         "<10%: the out-of-sample prediction -- the roofline's for runs outside the calibration "
-        "(the host's where the host alone takes longer), the LOO column (every step refitted without all repeats of the run's configuration) for "
-        "calibration runs. MFU LOO: the previous model, FLOPs / (median MFU of the other runs of "
+        "(the host's where the host alone takes longer), the LOO column (every step refitted "
+        "without all repeats of the run's configuration) for calibration runs. MFU LOO: the previous model, FLOPs / (median MFU of the other runs of "
         "the workload x peak). Peak memory in GB (1e9 B), error (predicted - measured) / "
         "measured: recorded, the peak the run recorded before it started (the planner's ledger "
         "call where it recorded none); current, the current ledger for the same run "
