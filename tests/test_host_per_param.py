@@ -74,7 +74,7 @@ def test_fsdp_copies_each_units_gradients_in_once_per_backward(strategy: str) ->
     buffer with ``fsdp.chunk_cat`` (``torch._chunk_cat``), each rank's chunk 1/world of them:
     host work that grows with the gradients (on CUDA the copy's block table is built on the
     CPU), which the narrowed host-step probe leaves out and its few-token steps of the model
-    itself include (``parlab.plan.host.host_per_param_s``); DDP runs none of it."""
+    itself include (``parlab.plan.host.host_estimate``); DDP runs none of it."""
     sizes = run_ranks(_copy_ins, 2, strategy)
     if strategy == "ddp":
         assert sizes == [[], []]
