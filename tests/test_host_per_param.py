@@ -115,10 +115,15 @@ def test_host_estimate_replaces_the_narrowed_models_parameters_with_the_models()
 
 def test_narrowed_parameter_counts_are_the_probes_models() -> None:
     """``narrow_spec`` (the probe's narrowed model) keeps the vocabulary: an 8B narrowed to 16
-    per head still holds two 128,256-row embeddings of width 512."""
+    per head still holds two 128,256-row embeddings of width 512. A probe of a model the catalog
+    does not know still loads, its narrowed parameters counted as none."""
+    from parlab.plan.host import _narrow_params
+
     n = narrow_spec("llama3.1-8b", 16)
     assert n.hidden == 512 and n.num_params() > 2 * 128_256 * 512
     assert n.num_params() < 0.05 * narrow_spec("llama3.1-8b", 128).num_params()
+    assert _narrow_params("8b", {"head_dim": 16}) == n.num_params()
+    assert _narrow_params("no-such-model", {"head_dim": 16}) == 0
 
 
 def test_plan_note_adds_the_models_per_parameter_host_work() -> None:

@@ -300,12 +300,19 @@ def load_host_step(doc: Any) -> HostStep:
             full[key] = full.get(key, ()) + own
         if narrow:
             steps[key] = steps.get(key, ()) + tuple(float(w["step_s"]) for w in narrow)
-            params[key] = params.get(key, ()) + tuple(
-                narrow_spec(key[0], int(w["head_dim"])).num_params() for w in narrow
-            )
+            params[key] = params.get(key, ()) + tuple(_narrow_params(key[0], w) for w in narrow)
     return HostStep(
         run_ids=(doc.run_id,), device=str(body["device"]), steps=steps, params=params, full=full
     )
+
+
+def _narrow_params(model: str, width: dict[str, Any]) -> int:
+    """The parameters of ``model`` narrowed to the entry's head dim; 0 where the catalog does
+    not know the model (its per-parameter host time is then left as measured)."""
+    try:
+        return int(narrow_spec(model, int(width["head_dim"])).num_params())
+    except ValueError:
+        return 0
 
 
 def host_step_calibration(root: Any) -> HostStep | None:
