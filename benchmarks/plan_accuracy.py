@@ -107,23 +107,12 @@ def within(pred: float | None, meas: float | None, target: float) -> str:
     return "yes" if abs(pred - meas) / meas <= target else "NO"
 
 
-def host_step_key(doc: Any) -> tuple[str, str, int, int, str]:
-    """(model, strategy, micro-batch, sequence, recompute) of a training run, as the host-step
-    probe's configurations are keyed (``parlab.plan.host.HostStep``)."""
-    from parlab.plan.calibrate import knobs
-    from parlab.plan.shapes import run_batch
-
-    model, mb, seq, *_ = run_batch(doc)
-    strategy = str((doc.layout or {}).get("strategy", ""))
-    return model, strategy, mb, seq, str(knobs(doc).get("recompute") or "none")
-
-
 def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
     """Each run's host seconds per step where a host-step probe ran its configuration
-    (``parlab.plan.host.host_estimate``: on one rank the model's own few-token steps where the
+    (``parlab.plan.host.run_host_s``: on one rank the model's own few-token steps where the
     probe made them, else the narrowed step with fused AdamW's host time carried to the run's
     parameters and ranks, from the param-work probes)."""
-    from parlab.plan.host import host_estimate, host_step_calibration
+    from parlab.plan.host import host_step_calibration, run_host_s
     from parlab.plan.paramwork import param_work_calibration
 
     steps = host_step_calibration(root)
@@ -132,11 +121,7 @@ def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
     work = param_work_calibration(root)
     out = {}
     for d in docs:
-        layout = d.layout or {}
-        mesh = layout.get("mesh") or {}
-        ranks = int(mesh.get("dp_shard") or layout.get("world_size") or 1)
-        params = float((d.workload or {}).get("params") or 0.0)
-        host = host_estimate(steps, work, host_step_key(d), params=params, shard=ranks)
+        host = run_host_s(d, steps, work)
         if host is not None:
             out[d.run_id] = host
     return out

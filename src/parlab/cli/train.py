@@ -40,7 +40,7 @@ def _print_run(doc: object, path: Path) -> None:
     t = Table(
         title=f"{doc.layout['strategy']} on {doc.layout['world_size']} ranks ({doc.evidence_level})"
     )
-    for c in ("metric", "measured", "ledger"):
+    for c in ("metric", "measured", "predicted"):
         t.add_column(c)
     for name, m in doc.metrics.items():
         if name.startswith("comm_count"):
@@ -114,10 +114,23 @@ def train_cmd(
         "collection every N steps instead (torchtitan's gc_freq, default 50); 0: automatic "
         "(its full collections pause the host mid-step).",
     ),
+    roofline: Path | None = typer.Option(
+        None,
+        "--roofline",
+        help="A results folder: record the step time the lab predicts from it (parlab plan "
+        "--roofline's model, as benchmarks/plan_accuracy.py applies it) in the document, made "
+        "before the run starts.",
+    ),
     results: Path | None = ResultsOption,
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
+    from parlab.errors import UsageError
     from parlab.projects.training_state import TrainConfig, run_training
+
+    if roofline is not None and not roofline.is_dir():
+        raise UsageError(
+            f"--roofline {roofline}: not a folder; give the results folder the GPU runs wrote"
+        )
 
     cfg = TrainConfig(
         strategy=strategy,
@@ -142,7 +155,7 @@ def train_cmd(
         numa_binding=numa_binding,
         manual_gc=manual_gc,
     )
-    doc = run_training(cfg, command=reproduce_command())
+    doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
     path = write(doc, results_dir(results))
     _print_run(doc, path)
     if doc.failure is not None:

@@ -527,3 +527,34 @@ def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[
     docs = training_runs(root)
     roof, used = fit_steps(docs, calibration=calibration, param_work=param_work_calibration(root))
     return roof, [rid for _, ids in used for rid in ids]
+
+
+def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
+    """The lab's step time for the run ``doc`` describes (its layout, workload and environment;
+    made before it runs, it has no metrics yet) from the documents under ``root``, as
+    ``benchmarks/plan_accuracy.py`` predicts a run outside its calibration: the roofline fitted
+    on ``root``'s training runs (``lab_roofline``) with the GEMM-shape probes' factors
+    (``predict``); DTensor TP with its host term (``host_bound``); where the host alone takes
+    longer (``parlab.plan.host.run_host_s``), the host alone. (seconds, what made it) or None
+    where the roofline does not describe the run (another GPU, CPU ranks)."""
+    from parlab.plan.host import (
+        host_dispatch_calibration,
+        host_step_calibration,
+        run_host_s,
+    )
+    from parlab.plan.paramwork import param_work_calibration
+    from parlab.plan.shapes import gemm_shape_calibration
+
+    cal = collectives_calibration(root)
+    roof, used = lab_roofline(root, calibration=cal)
+    est = predict(doc, roof, calibration=cal, shapes=gemm_shape_calibration(root))
+    if est is None:
+        return None
+    step, how = est.step_s, f"roofline fitted on {len(used)} runs under {root}"
+    bound = host_bound(doc, step, host_dispatch_calibration(root))
+    if bound is not None:  # DTensor TP: roofline and ops x host seconds per op
+        step, how = bound[0], f"{how}; DTensor's host dispatch ({bound[1]})"
+    host = run_host_s(doc, host_step_calibration(root), param_work_calibration(root))
+    if host is not None and host > step:
+        step, how = host, f"{how}; host-bound: the host alone, {host:.3f} s (host-step probes)"
+    return step, how

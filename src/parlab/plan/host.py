@@ -281,6 +281,30 @@ def host_estimate(
     return host - narrow + host_per_param_s(work, strategy, params, shard)
 
 
+def run_key(doc: Any) -> tuple[str, str, int, int, str]:
+    """(model, strategy, micro-batch, sequence, recompute) of a training run's document, as the
+    host-step probe's configurations are keyed."""
+    from parlab.plan.calibrate import knobs
+    from parlab.plan.shapes import run_batch
+
+    model, mb, seq, *_ = run_batch(doc)
+    strategy = str((doc.layout or {}).get("strategy", ""))
+    return model, strategy, mb, seq, str(knobs(doc).get("recompute") or "none")
+
+
+def run_host_s(doc: Any, steps: HostStep | None, work: Any) -> float | None:
+    """``host_estimate`` for a training run's document: its configuration (``run_key``), its
+    model's parameters and the ranks its FSDP shards over (the mesh's ``dp_shard``, else the
+    world); None where no probe ran the configuration."""
+    if steps is None:
+        return None
+    layout = doc.layout or {}
+    mesh = layout.get("mesh") or {}
+    ranks = int(mesh.get("dp_shard") or layout.get("world_size") or 1)
+    params = float((doc.workload or {}).get("params") or 0.0)
+    return host_estimate(steps, work, run_key(doc), params=params, shard=ranks)
+
+
 def load_host_step(doc: Any) -> HostStep:
     """The narrowed steps one probe document holds; ``UsageError`` when it holds none. The
     model's own width (an entry naming its run, ``run_id``) is the measured configuration, not

@@ -626,8 +626,10 @@ def document(
     command: str,
     backend: str,
     environment: dict[str, Any] | None = None,
+    step_prediction: tuple[Prediction | None, str] | None = None,
 ) -> Document:
-    """The contract document of one run (``results``: every rank's ``train_rank`` return)."""
+    """The contract document of one run (``results``: every rank's ``train_rank`` return;
+    ``step_prediction``: the step time predicted before the run, or None and why not)."""
     from parlab.hardware.env import snapshot
     from parlab.runtime import meters
 
@@ -635,6 +637,12 @@ def document(
         preds, notes = ledger_predictions(cfg, backend)
     except ValueError as exc:  # the ledger cannot model this layout: say so, predict nothing
         preds, notes = {}, [f"no ledger prediction: {exc}"]
+    if step_prediction is not None:
+        made, why = step_prediction
+        if made is not None:
+            preds["step_time"] = made
+        if why:
+            notes.append(why)
     metrics: dict[str, Metric] = {}
     if results:
         r0 = results[0]
@@ -715,11 +723,47 @@ def document(
     )
 
 
-def run_training(cfg: TrainConfig, *, command: str) -> Document:
-    """Launch one run on ``cfg.nproc`` ranks and return its document (not yet written)."""
+def predict_step(
+    cfg: TrainConfig, *, command: str, backend: str, environment: dict[str, Any], root: Path
+) -> tuple[Prediction | None, str]:
+    """The step time the lab predicts for ``cfg`` before it runs, from the documents under
+    ``root`` (``parlab.plan.calibrate.step_prediction``, as ``benchmarks/plan_accuracy.py``
+    predicts a run), and a note; (None, why) where they do not describe the run."""
+    from parlab.plan.calibrate import step_prediction
+
+    before = document(cfg, None, None, command=command, backend=backend, environment=environment)
+    try:
+        made = step_prediction(before, root)
+    except UsageError as exc:
+        return None, f"no step-time prediction from {root}: {exc}"
+    if made is None:
+        return None, (
+            f"no step-time prediction: the roofline fitted under {root} does not describe this "
+            "run (another GPU, or CPU ranks)"
+        )
+    step, how = made
+    return (
+        Prediction(value=step, unit="s", model=f"roofline: {how}"),
+        f"step time predicted before the run: {step:.3f} s ({how})",
+    )
+
+
+def run_training(cfg: TrainConfig, *, command: str, predict_from: Path | None = None) -> Document:
+    """Launch one run on ``cfg.nproc`` ranks and return its document (not yet written); with
+    ``predict_from`` (a results folder), the step time predicted from it before the launch
+    (``predict_step``) is recorded beside the ledger's predictions."""
     from parlab.runtime.launch import LaunchConfig, launch
 
     backend = backend_for(cfg.nproc)
+    environment = None
+    predicted = None
+    if predict_from is not None:
+        from parlab.hardware.env import snapshot
+
+        environment = snapshot(probe_links=backend == "nccl")
+        predicted = predict_step(
+            cfg, command=command, backend=backend, environment=environment, root=predict_from
+        )
     res = launch(
         "parlab.projects.training_state:train_rank",
         cfg.to_json(),
@@ -736,6 +780,8 @@ def run_training(cfg: TrainConfig, *, command: str) -> Document:
         None if res.ok else res.failure,
         command=command,
         backend=backend,
+        environment=environment,
+        step_prediction=predicted,
     )
 
 
