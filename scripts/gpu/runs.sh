@@ -14,7 +14,9 @@
 #   RUNS="7b-fsdp --strategy fsdp --model M7 --micro-batch 1 --seq S" scripts/gpu/runs.sh OUT
 #
 # Without a GPU the same commands run at CPU size (tiny and small models, lengths 64/32/128,
-# fp32, 2 gloo ranks unless NPROC says otherwise) as a dry run.
+# fp32, 2 gloo ranks unless NPROC says otherwise) as a dry run. Each run records the step time
+# the lab predicts from ROOFLINE (default: the committed results/; empty: none) before it starts
+# (parlab train --roofline).
 set -euo pipefail
 OUT="${1:?usage: RUNS=... scripts/gpu/runs.sh OUT_DIR}"
 : "${RUNS:?set RUNS=\"NAME ARGS...;...\"}"
@@ -50,6 +52,8 @@ for spec in "${SPECS[@]}"; do
       *) args+=("$w") ;;
     esac
   done
+  ROOF="${ROOFLINE-results}"
+  if [ -n "$ROOF" ]; then args+=(--roofline "$ROOF"); fi
   echo "== ${words[0]}: parlab train --nproc $NP ${args[*]}" | tee -a "$LOG"
   timeout 240 "$PY" -m parlab train --nproc "$NP" --dtype "$DT" --warmup 3 --steps "${STEPS:-5}" \
     --timeout 150 --results "$OUT/results" "${args[@]}" 2>&1 | tail -n 4 | tee -a "$LOG" \
