@@ -547,6 +547,17 @@ def table_gpu_runs(root: Path) -> None:
     ):
         n, ok, old_ok = counts[name]
         print(f"step time within 10 %, {label}: roofline {ok}/{n}; MFU model (LOO) {old_ok}/{n}")
+    recorded = [
+        (d.predictions["step_time"].value, d.metric("step_time"))
+        for d in docs
+        if "step_time" in d.predictions and d.predictions["step_time"].value is not None
+    ]
+    if recorded:
+        hit = sum(within(p, m, STEP_TARGET) == "yes" for p, m in recorded)
+        print(
+            f"step time within 10 %, the predictions runs recorded before they started (parlab "
+            f"train --roofline): {hit}/{len(recorded)}"
+        )
     near, total = ceiling(repeats)
     print(
         f"step time, the most runs that one prediction per configuration can bring within 10 %: "
