@@ -567,6 +567,10 @@ PAGES = {
         "Which candidate to ship, and why -- and what does the evidence say is wrong?",
         [
             "parlab plan --model 1.3b --gpus 2xH200 --gpus-per-node 2 --global-batch 4 --seq 4096",
+            "parlab plan --model 1.3b --gpus 2xH200 --gpus-per-node 2 --global-batch 4 --seq 4096 "
+            "--roofline results   # the roofline fitted on the lab's runs",
+            "parlab train --strategy fsdp --model 1.3b --nproc 1 --micro-batch 4 --seq 4096 "
+            "--roofline results   # its step predicted, in its document, before it runs",
             "parlab decide parlab-results --project PAR-TRAINING-STATE",
             "parlab doctor parlab-results",
             "parlab report parlab-results",
@@ -604,7 +608,9 @@ PAGES = {
             ),
         ],
         "The plan admits or rejects every layout with a reason and predicts its step; decide "
-        "picks among measured runs and shows predicted against measured. The doctor reads the "
+        "picks among measured runs and shows predicted against measured (a run made with "
+        "`--roofline` carries its step prediction from before it started; "
+        "`benchmarks/plan_accuracy.py` sets every prediction against its run). The doctor reads the "
         "same documents for the known failure patterns; each finding names the document and "
         "field, with its strength.",
         extra="\n## The doctor over the 2xH200 documents (`parlab doctor results`)\n\n"
