@@ -90,21 +90,12 @@ def probe_spec(model: str, hidden: int, layers: int | None = None, vocab: int | 
     """``model``'s spec at width ``hidden`` (FFN in proportion, rounded to 64; heads kept, so
     the head dim shrinks), optionally with another layer count or vocabulary."""
     from parlab.models import get_spec
+    from parlab.plan.host import at_width
 
     s = get_spec(model)
     if hidden % (2 * s.heads):
         raise ValueError(f"--hidden {hidden} must be a multiple of 2 x {s.heads} heads")
-    ffn = max(64, round(s.ffn_hidden * hidden / s.hidden / 64) * 64)
-    return dataclasses.replace(
-        s,
-        name=f"{s.name}-w{hidden}",
-        hidden=hidden,
-        ffn_hidden=ffn,
-        head_dim=None,
-        layers=layers or s.layers,
-        vocab_size=vocab or s.vocab_size,
-        published_params=None,
-    )
+    return at_width(model, hidden, name=f"{s.name}-w{hidden}", layers=layers, vocab=vocab)
 
 
 class DTensorStep:

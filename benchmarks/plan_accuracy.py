@@ -72,6 +72,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from parlab.plan.host import with_host  # a host-bound run's predicted step
+
 STEP_TARGET = 0.10
 MEMORY_TARGET = 0.05
 
@@ -125,14 +127,6 @@ def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
         if host is not None:
             out[d.run_id] = host
     return out
-
-
-def with_host(pred: float | None, host: float | None) -> float | None:
-    """The step predicted with the host's time: the longer of the GPU's (the roofline's) and
-    the host's, which issues the GPU's work (``parlab.plan.host.bound``)."""
-    if pred is None or host is None:
-        return pred
-    return max(pred, host)
 
 
 def gpu_runs(root: Path) -> list[Any]:
@@ -437,8 +431,7 @@ def table_gpu_runs(root: Path) -> None:
             note = f"{note}; peak: {peak_note}" if note else f"peak: {peak_note}"
         print(
             f"{d.run_id[:43]:<44}{impl:<9}{meas:>10.3f}{mfu_loo or 0:>9.3f}{pct(mfu_loo, meas):>9}"
-            f"{(with_host(pred, host_alone) if host_bound_run else pred) or 0:>9.3f}"
-            f"{pct(with_host(pred, host_alone) if host_bound_run else pred, meas):>9}"
+            f"{with_host(pred, host_alone) or 0:>9.3f}{pct(with_host(pred, host_alone), meas):>9}"
             f"{pct(loo, meas) if cal_of else '-':>9}"
             f"{'yes' if ok else 'NO':>5}"
             f"{gb(peak_meas):>10}{gb(peak_pred):>9}{pct(peak_pred, peak_meas):>8}"

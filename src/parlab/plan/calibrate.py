@@ -541,6 +541,7 @@ def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
         host_dispatch_calibration,
         host_step_calibration,
         run_host_s,
+        with_host,
     )
     from parlab.plan.paramwork import param_work_calibration
     from parlab.plan.shapes import gemm_shape_calibration
@@ -555,6 +556,6 @@ def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
     if bound is not None:  # DTensor TP: roofline and ops x host seconds per op
         step, how = bound[0], f"{how}; DTensor's host dispatch ({bound[1]})"
     host = run_host_s(doc, host_step_calibration(root), param_work_calibration(root))
-    if host is not None and host > step:
+    if host is not None and with_host(step, host) != step:
         step, how = host, f"{how}; host-bound: the host alone, {host:.3f} s (host-step probes)"
     return step, how

@@ -125,6 +125,14 @@ def bound(gpu_s: float, host_s: float) -> tuple[float, str]:
     return (host_s, "host") if host_s > gpu_s else (gpu_s, "gpu")
 
 
+def with_host(pred: float | None, host: float | None) -> float | None:
+    """The step predicted with the host's time (``bound``): the longer of the GPU's (the
+    roofline's) and the host's, which issues the GPU's work; ``pred`` where either is unknown."""
+    if pred is None or host is None:
+        return pred
+    return bound(pred, host)[0]
+
+
 def combine(gpu_s: float, host_s: float, serialized: bool) -> tuple[float, str]:
     """(predicted step, how): serialized, ``host_s + gpu_s`` (``"host+gpu"``); else ``bound``."""
     return (host_s + gpu_s, "host+gpu") if serialized else bound(gpu_s, host_s)
@@ -175,24 +183,34 @@ STEP_FORMAT = "parlab-host-step/v1"
 STEP_KIND = "host-step-calibration"
 
 
-def narrow_spec(model: str, head_dim: int) -> Any:
-    """``model``'s spec at ``head_dim`` per head: hidden = heads x head_dim, the FFN in
-    proportion (a multiple of 64, at least 64); layers, heads, KV heads, vocabulary, biases,
-    norm and activation kept (every parameter tensor is still there): the host-step probe's
-    narrowed model."""
+def at_width(
+    model: str, hidden: int, *, name: str, layers: int | None = None, vocab: int | None = None
+) -> Any:
+    """``model``'s spec at width ``hidden``, the FFN in proportion (a multiple of 64, at least
+    64); heads, KV heads, biases, norm and activation kept, the layers and the vocabulary too
+    unless given: the host probes' models, whose width they cut until the GPU idles."""
     from parlab.models import get_spec
 
     s = get_spec(model)
-    hidden = s.heads * head_dim
-    ffn = max(64, round(s.ffn_hidden * hidden / s.hidden / 64) * 64)
     return dataclasses.replace(
         s,
-        name=f"{s.name}-hd{head_dim}",
+        name=name,
         hidden=hidden,
-        ffn_hidden=ffn,
+        ffn_hidden=max(64, round(s.ffn_hidden * hidden / s.hidden / 64) * 64),
         head_dim=None,
+        layers=layers or s.layers,
+        vocab_size=vocab or s.vocab_size,
         published_params=None,
     )
+
+
+def narrow_spec(model: str, head_dim: int) -> Any:
+    """``model``'s spec at ``head_dim`` per head (hidden = heads x head_dim, ``at_width``), every
+    layer and parameter tensor and the vocabulary kept: the host-step probe's narrowed model."""
+    from parlab.models import get_spec
+
+    s = get_spec(model)
+    return at_width(model, s.heads * head_dim, name=f"{s.name}-hd{head_dim}")
 
 
 @dataclass(frozen=True, kw_only=True)
