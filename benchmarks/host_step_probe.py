@@ -117,6 +117,13 @@ def hf_config(spec: Any) -> dict[str, Any]:
     }
 
 
+def _phases(doc: Any) -> dict[str, Any]:
+    """The run's rank-0 time by phase (``workload.phase_times``: host and device seconds per
+    timed step of data, forward, backward, optimizer, zero_grad), where it recorded them."""
+    ph = doc.workload.get("phase_times")
+    return {"phase_times": ph} if ph else {}
+
+
 def time_run(
     run: Run,
     head_dim: int,
@@ -189,6 +196,7 @@ def measure(
                 "hidden": spec.hidden,
                 "step_s": float(doc.metric("step_time")),
                 "step_times": list(doc.workload.get("step_times") or []),
+                **_phases(doc),
             })  # fmt: skip
         for t in tokens or []:  # the model's own width, few tokens: nothing written
             doc = time_run(run, 0, gpu=gpu, steps=steps, warmup=warmup, tmp=Path(tmp), tokens=t)
@@ -199,6 +207,7 @@ def measure(
                 "hidden": spec.hidden,
                 "step_s": float(doc.metric("step_time")),
                 "step_times": list(doc.workload.get("step_times") or []),
+                **_phases(doc),
             })  # fmt: skip
     return {
         **dataclasses.asdict(run),

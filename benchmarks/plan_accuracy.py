@@ -232,7 +232,7 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
 
 
 # what a run's document records beyond its layout: compared between repeats of one configuration
-_NOT_KNOBS = ("losses", "steps", "warmup", "step_times")
+_NOT_KNOBS = ("losses", "steps", "warmup", "step_times", "phase_times")
 
 
 def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:

@@ -250,11 +250,13 @@ def test_step_times_do_not_split_runs_and_a_close_call_is_noted(tmp_path: Path) 
     noisy = [0.60, 0.80, 0.70, 0.90, 0.72]  # quartiles 0.65, 0.85 (0.20 s) over median 0.72 s
     a = training_doc(
         role="baseline", strategy="ddp", tps=45_000, step=0.72, mem=[60e9, 60e9],
-        workload={**WORKLOAD, "step_times": noisy}, created="2026-01-01T00:00:01Z",
+        workload={**WORKLOAD, "step_times": noisy, "phase_times": {"host": {"data": [0.1]}}},
+        created="2026-01-01T00:00:01Z",
     )  # fmt: skip
     b = training_doc(
         role="candidate", strategy="fsdp", tps=46_000, step=0.71, mem=[40e9, 40e9],
-        workload={**WORKLOAD, "step_times": steady}, created="2026-01-01T00:00:02Z",
+        workload={**WORKLOAD, "step_times": steady, "phase_times": {"host": {"data": [0.2]}}},
+        created="2026-01-01T00:00:02Z",
     )  # fmt: skip
     for d in (a, b):
         contract.write_result(d, tmp_path)
@@ -263,7 +265,7 @@ def test_step_times_do_not_split_runs_and_a_close_call_is_noted(tmp_path: Path) 
     assert not out.incomparable and set(out.compared) == {a.run_id, b.run_id}
     close = [n for n in out.doc.notes if n.startswith("close call")]
     assert len(close) == 1 and "2.2 %" in close[0] and "27.8 %" in close[0]
-    assert "step_times" not in out.doc.workload
+    assert "step_times" not in out.doc.workload and "phase_times" not in out.doc.workload
     # a clear lead (30 %) over the same spread: no note
     c = training_doc(
         role="candidate", strategy="zero1", tps=60_000, step=0.55, mem=[50e9, 50e9],

@@ -337,3 +337,18 @@ def test_bf16_master_zero_equals_single_process_recipe(strategy: str) -> None:
 def test_bf16_master_is_refused_outside_zero12() -> None:
     with pytest.raises(ValueError, match="zero1 or zero2"):
         cfg_for("fsdp", 2, dtype="bf16-master")
+
+
+def test_phase_times_cover_each_timed_step() -> None:
+    """Every rank records, for each timed step, the host's seconds to issue each phase in step
+    order; together they are the step's host time between the step timer's marks (CPU ranks:
+    the step timer is the same host clock), less only the loop's bookkeeping around them."""
+    cfg = cfg_for("fsdp", 2)
+    for r in run_ranks(train_rank, 2, **cfg.to_json()):
+        host = r["phase_times"]["host"]
+        assert list(host) == ["data", "forward", "backward", "optimizer", "zero_grad"]
+        assert "device" not in r["phase_times"]  # CPU ranks: no CUDA events
+        assert all(len(ts) == STEPS and min(ts) > 0 for ts in host.values())
+        for i, step in enumerate(r["step_times"]):
+            issued = sum(ts[i] for ts in host.values())
+            assert 0.5 * step < issued <= step

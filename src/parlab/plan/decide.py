@@ -74,6 +74,7 @@ IGNORED_WORKLOAD_KEYS = frozenset(
         "warmup",
         "losses",
         "step_times",
+        "phase_times",
         "micro_batch",
         "seed",
         "target",

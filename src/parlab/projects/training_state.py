@@ -357,6 +357,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
     )
     losses: list[torch.Tensor] = []
     timer = meters.StepTimer(dev)
+    phases = meters.PhaseTimer(dev)
     # a no-op unless ``parlab profile run -- parlab train ...`` asked for traces
     prof = maybe_profile(ctx, label=f"train-{cfg['strategy']}", project=PROJECT)
     with mem, prof:
@@ -377,9 +378,14 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             if step == warmup:
                 timer.mark()
                 retries_before = mem.alloc_retries()
+            timed = warmup <= step < metered_step
+            if timed:
+                phases.start()
             batch = rank_batch(
                 dataset.global_batch(step, global_batch), ctx.rank, ctx.world_size, dev
             )
+            if timed:
+                phases.mark("data")
             # Not under torch.compile: a dispatch mode would change what gets compiled.
             meter_now = step == metered_step and not cfg["compile"]
             if step == metered_step and hasattr(strat, "meter_next_step"):
@@ -390,24 +396,32 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
                 with autocast:
                     logits = strat(batch.inputs)
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
+                if timed:
+                    phases.mark("forward")
                 if hasattr(strat, "backward"):
                     strat.backward(loss)  # DeepSpeed: backward through its engine
                 else:
                     loss.backward()
                 strat.finish_backward()
+                if timed:
+                    phases.mark("backward")
                 strat.step()
+                if timed:
+                    phases.mark("optimizer")
             if step == metered_step:
                 state = meters.state_bytes(strat.state_items())
             strat.zero_grad()
             if step == 0 and hasattr(strat, "release_first_buckets"):
                 strat.release_first_buckets()  # torch DDP: peak = steady state, no race
             losses.append(loss.detach())
-            if warmup <= step < metered_step:
+            if timed:
+                phases.mark("zero_grad")
                 timer.mark()
             prof.step()
         if gc_every:
             gc.enable()
         step_times = timer.step_times()
+        phase_times = phases.times()
         peak = mem.peak_bytes()
         retries = mem.alloc_retries()
         if retries is not None and retries_before is not None:
@@ -423,6 +437,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         "device": meters.device_name(dev),
         "losses": loss_t.tolist(),
         "step_times": step_times,
+        "phase_times": phase_times,
         "peak_memory": peak,
         "memory_source": mem.source,
         "peak_reserved": mem.peak_reserved_bytes(),
@@ -713,6 +728,12 @@ def document(
             **({"losses": results[0]["losses"]} if results else {}),
             # every measured step (its slowest rank): the spread behind the median step_time
             **({"step_times": step_times} if results else {}),
+            # rank 0's timed steps by phase: the host's time to issue each, the device's
+            **(
+                {"phase_times": results[0]["phase_times"]}
+                if results and "phase_times" in results[0]
+                else {}
+            ),
         },
         layout=_layout(cfg, backend),
         metrics=metrics,

@@ -32,6 +32,7 @@ step, not on the timed steps.
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections import defaultdict
@@ -499,6 +500,48 @@ class StepTimer:
                 for a, b in zip(self._marks[:-1], self._marks[1:], strict=True)
             ]
         return [b - a for a, b in zip(self._marks[:-1], self._marks[1:], strict=True)]
+
+
+class PhaseTimer:
+    """Where each timed step's time goes, by phase, on both sides of the launch queue.
+
+    ``start()`` opens a step; ``mark(phase)`` closes ``phase`` (data, forward, ...). Each mark
+    reads the host clock (``perf_counter``: how long the host took to issue the phase, waits
+    included) and, on GPU, records a CUDA event (how long the device took from the previous
+    mark's point in the queue to this one, idle included). The two differ where the host runs
+    ahead of the device or waits for it: a phase whose host time exceeds its device time is
+    one the device waited on the host for. No host sync inside a step: the events are read in
+    ``times()``, after the loop."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._steps: list[list[tuple[str, float, Any]]] = []
+
+    def _point(self, phase: str) -> tuple[str, float, Any]:
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        return phase, time.perf_counter(), event
+
+    def start(self) -> None:
+        self._steps.append([self._point("")])
+
+    def mark(self, phase: str) -> None:
+        self._steps[-1].append(self._point(phase))
+
+    def times(self) -> dict[str, dict[str, list[float]]]:
+        """``{"host": {phase: [seconds per step]}, "device": {...}}`` (device: GPU only)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        host: dict[str, list[float]] = {}
+        dev: dict[str, list[float]] = {}
+        for points in self._steps:
+            for (_, t0, e0), (phase, t1, e1) in itertools.pairwise(points):
+                host.setdefault(phase, []).append(t1 - t0)
+                if e0 is not None and e1 is not None:
+                    dev.setdefault(phase, []).append(e0.elapsed_time(e1) / 1e3)
+        return {"host": host, **({"device": dev} if dev else {})}
 
 
 def slowest_rank_steps(results: list[dict[str, Any]]) -> list[float]:
