@@ -465,9 +465,10 @@ TERMS: list[Term] = [
         "such a step as the host alone.",
         elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
         "torch.compile remove it); HTA's 'idle time'.",
-        measure="parlab profile (per-step idle: the GPU waiting on the host); parlab plan "
-        "--roofline (the GPU's time, and the host's where a host-step probe ran the "
-        "configuration)",
+        measure="parlab profile (per-step idle: the GPU waiting on the host); parlab train "
+        "(workload.phase_times: each phase's host and device time, printed after the run); "
+        "parlab plan --roofline (the GPU's time, and the host's where a host-step probe ran "
+        "the configuration)",
         group=G_TIME,
     ),
     Term(

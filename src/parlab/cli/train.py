@@ -58,7 +58,35 @@ def _print_run(doc: object, path: Path) -> None:
             f"steps: {len(steps)} timed, {_fmt(min(steps), 's')} to {_fmt(max(steps), 's')} "
             f"(median {_fmt(doc.metric('step_time') or 0.0, 's')})"
         )
+    _print_phases(doc.workload.get("phase_times") or {})
     console.print(f"document: {path}")
+
+
+def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
+    """Rank 0's median timed step by phase: the host's time to issue each (waits included) and,
+    on GPU, the device's time between the same points (idle included)."""
+    import statistics
+
+    host, dev = phases.get("host") or {}, phases.get("device") or {}
+    if not host:
+        return
+    console.print("a step by phase (rank 0, median of the timed steps):")
+    t = Table()
+    t.add_column("phase")
+    t.add_column("host", justify="right")
+    if dev:
+        t.add_column("device", justify="right")
+    for name, ts in host.items():
+        row = [name, f"{statistics.median(ts) * 1e3:.1f} ms"]
+        if dev:
+            row.append(f"{statistics.median(dev[name]) * 1e3:.1f} ms" if dev.get(name) else "")
+        t.add_row(*row)
+    console.print(t)
+    console.print(
+        "host: the phase's calls, from the first to the last one's return (waits for the device "
+        "included)"
+        + ("; device: between the same points in its queue (idle included)" if dev else "")
+    )
 
 
 @app.command("train")
