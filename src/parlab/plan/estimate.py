@@ -321,7 +321,8 @@ def estimate(
             }
         for it in items:
             t = item_time(it, cand, cluster)
-            timed.append((f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source})", t))
+            label = f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source}, {it.phase})"
+            timed.append((label, t))
             if parts is None:
                 if it.blocking:
                     blocking += t
