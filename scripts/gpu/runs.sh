@@ -35,7 +35,7 @@ else
   NP="${NPROC:-2}"
 fi
 LOG="$OUT/runs.log"
-echo "runs.sh: $GPUS GPU(s), $NP rank(s), dtype $DT" | tee "$LOG"
+echo "runs.sh: $GPUS GPU(s), $NP rank(s), dtype $DT" | tee -a "$LOG"
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv | tee -a "$LOG"
 fi
