@@ -158,3 +158,19 @@ def test_the_models_own_few_token_steps_are_the_host_on_one_rank() -> None:
     note = host_note(steps, KEY[0], cand, 1024, 0.22, params=8e9)
     assert "0.320 s at the model's own width on one sequence of a few tokens" in note
     assert "host-bound" in note
+
+
+def test_a_few_token_step_stands_for_every_shape_of_its_configuration() -> None:
+    """A few-token step is one sequence of a few tokens whatever shape the probe's entry names:
+    an unprobed micro-batch or length of the same model, strategy and recompute takes the
+    probed shapes' steps (its own where a probe ran it); another strategy or recompute none."""
+    other = (KEY[0], KEY[1], 4, 2048, KEY[4])
+    steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200", steps={},
+                     full={KEY: (0.30, 0.34), other: (0.40,)})  # fmt: skip
+    assert steps.own_s(KEY) == pytest.approx(0.32)  # its own entry first
+    assert steps.own_s(other) == pytest.approx(0.40)
+    unprobed = (KEY[0], KEY[1], 2, 8192, KEY[4])
+    assert steps.own_s(unprobed) == pytest.approx((0.30 + 0.34 + 0.40) / 3)
+    assert steps.own_s(("8b", *unprobed[1:])) == pytest.approx((0.30 + 0.34 + 0.40) / 3)
+    assert steps.own_s((KEY[0], "ddp", 2, 8192, KEY[4])) is None
+    assert steps.own_s((*unprobed[:4], "none" if KEY[4] != "none" else "full")) is None

@@ -243,8 +243,19 @@ class HostStep:
         return sum(got) / len(got) if got else 0.0
 
     def own_s(self, key: tuple[str, str, int, int, str]) -> float | None:
-        """The mean of the model's own few-token steps for ``key`` (``full``), or None."""
-        got = self.full.get(_canonical(key))
+        """The mean of the model's own few-token steps for ``key`` (``full``), or None.
+
+        A few-token step runs one sequence of a few tokens whatever the configuration's own
+        micro-batch and length, so every probed shape of the same model, strategy and recompute
+        measured the same step: a shape no probe ran takes theirs (one micro-batch per step, as
+        the probe runs)."""
+        model, strategy, _, _, recompute = _canonical(key)
+        got = self.full.get((model, strategy, key[2], key[3], recompute)) or tuple(
+            t
+            for (m, s, _, _, r), ts in sorted(self.full.items())
+            if (m, s, r) == (model, strategy, recompute)
+            for t in ts
+        )
         return sum(got) / len(got) if got else None
 
 
