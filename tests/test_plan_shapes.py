@@ -567,3 +567,21 @@ def test_model_names_are_the_catalogs() -> None:
     assert canonical("gpt2-xl") == "gpt2-1.5b" and canonical("0-narrow") == "0-narrow"
     assert same_gpu("H200", "NVIDIA H200") and not same_gpu("H100", "NVIDIA H200")
     assert same_gpu("cpu", "cpu") and not same_gpu("cpu", "NVIDIA H200")
+
+
+def test_factor_between_two_measured_token_counts_is_interpolated_never_extrapolated() -> None:
+    """GPT-2 124M measured at 8,192 and 32,768 tokens: at 16,384 the factor lies halfway in
+    log(tokens) between the two; below the first and above the last, nothing (the width law)."""
+    shapes = GemmShapes(run_id="gemm-shapes-t", evidence_level="real-training", device=H200,
+                        efficiency={("gpt2-124m", 8192): 0.2, ("1.3b", 8192): 0.6,
+                                    ("gpt2-124m", 32768): 0.3, ("1.3b", 32768): 0.6},
+                        hidden={"gpt2-124m": 768, "1.3b": 2048})  # fmt: skip
+    assert shapes.factor("gpt2-124m", 8192, 2048) == (pytest.approx(1 / 3), "1.3b")
+    got = shapes.factor("gpt2-124m", 16384, 2048)
+    assert got is not None and got[0] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert got[1] == "1.3b, between 8,192 and 32,768 tokens"
+    between = shapes.factor("gpt2-124m", 12000, 2048)
+    assert between is not None and 1 / 3 < between[0] < got[0]
+    assert shapes.factor("gpt2-124m", 4096, 2048) is None
+    assert shapes.factor("gpt2-124m", 65536, 2048) is None
+    assert shapes.factor("gpt2-124m", 16384, 1600) is None  # no reference of that width

@@ -58,6 +58,7 @@ here; nothing imports torch or crosses a wire.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,7 +122,30 @@ class GemmShapes:
 
     def factor(self, model: str, tokens: int, width: float) -> tuple[float, str] | None:
         """(eff(model) / eff(reference), the reference's name) at ``tokens``, the reference the
-        measured model of hidden ``width``; None when either was not measured there."""
+        measured model of hidden ``width``. Where the probe measured both at token counts on
+        either side of ``tokens`` but not at it, the factor between the nearest two, linear in
+        log(tokens) (GPT-2 124M at 16,384 tokens: between its 8,192 and 32,768; the width law
+        had put its GEMMs at twice the efficiency they reach on either side). None where no
+        measured pair brackets ``tokens``: no extrapolation."""
+        exact = self._factor_at(model, tokens, width)
+        if exact is not None:
+            return exact
+        known = sorted(
+            t for (m, t) in self.efficiency if m == model and self._factor_at(m, t, width)
+        )
+        below = [t for t in known if t < tokens]
+        above = [t for t in known if t > tokens]
+        if not below or not above:
+            return None
+        lo, hi = below[-1], above[0]
+        (f_lo, ref), (f_hi, _) = (
+            self._factor_at(model, lo, width),
+            self._factor_at(model, hi, width),
+        )  # type: ignore[misc]
+        share = math.log(tokens / lo) / math.log(hi / lo)
+        return f_lo + share * (f_hi - f_lo), f"{ref}, between {lo:,} and {hi:,} tokens"
+
+    def _factor_at(self, model: str, tokens: int, width: float) -> tuple[float, str] | None:
         ref = self.reference(width, tokens)
         eff = self.efficiency.get((model, tokens))
         if ref is None or eff is None:
