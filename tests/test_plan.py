@@ -196,6 +196,7 @@ def test_cli_writes_an_analytic_decision_document(
         (["--model", "1.3b", "--gpus", "eight"], "COUNTxGPU"),
         (["--model", "1.3b", "--gpus", "8xH100", "--strategies", "ddp,magic"], "magic"),
         (["--model", "1.3b", "--gpus", "8xH100", "--mfu", "3"], "--mfu 3"),
+        (["--model", "gpt2-1.5b", "--gpus", "8xH100"], "exceeds gpt2-1.5b's 1024 learned"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(

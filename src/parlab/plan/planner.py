@@ -116,6 +116,11 @@ class PlanRequest:
             raise UsageError(
                 f"global batch {self.global_batch}, sequence {self.seq}: give positive sizes"
             )
+        if self.spec.position == "learned" and self.seq > self.spec.max_seq_len:
+            raise UsageError(
+                f"sequence {self.seq} exceeds {self.spec.name}'s {self.spec.max_seq_len} learned "
+                "positions: plan a shorter --seq"
+            )
         if not 0.0 <= self.memory_reserve < 1.0:
             raise UsageError(f"memory reserve {self.memory_reserve}: give a fraction in [0, 1)")
         if self.gemm_width_half < 0:
