@@ -541,15 +541,20 @@ def table_gpu_runs(root: Path) -> None:
         n, ok, old_ok = counts[name]
         print(f"step time within 10 %, {label}: roofline {ok}/{n}; MFU model (LOO) {old_ok}/{n}")
     recorded = [
-        (d.predictions["step_time"].value, d.metric("step_time"))
+        (d.predictions["step_time"].value, d.metric("step_time"), d.predictions["step_time"].model)
         for d in docs
         if "step_time" in d.predictions and d.predictions["step_time"].value is not None
     ]
     if recorded:
-        hit = sum(within(p, m, STEP_TARGET) == "yes" for p, m in recorded)
+        hit = sum(within(p, m, STEP_TARGET) == "yes" for p, m, _ in recorded)
+        split = []
+        for label, host in (("the GPU's", False), ("the host's", True)):
+            part = [(p, m) for p, m, how in recorded if ("host-bound" in (how or "")) == host]
+            ok = sum(within(p, m, STEP_TARGET) == "yes" for p, m in part)
+            split.append(f"{ok}/{len(part)} where it predicted {label} time")
         print(
             f"step time within 10 %, the predictions runs recorded before they started (parlab "
-            f"train --roofline): {hit}/{len(recorded)}"
+            f"train --roofline): {hit}/{len(recorded)} ({'; '.join(split)})"
         )
     near, total = ceiling(repeats)
     print(
