@@ -138,12 +138,11 @@ class GemmShapes:
         if not below or not above:
             return None
         lo, hi = below[-1], above[0]
-        (f_lo, ref), (f_hi, _) = (
-            self._factor_at(model, lo, width),
-            self._factor_at(model, hi, width),
-        )  # type: ignore[misc]
+        at_lo, at_hi = self._factor_at(model, lo, width), self._factor_at(model, hi, width)
+        assert at_lo is not None and at_hi is not None  # both are in ``known``
         share = math.log(tokens / lo) / math.log(hi / lo)
-        return f_lo + share * (f_hi - f_lo), f"{ref}, between {lo:,} and {hi:,} tokens"
+        factor = at_lo[0] + share * (at_hi[0] - at_lo[0])
+        return factor, f"{at_lo[1]}, between {lo:,} and {hi:,} tokens"
 
     def _factor_at(self, model: str, tokens: int, width: float) -> tuple[float, str] | None:
         ref = self.reference(width, tokens)

@@ -509,9 +509,9 @@ class PhaseTimer:
     reads the host clock (``perf_counter``: how long the host took to issue the phase, waits
     included) and, on GPU, records a CUDA event (how long the device took from the previous
     mark's point in the queue to this one, idle included). The two differ where the host runs
-    ahead of the device or waits for it: a phase whose host time exceeds its device time is
-    one the device waited on the host for. No host sync inside a step: the events are read in
-    ``times()``, after the loop."""
+    ahead of the device (the device's phase ends later than the host's) or the device idles
+    waiting for it; a profile (``parlab profile``) tells which. No host sync inside a step: the
+    events are read in ``times()``, after the loop."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
