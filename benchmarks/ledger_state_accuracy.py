@@ -70,6 +70,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     """The current ledger's peak for the run of ``doc`` (a ``parlab train`` document), and the
     knobs it used; None (with the reason) where the ledger has no model for the run
     (``as_eager``: a compiled run as if it ran eager, what the ledger counts)."""
+    from parlab.errors import UsageError
     from parlab.ledger import predict
     from parlab.models import get_spec
     from parlab.projects.training_state import ledger_strategy
@@ -77,8 +78,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
 
     w, lay = doc.workload, doc.layout
     knobs = lay.get("knobs", {})
-    if knobs.get("compile") and not as_eager:
-        return None, "torch.compile: not modelled"
+    compiled = bool(knobs.get("compile")) and not as_eager
     if str(lay["strategy"]).startswith("deepspeed-"):
         return None, "DeepSpeed: the recorded prediction (its buffers and partitions)"
     backend = backend_of(doc)
@@ -96,25 +96,34 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     shard = None
     if strategy == "fsdp-hybrid":
         shard = int(knobs.get("hybrid_shard") or max(1, world // 2))
-    led = predict(
-        get_spec(str(w.get("preset") or w["model"]["name"])),
-        strategy=strategy,
-        topology=Topology(world_size=world, dp=dp),
-        micro_batch=int(w["global_batch"]) // dp,
-        seq_len=int(w["seq"]),
-        dtype={"fp32": "fp32", "bf16-master": "bf16-master"}.get(knobs.get("dtype"), "bf16-mixed"),
-        optimizer=optimizer,
-        recompute=recompute,
-        shard_size=shard,
-        bucket_view=True,
-        logits_held=True,
-        ddp_old_buckets=torch_ddp,
-        ddp_one_rank=name in ("ddp", "ddp-bucket"),
-        ddp_rebuild=name == "ddp",
-        reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
-        # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
-        norm_kernel=str(knobs.get("norm_kernel") or "explicit"),
-    )
+    # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm;
+    # compiled blocks keep what the ledger's compiled terms say, whatever their norm's code
+    kernel = "compiled" if compiled else str(knobs.get("norm_kernel") or "explicit")
+    try:
+        led = predict(
+            get_spec(str(w.get("preset") or w["model"]["name"])),
+            strategy=strategy,
+            topology=Topology(world_size=world, dp=dp),
+            micro_batch=int(w["global_batch"]) // dp,
+            seq_len=int(w["seq"]),
+            dtype={"fp32": "fp32", "bf16-master": "bf16-master"}.get(
+                knobs.get("dtype"), "bf16-mixed"
+            ),
+            optimizer=optimizer,
+            recompute=recompute,
+            shard_size=shard,
+            bucket_view=True,
+            logits_held=True,
+            ddp_old_buckets=torch_ddp,
+            ddp_one_rank=name in ("ddp", "ddp-bucket"),
+            ddp_rebuild=name == "ddp",
+            reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
+            norm_kernel=kernel,
+        )
+    except UsageError as e:
+        if compiled:
+            return None, f"torch.compile: not modelled ({e})"
+        raise
     used = ["logits_held"]
     if torch_ddp:
         used.append("ddp_old_buckets")
@@ -192,8 +201,11 @@ def revised_model_internal_peak(doc: Any) -> int | None:
             seq=int(w["seq"]),
             dtype=str(w.get("dtype") or "fp32"),
         )
-        # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm
+        # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm;
+        # compiled blocks where the metered step ran them (``metered_step``)
         norm = str(lay.get("norm_kernel") or "explicit")
+        if lay.get("compile") and lay.get("metered_step") == "compiled":
+            norm = "compiled"
         preds, _ = predictions(cfg, backend_of(doc), norm, implementation_of(doc).sp_gather)
     except (ValueError, KeyError, TypeError):
         return None
@@ -207,9 +219,13 @@ def revised_model_internal_peak(doc: Any) -> int | None:
 OLD_SP = "SP before 02e7fd8: each linear saved its own gathered copy (sp_gather=per-linear)"
 
 
-COMPILED = (
-    "not modelled: torch.compile (the eager ledger shown; compiled blocks may save other "
-    "tensors than eager)"
+COMPILED = "torch.compile: the ledger's compiled blocks (SwiGLU's silu output recomputed)"
+
+# model-internal runs with torch.compile before their metered step ran compiled: that step ran
+# under parlab's comm meter, a dispatch mode under which a compiled block runs its original code
+EAGER_METERED = (
+    "torch.compile's blocks ran eager in the step whose peak the run reports (under the comm "
+    "meter's dispatch mode; documents without layout.metered_step): the eager ledger"
 )
 
 
@@ -229,12 +245,17 @@ def current_peak(doc: Any) -> tuple[int | None, str]:
         old_sp = lay.get("sequence_parallel") and lay.get("implementation", "parlab") == "parlab"
         note = OLD_SP if old_sp and not lay.get("sp_saved_input") else ""
         if lay.get("compile"):
-            note = COMPILED
+            compiled = lay.get("metered_step") == "compiled"
+            note = COMPILED if compiled else EAGER_METERED
         return revised_model_internal_peak(doc), note
     knobs = lay.get("knobs", {})
-    value, used = revised_peak(doc, as_eager=True)
     if knobs.get("compile"):
-        return value, COMPILED
+        value, used = revised_peak(doc)
+        if value is not None:
+            return value, COMPILED
+        eager, _ = revised_peak(doc, as_eager=True)
+        return eager, f"not modelled: {used} (the eager ledger shown)"
+    value, used = revised_peak(doc, as_eager=True)
     if value is None:
         return None, "not modelled: DeepSpeed's engine (its own buckets and partitions)"
     if "ddp_old_buckets" in used:
@@ -761,12 +782,17 @@ def misses(
     comp = by.get("fsdp+compile 1.3b")
     if comp:
         m, p = comp["peak_memory"]
+        rev = comp["revised_peak"]
         out.append(
-            f"**torch.compile ({_pct(rel(m, p))}).** Compiled blocks fuse the elementwise "
-            "ops and keep fewer, different intermediates; the ledger counts eager PyTorch's "
-            "saved tensors and has no model of what compile keeps. No revised number is "
-            "given: a factor would be a fudge. Its step time is also outside the planner's "
-            "eager MFU."
+            f"**torch.compile ({_pct(rel(m, p))} recorded"
+            + (f", {_pct(rel(m, rev))} revised" if rev else "")
+            + ").** A compiled block keeps what AOTAutograd's min-cut partition of its forward "
+            "and backward (as inductor runs it) chooses: the norm's input and rstd, as the "
+            "fused kernel, and of SwiGLU only w1's and w3's outputs and their product -- the "
+            "silu output is recomputed in backward. The ledger's `norm_kernel = 'compiled'` "
+            "counts that (`tests/test_ledger_compiled.py` checks it against the partition of "
+            "the reference block on the CPU), for dense SwiGLU blocks without autocast; the "
+            "revised column uses it."
         )
     nr = by.get("fsdp+no-reshard 1.3b")
     if nr:

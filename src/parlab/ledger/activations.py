@@ -66,11 +66,30 @@ from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
-NORM_KERNELS = ("fused", "composite", "explicit")
+NORM_KERNELS = ("fused", "composite", "explicit", "compiled")
 """How RMSNorm runs: ``F.rms_norm`` as one fused CUDA kernel, or as torch's decomposition
 (CPU); ``explicit`` is the reference model's RMSNorm before it called ``F.rms_norm``
 (``x.float() * rsqrt(mean(x^2) + eps)``, cast back, times the weight), what the run
-documents without a ``norm_kernel`` knob ran."""
+documents without a ``norm_kernel`` knob ran. ``compiled``: the block under ``torch.compile``,
+whose partition of forward and backward (AOTAutograd's min-cut, as inductor runs it) decides
+what is kept: the norm keeps what the fused kernel keeps (its input and a float32 rstd per
+token), and SwiGLU's ``silu`` output is recomputed in backward instead of kept, ``3 f``
+elements per token rather than ``4 f`` (``tests/test_ledger_compiled.py`` checks it against
+the partition of the reference block). Modelled for dense SwiGLU blocks without autocast
+(``compiled_modelled``)."""
+
+
+def compiled_modelled(spec: ModelSpec, layer_id: int, *, autocast: bool) -> bool:
+    """Whether the ``compiled`` terms describe block ``layer_id``: dense (no MoE, no MLA)
+    SwiGLU, parameters in the compute dtype (no autocast)."""
+    return (
+        spec.activation == "swiglu"
+        and spec.mla is None
+        and not spec.is_moe_layer(layer_id)
+        and not autocast
+    )
+
+
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zbv")
 SP_GATHERS = ("shared", "per-linear")
 """What the column-parallel linears behind parlab's sequence-parallel all-gather save: one
@@ -113,7 +132,7 @@ def _norm(spec: ModelSpec, width: int, r: int, norm_kernel: str = "fused") -> in
         return r * width + 8
     if norm_kernel not in NORM_KERNELS:
         raise UsageError(f"norm_kernel = {norm_kernel!r}: use one of {', '.join(NORM_KERNELS)}")
-    per_element = {"fused": r, "composite": 8, "explicit": 4 + r}[norm_kernel]
+    per_element = {"fused": r, "composite": 8, "explicit": 4 + r, "compiled": r}[norm_kernel]
     return per_element * width + 4
 
 
@@ -131,6 +150,11 @@ def layer_terms(
 ) -> list[ActTerm]:
     """The activation terms of block ``layer_id`` (bytes per token), see the module docstring."""
     h = spec.hidden
+    if norm_kernel == "compiled" and not compiled_modelled(spec, layer_id, autocast=autocast):
+        raise UsageError(
+            "norm_kernel = 'compiled': modelled for dense SwiGLU blocks without autocast "
+            f"({spec.name} block {layer_id}, autocast {autocast})"
+        )
     out: list[ActTerm] = [
         ActTerm(name="attn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp")
     ]
@@ -178,6 +202,8 @@ def layer_terms(
         )
     out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp"))
     hid = 4 if spec.activation == "swiglu" else 2
+    if norm_kernel == "compiled":
+        hid = 3  # silu(w1 x) recomputed in backward: w1's and w3's outputs and their product
     mats_in = 2 if spec.activation == "swiglu" else 1
     if spec.is_moe_layer(layer_id):
         m = spec.moe

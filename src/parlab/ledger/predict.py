@@ -560,6 +560,11 @@ def predict(
             "sp_gather = 'per-linear' is parlab's sequence parallelism saving the gathered input: "
             "give sp=True and sp_saves_gathered=True"
         )
+    if norm_kernel == "compiled" and recompute == "op-selective":
+        raise UsageError(
+            "norm_kernel = 'compiled' with op-level selective recompute is not modelled (the "
+            "checkpoint's policy and the compiled partition both choose what is kept)"
+        )
     pp_schedule = act.schedule_name(pp_schedule)
     if pp_schedule == "zbv" and (virtual_stages != 2 or topo.pp < 2):
         raise UsageError("pp_schedule = 'zbv' needs pp > 1 and virtual_stages = 2 (the V)")
@@ -659,7 +664,8 @@ def predict(
                 autocast=autocast,
                 tp=tp,
                 sp=sp,
-                norm_kernel=norm_kernel,
+                # torch.compile compiles the blocks: the final norm runs eager (on CUDA fused)
+                norm_kernel="fused" if norm_kernel == "compiled" else norm_kernel,
                 sp_saves_gathered=sp_saves_gathered,
             )
             if last

@@ -21,6 +21,7 @@ bytes, the wire table per axis) and from the bubble formula.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -267,7 +268,7 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         elif tracker is not None and hasattr(tracker, "peak"):
             tracker.peak = tracker.live
         dispatcher = meters.CommMeter()  # every c10d collective, DDP's gradient all-reduce too
-        with dispatcher, tensor_comm.comm_log() as log:
+        with metered(dispatcher, cfg), tensor_comm.comm_log() as log:
             loss, metered_extra = step(cfg.warmup)
         losses.append(loss)
         ctx.sync()
@@ -312,6 +313,13 @@ def mi_rank(ctx: RankContext, **raw: Any) -> dict[str, Any]:
         "tokens_per_step": cfg.global_batch * cfg.seq,
         "fallbacks": sorted(set(_cp_fallbacks()))[:3],
     }
+
+
+def metered(meter: Any, cfg: RunConfig) -> Any:
+    """The context the metered step runs in: ``meter`` (parlab's comm meter, a dispatch mode),
+    except under torch.compile, where a dispatch mode makes each compiled block run its original
+    code: the step whose peak the document reports would be an eager one."""
+    return contextlib.nullcontext() if cfg.compile else meter
 
 
 class _Optimizers:
@@ -518,6 +526,7 @@ def predictions(
     the ledger's ``norm_kernel``; ``sp_gather="per-linear"``: parlab's SP as it was before
     commit 02e7fd8, each linear saving its own copy of the gathered sequence -- the runs whose
     documents record no ``sp_saved_input``)."""
+    from parlab.ledger.activations import layer_terms
     from parlab.ledger.predict import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
@@ -544,6 +553,13 @@ def predictions(
             f"{cfg.schedule!r}'s V (rank 0 holds the first and the last stage)"
         )
         return out, notes
+    eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
+    if norm == "compiled":  # the ledger's compiled blocks where it models them, else eager
+        try:
+            layer_terms(spec, 0, seq_len=cfg.seq, r=2, e=2, autocast=False, norm_kernel=norm)
+        except UsageError as exc:
+            notes.append(f"torch.compile: the ledger's eager blocks ({exc})")
+            norm = eager
     try:
         led = predict(
             spec,
@@ -551,7 +567,7 @@ def predictions(
             dtype=dt,
             pp_schedule="interleaved" if cfg.vpp > 1 else cfg.schedule,
             virtual_stages=cfg.vpp,
-            norm_kernel=norm or norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            norm_kernel=norm or eager,
             # parlab's SP saves the gathered sequence as its linears' input (tensor_comm)
             sp_saves_gathered=cfg.sp and cfg.impl == "parlab",
             sp_gather=sp_gather if cfg.sp and cfg.impl == "parlab" else "shared",
@@ -619,7 +635,7 @@ def document(
     """The contract document of one run (``results``: every rank's ``mi_rank`` return)."""
     from parlab.runtime import meters
 
-    preds, notes = predictions(cfg, backend)
+    preds, notes = predictions(cfg, backend, "compiled" if cfg.compile else None)
     metrics: dict[str, Metric] = {}
     times = meters.slowest_rank_steps(results) if results else []
     if results:
@@ -721,6 +737,9 @@ def document(
             "backend": backend,
             "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
             "compile": cfg.compile,
+            # the step whose peak and comm the document reports ran compiled (documents before
+            # this knob: that step ran eager under the comm meter's dispatch mode)
+            **({"metered_step": "compiled"} if cfg.compile else {}),
         },
         metrics=metrics,
         predictions=preds,

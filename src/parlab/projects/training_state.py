@@ -491,31 +491,42 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         dtype = "bf16-master" if cfg.dtype == "bf16" else FP32_MASTER
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
-    led = predict(
-        spec,
-        strategy=strategy,
-        topology=topo,
-        optimizer=optimizer,
-        # parlab train's "selective" keeps every matmul and attention output: the ledger's
-        # op-selective policy
-        recompute="op-selective" if cfg.recompute == "selective" else cfg.recompute,
-        shard_size=shard,
-        bucket_view=True,
-        # the training loop keeps the logits alive through backward
-        logits_held=True,
-        # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
-        ddp_old_buckets=False,
-        # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
-        ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
-        # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
-        ddp_rebuild=cfg.strategy == "ddp",
-        reshard_after_forward=cfg.reshard_after_forward,
-        norm_kernel=norm_kernel("cuda" if backend == "nccl" else "cpu"),
-        # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
-        # alive through backward (stages 1/2) or for good (stage 3)
-        overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4) if deepspeed else 0,
-        **common,
-    )
+    eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
+    # torch.compile: the compiled blocks where the ledger models them, else the eager ones
+    kernels = ["compiled", eager] if cfg.compile else [eager]
+    for kernel in kernels:
+        try:
+            led = predict(
+                spec,
+                strategy=strategy,
+                topology=topo,
+                optimizer=optimizer,
+                # parlab train's "selective" keeps every matmul and attention output: the ledger's
+                # op-selective policy
+                recompute="op-selective" if cfg.recompute == "selective" else cfg.recompute,
+                shard_size=shard,
+                bucket_view=True,
+                # the training loop keeps the logits alive through backward
+                logits_held=True,
+                # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
+                ddp_old_buckets=False,
+                # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
+                ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
+                # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
+                ddp_rebuild=cfg.strategy == "ddp",
+                reshard_after_forward=cfg.reshard_after_forward,
+                norm_kernel=kernel,
+                # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
+                # alive through backward (stages 1/2) or for good (stage 3)
+                overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4)
+                if deepspeed
+                else 0,
+                **common,
+            )
+            break
+        except UsageError:
+            if kernel == kernels[-1]:
+                raise
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
@@ -523,6 +534,13 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     }
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
+    if cfg.compile:
+        notes.append(
+            "torch.compile: the ledger's compiled blocks (SwiGLU's silu output recomputed)"
+            if kernel == "compiled"
+            else f"torch.compile: the ledger's eager blocks ({eager}; it models compiled blocks "
+            "for dense SwiGLU models without autocast)"
+        )
     if deepspeed:
         notes += DEEPSPEED_NOTES
     if cfg.strategy.endswith("-naive"):
