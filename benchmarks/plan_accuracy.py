@@ -232,7 +232,7 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
 
 
 # what a run's document records beyond its layout: compared between repeats of one configuration
-_NOT_KNOBS = ("losses", "steps", "warmup", "step_times", "phase_times")
+_NOT_KNOBS = ("losses", "steps", "warmup", "step_times", "phase_times", "host_probe")
 
 
 def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
@@ -555,6 +555,17 @@ def table_gpu_runs(root: Path) -> None:
         print(
             f"step time within 10 %, the predictions runs recorded before they started (parlab "
             f"train --roofline): {hit}/{len(recorded)} ({'; '.join(split)})"
+        )
+    probed = [
+        (p["predicted_step_s"], d.metric("step_time"))
+        for d in docs
+        if (p := d.workload.get("host_probe")) and p.get("predicted_step_s") is not None
+    ]
+    if probed:
+        hit = sum(within(p, m, STEP_TARGET) == "yes" for p, m in probed)
+        print(
+            f"step time within 10 %, max(the GPU's time, the host probe in the run's own "
+            f"processes) (parlab train --host-probe): {hit}/{len(probed)}"
         )
     near, total = ceiling(repeats)
     print(

@@ -56,12 +56,13 @@ def test_a_run_is_predicted_before_it_starts_from_its_configuration() -> None:
     measured = read_document(STATE / "train-fsdp-8b-20261201T113856-61f60a.json")
     cfg = TrainConfig(strategy="fsdp", model="8b", nproc=1, steps=8, warmup=3, micro_batch=1,
                       seq=512, dtype="bf16", recompute="full")  # fmt: skip
-    made, note = predict_step(
+    made, note, gpu = predict_step(
         cfg, command="t", backend="nccl", environment=measured.environment, root=RESULTS
     )
     expect = table_prediction(measured.run_id)
     assert made is not None and made.unit == "s" and made.value == pytest.approx(expect, abs=5e-4)
     assert made.model.startswith("roofline: ") and f"{expect:.3f} s" in note
+    assert gpu is not None and gpu < made.value  # host-bound: the GPU's part is the smaller
 
 
 def test_cpu_ranks_get_no_prediction_and_say_why(tmp_path: Path) -> None:

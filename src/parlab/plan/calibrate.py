@@ -530,13 +530,20 @@ def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[
 
 
 def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
+    """(seconds, what made it) of ``step_prediction_parts``, or None."""
+    made = step_prediction_parts(doc, root)
+    return None if made is None else (made[0], made[1])
+
+
+def step_prediction_parts(doc: Any, root: Any) -> tuple[float, str, float] | None:
     """The lab's step time for the run ``doc`` describes (its layout, workload and environment;
     made before it runs, it has no metrics yet) from the documents under ``root``, as
     ``benchmarks/plan_accuracy.py`` predicts a run outside its calibration: the roofline fitted
     on ``root``'s training runs (``lab_roofline``) with the GEMM-shape probes' factors
     (``predict``); DTensor TP with its host term (``host_bound``); where the host alone takes
-    longer (``parlab.plan.host.run_host_s``), the host alone. (seconds, what made it) or None
-    where the roofline does not describe the run (another GPU, CPU ranks)."""
+    longer (``parlab.plan.host.run_host_s``), the host alone. (seconds, what made it, the GPU's
+    seconds before the host's) or None where the roofline does not describe the run (another
+    GPU, CPU ranks)."""
     from parlab.plan.host import (
         host_dispatch_calibration,
         host_step_calibration,
@@ -555,7 +562,8 @@ def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
     bound = host_bound(doc, step, host_dispatch_calibration(root))
     if bound is not None:  # DTensor TP: roofline and ops x host seconds per op
         step, how = bound[0], f"{how}; DTensor's host dispatch ({bound[1]})"
+    gpu = step
     host = run_host_s(doc, host_step_calibration(root), param_work_calibration(root))
     if host is not None and with_host(step, host) != step:
         step, how = host, f"{how}; host-bound: the host alone, {host:.3f} s (host-step probes)"
-    return step, how
+    return step, how, gpu

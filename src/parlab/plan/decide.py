@@ -75,6 +75,7 @@ IGNORED_WORKLOAD_KEYS = frozenset(
         "losses",
         "step_times",
         "phase_times",
+        "host_probe",
         "micro_batch",
         "seed",
         "target",
