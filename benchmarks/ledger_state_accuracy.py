@@ -249,6 +249,12 @@ def current_peak(doc: Any) -> tuple[int | None, str]:
             note = COMPILED if compiled else EAGER_METERED
         return revised_model_internal_peak(doc), note
     knobs = lay.get("knobs", {})
+    if doc.workload.get("host_probe"):
+        value, _ = revised_peak(doc)
+        return value, (
+            "not modelled: the run's --host-probe steps ran before it inside the memory meter "
+            "(workload.host_probe)"
+        )
     if knobs.get("compile"):
         value, used = revised_peak(doc)
         if value is not None:
