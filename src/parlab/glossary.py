@@ -466,8 +466,8 @@ TERMS: list[Term] = [
         elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
         "torch.compile remove it); HTA's 'idle time'.",
         measure="parlab profile (per-step idle: the GPU waiting on the host); parlab train "
-        "(workload.phase_times: each phase's host and device time, printed after the run; "
-        "--host-probe T: the host's step on T tokens in the run's own processes); "
+        "(workload.phase_times: each phase's host and device time, printed after the run, "
+        "and with --host-probe T the host's step on T tokens in the run's own processes); "
         "parlab plan --roofline (the GPU's time, and the host's where a host-step probe ran "
         "the configuration)",
         group=G_TIME,
