@@ -526,7 +526,7 @@ def predictions(
     the ledger's ``norm_kernel``; ``sp_gather="per-linear"``: parlab's SP as it was before
     commit 02e7fd8, each linear saving its own copy of the gathered sequence -- the runs whose
     documents record no ``sp_saved_input``)."""
-    from parlab.ledger.activations import layer_terms
+    from parlab.ledger.activations import compiled_modelled
     from parlab.ledger.predict import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
@@ -554,12 +554,15 @@ def predictions(
         )
         return out, notes
     eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
-    if norm == "compiled":  # the ledger's compiled blocks where it models them, else eager
-        try:
-            layer_terms(spec, 0, seq_len=cfg.seq, r=2, e=2, autocast=False, norm_kernel=norm)
-        except UsageError as exc:
-            notes.append(f"torch.compile: the ledger's eager blocks ({exc})")
-            norm = eager
+    # the ledger's compiled blocks where it models them (no autocast here: one dtype), else eager
+    if norm == "compiled" and not all(
+        compiled_modelled(spec, i, autocast=False) for i in range(spec.layers)
+    ):
+        notes.append(
+            "torch.compile: the ledger's eager blocks (it models compiled blocks of dense SwiGLU "
+            "models)"
+        )
+        norm = eager
     try:
         led = predict(
             spec,
