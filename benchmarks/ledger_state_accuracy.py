@@ -70,8 +70,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     """The current ledger's peak for the run of ``doc`` (a ``parlab train`` document), and the
     knobs it used; None (with the reason) where the ledger has no model for the run
     (``as_eager``: a compiled run as if it ran eager, what the ledger counts)."""
-    from parlab.errors import UsageError
-    from parlab.ledger import predict
+    from parlab.ledger import models_compiled, predict
     from parlab.models import get_spec
     from parlab.projects.training_state import ledger_strategy
     from parlab.topology import Topology
@@ -96,34 +95,34 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     shard = None
     if strategy == "fsdp-hybrid":
         shard = int(knobs.get("hybrid_shard") or max(1, world // 2))
+    dtype = {"fp32": "fp32", "bf16-master": "bf16-master"}.get(knobs.get("dtype"), "bf16-mixed")
+    spec = get_spec(str(w.get("preset") or w["model"]["name"]))
+    if compiled and not models_compiled(spec, dtype=dtype, strategy=strategy, recompute=recompute):
+        return (
+            None,
+            "torch.compile: not modelled (the ledger's compiled blocks: dense SwiGLU, no autocast)",
+        )
     # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm;
     # compiled blocks keep what the ledger's compiled terms say, whatever their norm's code
     kernel = "compiled" if compiled else str(knobs.get("norm_kernel") or "explicit")
-    try:
-        led = predict(
-            get_spec(str(w.get("preset") or w["model"]["name"])),
-            strategy=strategy,
-            topology=Topology(world_size=world, dp=dp),
-            micro_batch=int(w["global_batch"]) // dp,
-            seq_len=int(w["seq"]),
-            dtype={"fp32": "fp32", "bf16-master": "bf16-master"}.get(
-                knobs.get("dtype"), "bf16-mixed"
-            ),
-            optimizer=optimizer,
-            recompute=recompute,
-            shard_size=shard,
-            bucket_view=True,
-            logits_held=True,
-            ddp_old_buckets=torch_ddp,
-            ddp_one_rank=name in ("ddp", "ddp-bucket"),
-            ddp_rebuild=name == "ddp",
-            reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
-            norm_kernel=kernel,
-        )
-    except UsageError as e:
-        if compiled:
-            return None, f"torch.compile: not modelled ({e})"
-        raise
+    led = predict(
+        spec,
+        strategy=strategy,
+        topology=Topology(world_size=world, dp=dp),
+        micro_batch=int(w["global_batch"]) // dp,
+        seq_len=int(w["seq"]),
+        dtype=dtype,
+        optimizer=optimizer,
+        recompute=recompute,
+        shard_size=shard,
+        bucket_view=True,
+        logits_held=True,
+        ddp_old_buckets=torch_ddp,
+        ddp_one_rank=name in ("ddp", "ddp-bucket"),
+        ddp_rebuild=name == "ddp",
+        reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
+        norm_kernel=kernel,
+    )
     used = ["logits_held"]
     if torch_ddp:
         used.append("ddp_old_buckets")

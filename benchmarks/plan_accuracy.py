@@ -72,6 +72,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from parlab.plan.decide import RUN_RECORDS  # what a run records of itself: not knobs
 from parlab.plan.host import with_host  # a host-bound run's predicted step
 
 STEP_TARGET = 0.10
@@ -232,7 +233,7 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
 
 
 # what a run's document records beyond its layout: compared between repeats of one configuration
-_NOT_KNOBS = ("losses", "steps", "warmup", "step_times", "phase_times", "host_probe")
+_NOT_KNOBS = (*sorted(RUN_RECORDS), "steps", "warmup")
 
 
 def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:

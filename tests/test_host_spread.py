@@ -55,6 +55,16 @@ def test_groups_reads_logs_and_reports_spread(
     full, short = rows
     assert "1x512" in full and "60.0, 90.0" in full and "50%" in full and "61.0, 91.0" in full
     assert "1x32" in short and " 1 " in short and "0%" in short and "71.0" in short
+    assert full.rstrip().endswith("-, -")  # neither run made a host probe
+
+
+def test_a_runs_host_probe_is_shown(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    doc = _doc("2026-01-01T00:00:01Z", 512, 0.090, [0.001, 0.03, 0.06])
+    doc["workload"]["host_probe"] = {"tokens": 32, "step_s": 0.0307}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    assert spread.main([str(tmp_path)]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ddp"))
+    assert row.rstrip().endswith("30.7")
 
 
 def test_no_arguments_is_a_usage_error() -> None:

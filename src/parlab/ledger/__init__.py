@@ -16,6 +16,7 @@ from parlab.ledger.predict import (
     LedgerItem,
     dtype_policy,
     kv_cache_bytes,
+    models_compiled,
     predict,
     predict_inference,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "LedgerItem",
     "dtype_policy",
     "kv_cache_bytes",
+    "models_compiled",
     "predict",
     "predict_inference",
 ]

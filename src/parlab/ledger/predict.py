@@ -245,6 +245,27 @@ OPTIMIZERS: dict[str, tuple[int, bool]] = {
 """Optimizer -> (state tensors per parameter, whether a foreach step makes a state-sized temporary)."""
 
 
+def runs_autocast(dtype: str | DtypePolicy, strategy: str) -> bool:
+    """Whether the blocks compute under autocast over fp32 parameters: the policy's autocast,
+    except where ZeRO-3/FSDP gather the parameters already in the compute dtype (FSDP2's
+    param_dtype, ZeRO-3's gather dtype) and the whole forward runs in it."""
+    pol = dtype_policy(dtype)
+    sharded = strategy in ("zero3", "fsdp", "fsdp-hybrid")
+    return pol.autocast and not (sharded and pol.param_bytes > pol.compute_bytes)
+
+
+def models_compiled(
+    spec: ModelSpec, *, dtype: str | DtypePolicy, strategy: str, recompute: str
+) -> bool:
+    """Whether the ledger's ``norm_kernel="compiled"`` describes this run's torch.compile'd
+    blocks: every block ``compiled_modelled`` (dense SwiGLU, no autocast) and no op-level
+    selective recompute (whose policy would choose what is kept as well)."""
+    autocast = runs_autocast(dtype, strategy)
+    return recompute != "op-selective" and all(
+        act.compiled_modelled(spec, i, autocast=autocast) for i in range(spec.layers)
+    )
+
+
 def dtype_policy(name: str | DtypePolicy) -> DtypePolicy:
     """The named policy (``fp32``, ``bf16-mixed``, ``bf16-master``, ``bf16``)."""
     if isinstance(name, DtypePolicy):
@@ -583,11 +604,9 @@ def predict(
     n_states, foreach_temp = OPTIMIZERS[optimizer]
     tp, pp, ep = topo.tp, topo.pp, topo.ep
     e, r = pol.compute_bytes, pol.residual_bytes
-    autocast = pol.autocast
-    if strategy in ("zero3", "fsdp", "fsdp-hybrid") and pol.param_bytes > e:
-        # the gathered parameters are already in the compute dtype (FSDP2's param_dtype,
-        # ZeRO-3's gather dtype): the whole forward runs in it, like pure low precision
-        r, autocast = e, False
+    autocast = runs_autocast(pol, strategy)
+    if pol.autocast and not autocast:
+        r = e  # the whole forward in the compute dtype, like pure low precision
     tokens = micro_batch * seq_len // topo.cp  # local tokens per micro-batch
     accumulate = microbatches > 1 or pp > 1
     # per-linear copies only where the gathered view is strided: tp > 1, micro-batch > 1

@@ -63,7 +63,11 @@ from parlab.contract import (
 from parlab.errors import UsageError
 from parlab.hardware import catalog
 
-IGNORED_WORKLOAD_KEYS = frozenset(
+RUN_RECORDS = frozenset({"losses", "step_times", "phase_times", "host_probe"})
+"""Workload keys a training run records of itself (every step's loss and time, its phases, its
+host probe): they differ from run to run of the same job."""
+
+IGNORED_WORKLOAD_KEYS = RUN_RECORDS | frozenset(
     {
         "measurements",
         "partial",
@@ -72,10 +76,6 @@ IGNORED_WORKLOAD_KEYS = frozenset(
         "warmup_steps",
         "measure_steps",
         "warmup",
-        "losses",
-        "step_times",
-        "phase_times",
-        "host_probe",
         "micro_batch",
         "seed",
         "target",

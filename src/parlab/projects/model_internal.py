@@ -526,7 +526,7 @@ def predictions(
     the ledger's ``norm_kernel``; ``sp_gather="per-linear"``: parlab's SP as it was before
     commit 02e7fd8, each linear saving its own copy of the gathered sequence -- the runs whose
     documents record no ``sp_saved_input``)."""
-    from parlab.ledger.activations import compiled_modelled
+    from parlab.ledger import models_compiled
     from parlab.ledger.predict import predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
@@ -554,10 +554,8 @@ def predictions(
         )
         return out, notes
     eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
-    # the ledger's compiled blocks where it models them (no autocast here: one dtype), else eager
-    if norm == "compiled" and not all(
-        compiled_modelled(spec, i, autocast=False) for i in range(spec.layers)
-    ):
+    # the ledger's compiled blocks where it models them, else eager
+    if norm == "compiled" and not models_compiled(spec, dtype=dt, strategy="ddp", recompute="none"):
         notes.append(
             "torch.compile: the ledger's eager blocks (it models compiled blocks of dense SwiGLU "
             "models)"

@@ -405,16 +405,11 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             metering = comm if meter_now else contextlib.nullcontext()
             comm.step = step
             with metering:
-                with autocast:
-                    logits = strat(batch.inputs)
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
+                # the logits stay alive through backward, as the ledger counts (logits_held)
+                _logits, loss = forward_loss(strat, batch, autocast)
                 if timed:
                     phases.mark("forward")
-                if hasattr(strat, "backward"):
-                    strat.backward(loss)  # DeepSpeed: backward through its engine
-                else:
-                    loss.backward()
-                strat.finish_backward()
+                backward(strat, loss)
                 if timed:
                     phases.mark("backward")
                 strat.step()
@@ -480,6 +475,24 @@ def ledger_strategy(strategy: str) -> str:
     return "ddp" if base in ("ddp", "ddp-bucket") else base
 
 
+def forward_loss(strat: Any, batch: Any, autocast: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's forward through ``strat``: (its logits, their cross-entropy loss in
+    float32). The caller holds the logits through backward, as the ledger counts
+    (``logits_held``)."""
+    with autocast:
+        logits = strat(batch.inputs)
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
+
+
+def backward(strat: Any, loss: torch.Tensor) -> None:
+    """``loss``'s backward (DeepSpeed: through its engine), then the strategy's end of it."""
+    if hasattr(strat, "backward"):
+        strat.backward(loss)
+    else:
+        loss.backward()
+    strat.finish_backward()
+
+
 HOST_PROBE_STEPS = (3, 5)
 """The host probe's (untimed, timed) steps."""
 
@@ -499,14 +512,8 @@ def host_probe_steps(
         if i == warm:
             timer.mark()
         batch = rank_batch(data.global_batch(i, ctx.world_size), ctx.rank, ctx.world_size, dev)
-        with autocast:
-            logits = strat(batch.inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten())
-        if hasattr(strat, "backward"):
-            strat.backward(loss)
-        else:
-            loss.backward()
-        strat.finish_backward()
+        _logits, loss = forward_loss(strat, batch, autocast)
+        backward(strat, loss)
         strat.step()
         strat.zero_grad()
         if i >= warm:
@@ -520,7 +527,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     Comm predictions are left out for the naive forms (they move different collectives
     than the ledger's table, on purpose).
     """
-    from parlab.ledger import predict
+    from parlab.ledger import models_compiled, predict
     from parlab.ledger.traffic import traffic
     from parlab.models import get_spec
     from parlab.parallel.deepspeed import REDUCE_BUCKET
@@ -539,41 +546,37 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
     eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
+    # parlab train's "selective" keeps every matmul and attention output: the ledger's
+    # op-selective policy
+    recompute = "op-selective" if cfg.recompute == "selective" else cfg.recompute
     # torch.compile: the compiled blocks where the ledger models them, else the eager ones
-    kernels = ["compiled", eager] if cfg.compile else [eager]
-    for kernel in kernels:
-        try:
-            led = predict(
-                spec,
-                strategy=strategy,
-                topology=topo,
-                optimizer=optimizer,
-                # parlab train's "selective" keeps every matmul and attention output: the ledger's
-                # op-selective policy
-                recompute="op-selective" if cfg.recompute == "selective" else cfg.recompute,
-                shard_size=shard,
-                bucket_view=True,
-                # the training loop keeps the logits alive through backward
-                logits_held=True,
-                # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
-                ddp_old_buckets=False,
-                # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
-                ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
-                # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
-                ddp_rebuild=cfg.strategy == "ddp",
-                reshard_after_forward=cfg.reshard_after_forward,
-                norm_kernel=kernel,
-                # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
-                # alive through backward (stages 1/2) or for good (stage 3)
-                overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4)
-                if deepspeed
-                else 0,
-                **common,
-            )
-            break
-        except UsageError:
-            if kernel == kernels[-1]:
-                raise
+    compiled = cfg.compile and models_compiled(
+        spec, dtype=dtype, strategy=strategy, recompute=recompute
+    )
+    kernel = "compiled" if compiled else eager
+    led = predict(
+        spec,
+        strategy=strategy,
+        topology=topo,
+        optimizer=optimizer,
+        recompute=recompute,
+        shard_size=shard,
+        bucket_view=True,
+        # the training loop keeps the logits alive through backward
+        logits_held=True,
+        # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
+        ddp_old_buckets=False,
+        # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
+        ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
+        # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
+        ddp_rebuild=cfg.strategy == "ddp",
+        reshard_after_forward=cfg.reshard_after_forward,
+        norm_kernel=kernel,
+        # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
+        # alive through backward (stages 1/2) or for good (stage 3)
+        overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4) if deepspeed else 0,
+        **common,
+    )
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
@@ -584,7 +587,7 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     if cfg.compile:
         notes.append(
             "torch.compile: the ledger's compiled blocks (SwiGLU's silu output recomputed)"
-            if kernel == "compiled"
+            if compiled
             else f"torch.compile: the ledger's eager blocks ({eager}; it models compiled blocks "
             "for dense SwiGLU models without autocast)"
         )
@@ -825,7 +828,7 @@ def host_probe(results: list[dict[str, Any]], tokens: int, gpu_s: float | None) 
     the step it predicts for the run, max(the GPU's seconds the lab predicted, that median)."""
     from parlab.runtime import meters
 
-    times = [max(ts) for ts in zip(*(r["host_probe_times"] for r in results), strict=True)]
+    times = meters.slowest_rank_steps(results, "host_probe_times")
     step = meters.median(times)
     return {
         "tokens": tokens,

@@ -544,10 +544,10 @@ class PhaseTimer:
         return {"host": host, **({"device": dev} if dev else {})}
 
 
-def slowest_rank_steps(results: list[dict[str, Any]]) -> list[float]:
-    """Each measured step's time over the ranks' ``step_times``: a step ends when its slowest
-    rank ends."""
-    return [max(ts) for ts in zip(*(r["step_times"] for r in results), strict=True)]
+def slowest_rank_steps(results: list[dict[str, Any]], key: str = "step_times") -> list[float]:
+    """Each measured step's time over the ranks' ``key`` (``step_times``): a step ends when its
+    slowest rank ends."""
+    return [max(ts) for ts in zip(*(r[key] for r in results), strict=True)]
 
 
 def median(xs: list[float]) -> float:
