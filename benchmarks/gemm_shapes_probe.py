@@ -1,5 +1,5 @@
 """The achieved efficiency of each model's GEMM shapes, bias gradients and attention core on one
-GPU: the planner's shape factors (``parlab.plan.shapes`` reads the result).
+GPU: the planner's shape factors (``parlab.plan.fit.shapes`` reads the result).
 
 Why: the roofline carries its GEMM efficiency, measured at the 1.3B's width, to other models by
 a width law fitted on Llama-style runs (hidden 2048 and 4096), and prices the attention core at
@@ -386,7 +386,7 @@ def calibration(
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
     from parlab.contract import Metric
-    from parlab.plan.probes import probe_document
+    from parlab.plan.fit.probes import probe_document
 
     metrics = {}
     for m in body["models"]:

@@ -5,7 +5,7 @@ Why: the DTensor TP runs of PAR-MODEL-INTERNAL (``tp2-dtensor``: the 1.3B model,
 work at 0.12-0.15 s. Python dispatches every op on a DTensor (sharding propagation, redistribute,
 local op), and the host falls behind the GPU. The planner prices that as
 ``host = ops per step x host seconds per op`` and predicts ``max(roofline, host)``
-(``parlab.plan.host``). This probe measures both factors.
+(``parlab.plan.fit.host``). This probe measures both factors.
 
 What runs: on 2 ranks, the step of those runs (``parlab.projects.model_internal``, impl
 ``torch``: ``_torch_tp``'s ``parallelize_module`` -- ColwiseParallel wq/wk/wv/w1/w3,
@@ -33,7 +33,7 @@ the ColwiseParallel inputs' gradients in backward; tiny at this width), 2 per la
 Output: a ``distributed-benchmark/v1`` document under ``RESULTS_DIR/PAR-MODEL-INTERNAL/``
 (``host-dispatch-<stamp>.json``, task T6, role baseline, evidence ``real-training`` on NCCL and
 ``cpu-mechanism`` on gloo) whose ``workload.calibration`` the planner reads
-(``parlab.plan.host.load_host_dispatch``); it records no ``step_time`` metric, so it is never
+(``parlab.plan.fit.host.load_host_dispatch``); it records no ``step_time`` metric, so it is never
 taken for a training run. The environment line (torch, CUDA, NCCL, devices) is printed first.
 
     python3 benchmarks/host_dispatch_probe.py RESULTS_DIR [--model 1.3b] [--hidden 128,256]
@@ -90,7 +90,7 @@ def probe_spec(model: str, hidden: int, layers: int | None = None, vocab: int | 
     """``model``'s spec at width ``hidden`` (FFN in proportion, rounded to 64; heads kept, so
     the head dim shrinks), optionally with another layer count or vocabulary."""
     from parlab.models import get_spec
-    from parlab.plan.host import at_width
+    from parlab.plan.fit.host import at_width
 
     s = get_spec(model)
     if hidden % (2 * s.heads):
@@ -240,7 +240,7 @@ def calibration(per_rank: list[dict[str, Any]], *, micro_batch: int, seq: int) -
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
     from parlab.contract import Metric
-    from parlab.plan.probes import probe_document
+    from parlab.plan.fit.probes import probe_document
 
     return probe_document(
         prefix="host-dispatch",

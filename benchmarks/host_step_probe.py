@@ -16,7 +16,7 @@ strategy, bf16) on the model with every layer, head, parameter tensor and the vo
 but the width cut to ``--head-dims`` per head (default 16 and 32: hidden = heads x head dim,
 the FFN in proportion), so the GPU's work is a small fraction of the step and the step's time is
 the host's. Two widths: equal steps say the GPU does not set them; a step that grows with the
-width (by more than ``parlab.plan.host.SERIAL_GROWTH``) says the GPU's work adds to the host's.
+width (by more than ``parlab.plan.fit.host.SERIAL_GROWTH``) says the GPU's work adds to the host's.
 The narrowed model reaches ``parlab train`` as a Hugging Face ``config.json`` (``hf_config``),
 which ``parlab.models.get_spec`` reads.
 
@@ -26,13 +26,13 @@ rank of the 8B showed the GPU idle about 2 ms before each block's table copy) an
 AdamW packs every tensor chunk's address into its launches. ``--tokens`` measures it: the model
 at its own width on one sequence of a few tokens (``1 x T``), every parameter there and the
 GPU's work still a small part of the step (its entries carry ``tokens``; these runs are not
-written as training runs). ``parlab.plan.host.host_estimate`` takes them, where a probe made
+written as training runs). ``parlab.plan.fit.host.host_estimate`` takes them, where a probe made
 them, for the configuration on one rank.
 
 Output: one ``distributed-benchmark/v1`` document under ``RESULTS_DIR/PAR-TRAINING-STATE/``
 (``host-step-<stamp>.json``, task T6, role baseline, evidence ``real-training`` on a GPU and
 ``cpu-mechanism`` on the CPU) whose ``workload.calibration`` lists, per run, the median step of
-each width (``parlab.plan.host.load_host_step`` reads it); the narrowed runs' own documents are
+each width (``parlab.plan.fit.host.load_host_step`` reads it); the narrowed runs' own documents are
 not written (their step times are in the calibration); it records no ``step_time`` metric, so
 it is never taken for a training run.
 
@@ -56,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from parlab.plan.host import narrow_spec  # the probe's narrowed model
+from parlab.plan.fit.host import narrow_spec  # the probe's narrowed model
 
 FORMAT = "parlab-host-step/v1"
 KIND = "host-step-calibration"
@@ -223,7 +223,7 @@ def calibration(entries: list[dict[str, Any]], *, device: str, backend: str) -> 
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
-    from parlab.plan.probes import probe_document
+    from parlab.plan.fit.probes import probe_document
 
     return probe_document(
         prefix="host-step",

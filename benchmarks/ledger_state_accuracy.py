@@ -174,8 +174,8 @@ def revised_model_internal_peak(doc: Any) -> int | None:
     project's own ``predictions`` on the run's configuration rebuilt from the document (a
     single-GPU baseline's schedule, which its layout does not record, from its label; parlab's
     SP as the run had it: ``sp_gather="per-linear"`` where the document records no
-    ``sp_saved_input``, ``parlab.plan.calibrate.implementation_of``)."""
-    from parlab.plan.calibrate import implementation_of
+    ``sp_saved_input``, ``parlab.plan.fit.calibrate.implementation_of``)."""
+    from parlab.plan.fit.calibrate import implementation_of
     from parlab.projects.model_internal import RunConfig, predictions
 
     w, lay = doc.workload, doc.layout
@@ -429,20 +429,20 @@ def markdown(folder: Path) -> str:
 
     train = rows_from_documents(folder)
     gpu_train = [r for r in train if r["level"] == "real-training"]
-    from parlab.plan.calibrate import (
+    from parlab.plan.fit.calibrate import (
         collectives_calibration,
         host_bound,
         recompute_of,
         unmodelled,
     )
-    from parlab.plan.host import host_dispatch_calibration
+    from parlab.plan.fit.host import host_dispatch_calibration
 
     runs = pa.gpu_runs(folder)
     cal = collectives_calibration(folder)
     host = host_dispatch_calibration(folder)
     old = pa.mfu_model_rows(runs, cal) if runs else {}
-    from parlab.plan.paramwork import param_work_calibration
-    from parlab.plan.shapes import gemm_shape_calibration
+    from parlab.plan.fit.paramwork import param_work_calibration
+    from parlab.plan.fit.shapes import gemm_shape_calibration
 
     # the roofline as benchmarks/plan_accuracy.py runs it: measured shapes and per-parameter
     # bandwidths included, so the two documents count the same runs within 10 %
@@ -451,7 +451,7 @@ def markdown(folder: Path) -> str:
         if runs
         else {"pred": {}, "loo": {}, "calibrating": {}}
     )
-    # DTensor TP runs: roofline and ops x host seconds per op (sum or max: parlab.plan.host)
+    # DTensor TP runs: roofline and ops x host seconds per op (sum or max: parlab.plan.fit.host)
     bounds = {d.run_id: b for d in runs if (b := host_bound(d, rf["pred"].get(d.run_id), host))}
     rf["pred"].update({rid: b[0] for rid, b in bounds.items()})
     # host-bound runs: the host alone over the roofline sets the step, as plan_accuracy has it
@@ -523,7 +523,7 @@ def markdown(folder: Path) -> str:
         f"the same workload (leave-one-out; the planner's default assumes {DEFAULT_MFU:.2f}). "
         "*Roofline*: GEMM, attention and memory-bound work timed apart, with each "
         "collective's overlap, its efficiencies fitted on stated runs "
-        "(`parlab.plan.calibrate`); the column is out of sample -- for a run the fit used, "
+        "(`parlab.plan.fit.calibrate`); the column is out of sample -- for a run the fit used, "
         "the fit redone without every repeat of its configuration. Peak memory and comm "
         "bytes: the predictions each document recorded before its run (model-internal runs: "
         "the ledger and its wire table for the run's mesh), and the peak revised by the "
@@ -818,7 +818,7 @@ def misses(
         # plan_accuracy's verdict: |predicted - measured| / measured below 10 %
         n_mfu = sum(pa.within(mfu, step, pa.STEP_TARGET) == "yes" for step, mfu, _ in both)
         n_roof = sum(pa.within(roof, step, pa.STEP_TARGET) == "yes" for step, _, roof in both)
-        from parlab.plan.calibrate import group_of
+        from parlab.plan.fit.calibrate import group_of
 
         groups: dict[str, list[tuple[Any, None, bool]]] = {}
         for d in runs:

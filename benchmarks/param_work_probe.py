@@ -35,12 +35,12 @@ block-to-tensor table on the CPU, one entry per 2 KiB of each rank's chunk, and 
 the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a host-to-device copy before each
 block's reduce-scatter, the GPU idle about 2 ms before it), and fused AdamW packs the addresses
 of each ~64 Ki-element chunk of every tensor into its launches. A host-bound step pays it
-(``parlab.plan.host``: ``host_per_param_s``). The copy-in's host time per byte depends on the
+(``parlab.plan.fit.host``: ``host_per_param_s``). The copy-in's host time per byte depends on the
 call: one call over 2 billion parameters cost the host 3.7 ms per GB
 (``results/PAR-TRAINING-STATE/param-work-20261201T111951-c3899a.json``), calls of 16 tensors
 of 2048 x 2048 1.8 ms per GB and of 16 of 4096 x 4096 5.5-7
 (``results/PAR-TRAINING-STATE/param-work-20261201T1125*``); hence the unit, and
-``parlab.plan.host`` prices the copy-in by the few-token host step instead.
+``parlab.plan.fit.host`` prices the copy-in by the few-token host step instead.
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the
@@ -166,7 +166,7 @@ def calibration(
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
     """The contract document holding ``body`` (see the module docstring)."""
     from parlab.contract import Metric
-    from parlab.plan.probes import probe_document
+    from parlab.plan.fit.probes import probe_document
 
     metrics = {}
     for kind, k in body["kinds"].items():

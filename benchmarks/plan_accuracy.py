@@ -13,12 +13,12 @@ Two tables.
    - the MFU model, with the MFU measured by the *other* runs of the same
      workload (median; leave-one-out): the planner before the roofline;
    - the roofline (``parlab.plan.roofline``), its efficiencies fitted in the
-     stated steps of ``parlab.plan.calibrate.LAB_STEPS`` (the table lists the
+     stated steps of ``parlab.plan.fit.calibrate.LAB_STEPS`` (the table lists the
      runs of each step). A calibration run's verdict uses its leave-one-group-out
      prediction (every step refitted without all repeats of its configuration),
      so every verdict is out of sample. torch's DTensor TP runs are host-bound:
      with a host-dispatch calibration under the same folder
-     (``benchmarks/host_dispatch_probe.py``, ``parlab.plan.host``) their
+     (``benchmarks/host_dispatch_probe.py``, ``parlab.plan.fit.host``) their
      prediction combines the roofline and ops per step x host seconds per op:
      their sum where the probe found them serialized (its step grew with its
      width at a fixed op count), else their max.
@@ -73,7 +73,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from parlab.plan.decide import RUN_RECORDS  # what a run records of itself: not knobs
-from parlab.plan.host import with_host  # a host-bound run's predicted step
+from parlab.plan.fit.host import with_host  # a host-bound run's predicted step
 
 STEP_TARGET = 0.10
 MEMORY_TARGET = 0.05
@@ -112,11 +112,11 @@ def within(pred: float | None, meas: float | None, target: float) -> str:
 
 def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
     """Each run's host seconds per step where a host-step probe ran its configuration
-    (``parlab.plan.host.run_host_s``: on one rank the model's own few-token steps where the
+    (``parlab.plan.fit.host.run_host_s``: on one rank the model's own few-token steps where the
     probe made them, else the narrowed step with fused AdamW's host time carried to the run's
     parameters and ranks, from the param-work probes)."""
-    from parlab.plan.host import host_step_calibration, run_host_s
-    from parlab.plan.paramwork import param_work_calibration
+    from parlab.plan.fit.host import host_step_calibration, run_host_s
+    from parlab.plan.fit.paramwork import param_work_calibration
 
     steps = host_step_calibration(root)
     if steps is None:
@@ -131,8 +131,8 @@ def host_estimates(docs: list[Any], root: Path) -> dict[str, float]:
 
 
 def gpu_runs(root: Path) -> list[Any]:
-    """The measured GPU training runs (``parlab.plan.calibrate.training_runs``)."""
-    from parlab.plan.calibrate import training_runs
+    """The measured GPU training runs (``parlab.plan.fit.calibrate.training_runs``)."""
+    from parlab.plan.fit.calibrate import training_runs
 
     return training_runs(root) if root.is_dir() else []
 
@@ -142,7 +142,7 @@ def mfu_model_rows(
 ) -> dict[str, tuple[float | None, float | None, float | None]]:
     """run id -> (step time at the assumed MFU, at the median MFU of the other runs of its
     workload, the planner's peak memory): the planner's MFU model, before the roofline."""
-    from parlab.plan.calibrate import run_request
+    from parlab.plan.fit.calibrate import run_request
     from parlab.plan.estimate import measured_throughput
     from parlab.plan.planner import DEFAULT_MFU, evaluate
 
@@ -179,15 +179,15 @@ def mfu_model_rows(
 def roofline_rows(
     docs: list[Any], cal: Any, shapes: Any = None, param_work: Any = None
 ) -> dict[str, Any]:
-    """The roofline fitted on its calibration runs (``parlab.plan.calibrate.LAB_STEPS``), every
+    """The roofline fitted on its calibration runs (``parlab.plan.fit.calibrate.LAB_STEPS``), every
     run's prediction, and for each calibration run its leave-one-group-out prediction (the
     steps refitted without every repeat of that run's configuration); ``shapes``: a GEMM-shape
     calibration whose measured factors replace the width law and scale the attention term for
-    the runs it covers (``parlab.plan.shapes``; the fit itself keeps the width law and the
+    the runs it covers (``parlab.plan.fit.shapes``; the fit itself keeps the width law and the
     fitted attention); ``param_work``: measured
-    optimizer and cast bandwidths (``parlab.plan.paramwork``), fixed through every fit."""
+    optimizer and cast bandwidths (``parlab.plan.fit.paramwork``), fixed through every fit."""
     from parlab.errors import UsageError
-    from parlab.plan.calibrate import fit_steps, group_of, predict
+    from parlab.plan.fit.calibrate import fit_steps, group_of, predict
 
     roof, used = fit_steps(docs, calibration=cal, param_work=param_work)
     calibrating = {rid: ", ".join(step.free) for step, ids in used for rid in ids}
@@ -217,9 +217,9 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
     run's without recompute); None without a prediction."""
     from dataclasses import replace
 
-    from parlab.plan.calibrate import run_request
+    from parlab.plan.fit.calibrate import run_request
     from parlab.plan.planner import evaluate
-    from parlab.plan.shapes import shaped_roofline
+    from parlab.plan.fit.shapes import shaped_roofline
 
     made = run_request(d, roofline=shaped_roofline(d, roof, shapes), calibration=cal)
     if made is None:
@@ -241,7 +241,7 @@ def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
     (same run id less its time stamp) that the roofline meets, closest in what the documents
     record (layout knobs and workload), and how the two differ -- when nothing differs, the
     document cannot tell the miss from the hit. "" where there is no such repeat."""
-    from parlab.plan.calibrate import knobs
+    from parlab.plan.fit.calibrate import knobs
 
     def what(doc: Any) -> dict[str, str]:
         w = {k: str(v) for k, v in doc.workload.items() if k not in _NOT_KNOBS}
@@ -288,22 +288,22 @@ def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
 
 
 def table_gpu_runs(root: Path) -> None:
-    from parlab.plan.calibrate import group_of, implementation_of, knobs, recompute_of, unmodelled
+    from parlab.plan.fit.calibrate import group_of, implementation_of, knobs, recompute_of, unmodelled
 
     docs = gpu_runs(root)
     print(f"== 1. measured GPU training runs under {root}: {len(docs)}")
     if not docs:
         print("   none yet: the GPU evidence (scripts/gpu/training.sh) writes them there")
         return
-    from parlab.plan.calibrate import collectives_calibration, host_bound
-    from parlab.plan.host import bound as which_bound
-    from parlab.plan.host import host_dispatch_calibration
+    from parlab.plan.fit.calibrate import collectives_calibration, host_bound
+    from parlab.plan.fit.host import bound as which_bound
+    from parlab.plan.fit.host import host_dispatch_calibration
 
     cal = collectives_calibration(root)
     host = host_dispatch_calibration(root)
     hosts = host_estimates(docs, root)
-    from parlab.plan.paramwork import param_work_calibration
-    from parlab.plan.shapes import (
+    from parlab.plan.fit.paramwork import param_work_calibration
+    from parlab.plan.fit.shapes import (
         attention_factor,
         doc_batch,
         gemm_shape_calibration,
@@ -469,7 +469,7 @@ def table_gpu_runs(root: Path) -> None:
             "forward GEMMs at the run's tokens where the probe measured it (note 'recompute's "
             "GEMMs at')."
         )
-    from parlab.plan.host import host_step_calibration
+    from parlab.plan.fit.host import host_step_calibration
 
     host_steps = host_step_calibration(root)
     if host_steps is not None:
@@ -486,7 +486,7 @@ def table_gpu_runs(root: Path) -> None:
                 if adamw
                 else ""
             )
-            + " (parlab.plan.host.host_estimate; note 'host alone'). Where it takes longer than "
+            + " (parlab.plan.fit.host.host_estimate; note 'host alone'). Where it takes longer than "
             "the roofline's time the run is host-bound: the step predicted is the host's (the "
             "roofline column shows it, the note both), and the run is left out of the runs the "
             "model describes, since the host's speed differs between machines (GPT-2 124M at "
@@ -631,7 +631,7 @@ def miss_cause(m: Miss, repeats: dict[str, list[tuple[Any, float | None, bool]]]
         return f"not modelled: {reason}"
     if m.host_share is not None and m.host_share >= HOST_NEAR:
         return f"the host alone at {HOST_NEAR:.0%} of the roofline's step or more"
-    from parlab.plan.calibrate import group_of
+    from parlab.plan.fit.calibrate import group_of
 
     runs = repeats.get(group_of(m.doc), [])
     times = [d.metric("step_time") for d, _, _ in runs]
@@ -656,7 +656,7 @@ def table_misses(
 
 
 def table_repeats(repeats: dict[str, list[tuple[Any, float | None, bool]]]) -> None:
-    """Configurations measured more than once (``parlab.plan.calibrate.group_of``): how far the
+    """Configurations measured more than once (``parlab.plan.fit.calibrate.group_of``): how far the
     machine's own repeats spread, and the prediction against their median."""
     from statistics import median
 

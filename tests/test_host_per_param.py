@@ -1,4 +1,4 @@
-"""The host's per-parameter work (``parlab.plan.host.host_per_param_s``, ``host_estimate``):
+"""The host's per-parameter work (``parlab.plan.fit.host.host_per_param_s``, ``host_estimate``):
 what FSDP2 runs that costs the host in proportion to the gradients, on 2 gloo ranks, and how the
 host-step probe's narrowed step is carried to the model's own parameters and ranks."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from parlab.plan.host import HostStep, host_estimate, host_note, host_per_param_s, narrow_spec
+from parlab.plan.fit.host import HostStep, host_estimate, host_note, host_per_param_s, narrow_spec
 from parlab.runtime.testing import run_ranks
 
 WORK = SimpleNamespace(host_s_per_param={"adamw": 1e-12, "chunk_cat": 2e-12}, label="pw-1")
@@ -74,7 +74,7 @@ def test_fsdp_copies_each_units_gradients_in_once_per_backward(strategy: str) ->
     buffer with ``fsdp.chunk_cat`` (``torch._chunk_cat``), each rank's chunk 1/world of them:
     host work that grows with the gradients (on CUDA the copy's block table is built on the
     CPU), which the narrowed host-step probe leaves out and its few-token steps of the model
-    itself include (``parlab.plan.host.host_estimate``); DDP runs none of it."""
+    itself include (``parlab.plan.fit.host.host_estimate``); DDP runs none of it."""
     sizes = run_ranks(_copy_ins, 2, strategy)
     if strategy == "ddp":
         assert sizes == [[], []]
@@ -117,7 +117,7 @@ def test_narrowed_parameter_counts_are_the_probes_models() -> None:
     """``narrow_spec`` (the probe's narrowed model) keeps the vocabulary: an 8B narrowed to 16
     per head still holds two 128,256-row embeddings of width 512. A probe of a model the catalog
     does not know still loads, its narrowed parameters counted as none."""
-    from parlab.plan.host import _narrow_params
+    from parlab.plan.fit.host import _narrow_params
 
     n = narrow_spec("llama3.1-8b", 16)
     assert n.hidden == 512 and n.num_params() > 2 * 128_256 * 512

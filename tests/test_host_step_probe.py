@@ -1,5 +1,5 @@
 """``benchmarks/host_step_probe.py``: the host's time per ``parlab train`` step, on the CPU; its
-narrowed models read back as what they claim, and ``parlab.plan.host.load_host_step``."""
+narrowed models read back as what they claim, and ``parlab.plan.fit.host.load_host_step``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from parlab.contract import read_document, write_result
 from parlab.models import get_spec
 from parlab.models.hf import load_hf_config
-from parlab.plan.host import host_step_calibration, load_host_step
+from parlab.plan.fit.host import host_step_calibration, load_host_step
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "host_step_probe.py"
 _spec = importlib.util.spec_from_file_location("host_step_probe", _PATH)
@@ -111,7 +111,7 @@ def test_plan_note_names_the_host_where_a_probe_ran_the_configuration() -> None:
     ``parlab train`` has no form of); the runtime's op-selective is train's ``selective``."""
     from types import SimpleNamespace
 
-    from parlab.plan.host import HostStep, host_note
+    from parlab.plan.fit.host import HostStep, host_note
 
     steps = HostStep(run_ids=("host-step-1",), device="NVIDIA H200",
                      steps={("llama3.1-8b", "fsdp", 1, 1024, "full"): (0.2, 0.3),

@@ -49,7 +49,7 @@ def test_loader_reads_gpu_probes_of_the_newest_device(tmp_path: Path) -> None:
     over a weight's cast and a gradient's, 6 B each; CPU probes left out."""
     import dataclasses
 
-    from parlab.plan.paramwork import load_param_work, param_work_calibration
+    from parlab.plan.fit.paramwork import load_param_work, param_work_calibration
 
     m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=1)
     assert param_work_calibration(tmp_path) is None
@@ -76,7 +76,7 @@ def test_bucket_bandwidth_only_from_probes_that_timed_the_bucket_passes(tmp_path
     that mean (its other bandwidths still count)."""
     import dataclasses
 
-    from parlab.plan.paramwork import load_param_work, param_work_calibration
+    from parlab.plan.fit.paramwork import load_param_work, param_work_calibration
 
     m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=1)
     for i, bws in enumerate(({"zero_grad": 4e12, "accumulate": 3e12, "scale": 2e12}, {})):
@@ -104,7 +104,7 @@ def test_host_seconds_per_parameter_are_kept_where_the_probe_timed_them(tmp_path
     none (its bandwidths still count)."""
     import dataclasses
 
-    from parlab.plan.paramwork import load_param_work, param_work_calibration
+    from parlab.plan.fit.paramwork import load_param_work, param_work_calibration
 
     m = probe.probe(4096, (64, 64), torch.device("cpu"), warmup=0, repeats=2, unit=1)
     assert all(k["host_seconds"] > 0 for k in m["kinds"].values()) and m["chunk_cat_unit"] == 1

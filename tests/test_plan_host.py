@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from parlab.contract import read_document, write_result
-from parlab.plan import calibrate
-from parlab.plan.host import (
+from parlab.plan.fit import calibrate
+from parlab.plan.fit.host import (
     HostDispatch,
     bound,
     combine,
@@ -78,7 +78,7 @@ def host(**kw: Any) -> HostDispatch:
 
 def _block(model: str) -> str:
     from parlab.models import get_spec
-    from parlab.plan.host import block
+    from parlab.plan.fit.host import block
 
     return block(get_spec(model))
 

@@ -12,18 +12,17 @@ import pytest
 from parlab.errors import UsageError
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
-from parlab.plan import calibrate
 from parlab.plan.estimate import Throughput, estimate, exposed_time, overlap_window
+from parlab.plan.fit import calibrate
+from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.planner import PlanRequest, evaluate, plan
 from parlab.plan.roofline import (
     ELEMENTWISE,
     LOSS_BYTES_PER_LOGIT,
-    FitRow,
     Implementation,
     Roofline,
     causal_attention_flops_per_token,
     elementwise_bytes_per_token,
-    fit_roofline,
     work,
 )
 from parlab.plan.space import Candidate, make_cluster

@@ -19,9 +19,9 @@ import torch
 from parlab.contract import read_document, write_result
 from parlab.errors import UsageError
 from parlab.models import get_spec
-from parlab.plan import calibrate
+from parlab.plan.fit import calibrate
 from parlab.plan.roofline import Roofline, causal_attention_flops_per_token
-from parlab.plan.shapes import (
+from parlab.plan.fit.shapes import (
     GemmShapes,
     attention_factor,
     forward_efficiency,
@@ -402,7 +402,7 @@ def test_predict_of_a_committed_gpt2_run_uses_the_factor_only_with_a_calibration
 def test_the_shape_factor_skips_models_the_width_law_describes() -> None:
     """Models whose every GEMM dimension divides into 128 (the law's own fitting runs) keep the
     width law; GPT-2's 1,600 / 6,400 / 50,257 get the measured factor."""
-    from parlab.plan.shapes import aligned
+    from parlab.plan.fit.shapes import aligned
 
     assert aligned("1.3b") and aligned("8b") and aligned("llama3.1-8b")
     assert not aligned("gpt2-1.5b") and aligned("no-such-model")
@@ -561,7 +561,7 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
 
 
 def test_model_names_are_the_catalogs() -> None:
-    from parlab.plan.shapes import canonical, same_gpu
+    from parlab.plan.fit.shapes import canonical, same_gpu
 
     assert canonical("8b") == canonical("llama3.1-8b") == "llama3.1-8b"
     assert canonical("gpt2-xl") == "gpt2-1.5b" and canonical("0-narrow") == "0-narrow"

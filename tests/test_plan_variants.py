@@ -14,7 +14,7 @@ import pytest
 
 from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
-from parlab.plan import calibrate
+from parlab.plan.fit import calibrate
 from parlab.plan.roofline import (
     ELEMENTWISE,
     ELEMENTWISE_FORWARD,

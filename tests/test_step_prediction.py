@@ -1,5 +1,5 @@
 """The step time the lab predicts before a run (``parlab train --roofline``,
-``parlab.plan.calibrate.step_prediction``): the same number ``benchmarks/plan_accuracy.py``
+``parlab.plan.fit.calibrate.step_prediction``): the same number ``benchmarks/plan_accuracy.py``
 gives the measured run, recorded beside the ledger's predictions; nothing where the roofline
 does not describe the run; a clear line for a folder that is not one."""
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from parlab.cli import app
 from parlab.contract import read_document
-from parlab.plan.calibrate import step_prediction
+from parlab.plan.fit.calibrate import step_prediction
 from parlab.projects.training_state import TrainConfig, predict_step
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GEMM-shape and attention-core calibration (the planner's measured shape factors,
-# parlab.plan.shapes), one go: under a minute on one H200 (torch import and CUDA start-up
+# parlab.plan.fit.shapes), one go: under a minute on one H200 (torch import and CUDA start-up
 # ~10-15 s; ~190 distinct GEMM, bias-gradient and attention shapes, each 5 warm-up + 10 x 3
 # timed calls: ~8 s of GEMM kernels at the v1 probes' measured times, ~2 s of attention at 0.3
 # of peak, the longest call the 1.3B's attention at 1 x 32768, ~45 ms).

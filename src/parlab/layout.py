@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.ledger.sharding import chunk_sizes
 from parlab.topology import AXES, Topology
 
 WHY_ORDER = (
@@ -167,11 +168,11 @@ def constraints(
             else ": the vocab-parallel embedding needs equal rows per rank"
         ),
     )
+    split = split_text(shape.layers, pp, vpp)
     add(
-        "layers % (pp*vpp) == 0",
-        shape.layers % (pp * vpp) == 0,
-        f"{shape.layers} layers over {pp} stages x {vpp} chunks"
-        + (f": {shape.layers // (pp * vpp)} per chunk" if shape.layers % (pp * vpp) == 0 else ""),
+        "layers >= pp*vpp (a layer per chunk)",
+        not split.startswith("no "),
+        f"{shape.layers} layers over {pp} stages x {vpp} chunks: {split}",
     )
     if seq is not None:
         if cp > 1:
@@ -228,11 +229,30 @@ def cp_chunks(cp: int, index: int, *, load_balance: bool = True) -> list[int]:
 
 
 def stage_layers(layers: int, pp: int, vpp: int = 1) -> list[range]:
-    """Layer range of each virtual stage ``s = chunk * pp + rank`` (``pp * vpp`` stages)."""
-    n = pp * vpp
-    assert layers % n == 0, "checked by the constraint table"
-    per = layers // n
-    return [range(s * per, (s + 1) * per) for s in range(n)]
+    """Layer range of each virtual stage ``s = chunk * pp + rank`` (``pp * vpp`` stages), as
+    ``parlab.ledger.sharding.chunk_sizes`` cuts them."""
+    sizes = chunk_sizes(layers, pp * vpp)
+    starts = [sum(sizes[:s]) for s in range(len(sizes))]
+    return [range(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+
+
+def split_text(layers: int, pp: int, vpp: int = 1) -> str:
+    """The stage split in words: ``8 per chunk``, or the uneven counts (``7, 8 x 14, 7``), or
+    ``no ...`` where a chunk would hold no layer."""
+    try:
+        sizes = chunk_sizes(layers, pp * vpp)
+    except UsageError as exc:
+        return f"no split: {exc}"
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} per chunk"
+    runs: list[list[int]] = []
+    for n in sizes:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    text = ", ".join(str(n) if k == 1 else f"{n} x {k}" for n, k in runs)
+    return f"uneven, layers per chunk {text} (embedding and head counted as a layer each)"
 
 
 def holdings(

@@ -131,9 +131,24 @@ def busbw(op: str, nbytes: float, n: int, seconds: float) -> float:
 
 
 def hierarchical_time(
-    op: str, nbytes: float, *, gpus_per_node: int, nodes: int, intra: Link, inter: Link
+    op: str,
+    nbytes: float,
+    *,
+    gpus_per_node: int,
+    nodes: int,
+    intra: Link,
+    inter: Link,
+    algorithm: str = "best",
 ) -> float:
-    """Predicted seconds for ``op`` over ``gpus_per_node x nodes`` ranks, two link classes."""
+    """Predicted seconds for ``op`` over ``gpus_per_node x nodes`` ranks, two link classes.
+
+    All-reduce's step between nodes runs as a ring (``2(m - 1)`` latency steps) or a tree
+    (``2 log2 m`` latency steps, ``2 S`` through the busiest link: NCCL's double binary tree); ``best`` takes the faster of the two, as NCCL's tuner picks between them by size and
+    node count (at thousands of nodes the ring's latency dominates all but the largest
+    messages). The other ops run their ring."""
+    if algorithm == "best" and op == "all_reduce" and nodes > 1 and gpus_per_node >= 1:
+        kw = dict(gpus_per_node=gpus_per_node, nodes=nodes, intra=intra, inter=inter)
+        return min(hierarchical_time(op, nbytes, algorithm=a, **kw) for a in ALGORITHMS)
     g, m = gpus_per_node, nodes
     if g < 1 or m < 1:
         raise UsageError(f"gpus_per_node {g} and nodes {m} must be at least 1")
@@ -141,16 +156,20 @@ def hierarchical_time(
     a1, b1 = intra.alpha_s or 0.0, intra.beta_s_per_byte
     a2, b2 = inter.alpha_s or 0.0, inter.beta_s_per_byte
     S = float(nbytes)
+    tree = algorithm == "tree" and op == "all_reduce"
     if m == 1:
         return collective_time(op, S, g, intra)
     if g == 1:
-        return collective_time(op, S, m, inter)
+        return collective_time(op, S, m, inter, "tree" if tree else "ring")
 
     def ring_rs(k: int, size: float, a: float, b: float) -> float:
         return (k - 1) * a + (k - 1) / k * size * b
 
     if op == "all_reduce":
-        return 2 * ring_rs(g, S, a1, b1) + 2 * ring_rs(m, S / g, a2, b2)
+        between = (
+            collective_time(op, S / g, m, inter, "tree") if tree else 2 * ring_rs(m, S / g, a2, b2)
+        )
+        return 2 * ring_rs(g, S, a1, b1) + between
     if op in ("all_gather", "reduce_scatter"):
         return ring_rs(m, S / g, a2, b2) + ring_rs(g, S, a1, b1)
     if op in ("all_to_all", "all_to_all_uneven"):

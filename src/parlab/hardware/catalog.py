@@ -41,6 +41,13 @@ class GPUSpec:
     """Regexes (case-insensitive) matching what drivers report as the device name."""
     source: str
     """Where the numbers come from."""
+    board_power_w: float | None = None
+    """Board power (TDP) in watts, for the energy a run draws; None: unknown."""
+    nic_bw: float | None = None
+    """Bytes/s per GPU between nodes in the vendor's reference system (one NIC per GPU,
+    rail-optimised); None: no reference system (give ``--inter-node-bw``)."""
+    system: str = ""
+    """The reference system ``nic_bw`` and the NVLink domain come from."""
 
     def peak(self, dtype: str = "bf16") -> float | None:
         return self.peak_flops.get(dtype)
@@ -66,6 +73,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=25 * GB,  # NVLink4: 50 GB/s bidirectional per link
         aliases=(r"H100.*(SXM|HBM3)", r"^H100$"),
         source="NVIDIA H100 datasheet (SXM5 column)",
+        board_power_w=700.0,
+        nic_bw=50 * GB,
+        system="DGX H100: 8 GPUs on NVSwitch, 8 x ConnectX-7 400 Gb/s NDR, one per GPU; 700 W per GPU (H100 SXM datasheet)",
     ),
     GPUSpec(
         name="H100-PCIe",
@@ -85,6 +95,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=None,
         aliases=(r"H100.*PCIe",),
         source="NVIDIA H100 datasheet (PCIe column)",
+        board_power_w=350.0,
+        nic_bw=None,
+        system="H100 PCIe datasheet: 350 W max",
     ),
     GPUSpec(
         name="H200",
@@ -104,6 +117,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=26.5625 * GB,  # as nvidia-smi nvlink -s reports on H200
         aliases=(r"H200",),
         source="NVIDIA H200 datasheet (SXM column)",
+        board_power_w=700.0,
+        nic_bw=50 * GB,
+        system="HGX H200: 8 GPUs on NVSwitch, one 400 Gb/s NIC per GPU; 700 W per GPU (H200 SXM datasheet)",
     ),
     GPUSpec(
         name="H20",
@@ -123,6 +139,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=25 * GB,
         aliases=(r"\bH20\b",),
         source="NVIDIA HGX H20 product brief",
+        board_power_w=400.0,
+        nic_bw=None,
+        system="HGX H20 product brief: 400 W",
     ),
     GPUSpec(
         name="A100-40GB",
@@ -142,6 +161,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=25 * GB,
         aliases=(r"A100.*40GB", r"A100-SXM4-40GB", r"A100-PCIE-40GB"),
         source="NVIDIA A100 datasheet (40GB SXM column)",
+        board_power_w=400.0,
+        nic_bw=25 * GB,
+        system="DGX A100: 8 GPUs on NVSwitch, 8 x ConnectX-6 200 Gb/s HDR, one per GPU; 400 W per GPU (A100 SXM datasheet)",
     ),
     GPUSpec(
         name="A100-80GB",
@@ -160,6 +182,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=25 * GB,
         aliases=(r"A100.*80GB", r"^A100$"),
         source="NVIDIA A100 datasheet (80GB SXM column)",
+        board_power_w=400.0,
+        nic_bw=25 * GB,
+        system="DGX A100: 8 GPUs on NVSwitch, 8 x ConnectX-6 200 Gb/s HDR, one per GPU; 400 W per GPU (A100 SXM datasheet)",
     ),
     GPUSpec(
         name="B200",
@@ -180,6 +205,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=50 * GB,
         aliases=(r"B200",),
         source="NVIDIA HGX B200 datasheet",
+        board_power_w=1000.0,
+        nic_bw=50 * GB,
+        system="DGX B200: 8 GPUs on NVSwitch, 8 x ConnectX-7 400 Gb/s, one per GPU; 1,000 W per GPU (HGX B200 datasheet)",
     ),
     GPUSpec(
         name="L40S",
@@ -200,6 +228,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=None,
         aliases=(r"L40S",),
         source="NVIDIA L40S datasheet",
+        board_power_w=350.0,
+        nic_bw=None,
+        system="L40S datasheet: 350 W",
     ),
     GPUSpec(
         name="MI300X",
@@ -220,6 +251,9 @@ CATALOG: tuple[GPUSpec, ...] = (
         nvlink_per_link_bw=None,
         aliases=(r"MI300X",),
         source="AMD Instinct MI300X datasheet",
+        board_power_w=750.0,
+        nic_bw=None,
+        system="MI300X datasheet: 750 W",
     ),
 )
 

@@ -12,9 +12,10 @@ Rules (each a function other code calls, so predictions and meters agree):
   positions, the router and MLA's down-projections are replicated. With fewer
   KV heads than TP ranks (``kv_replicate``), every rank keeps one whole KV head.
 - **Expert parallel**: stacked expert weights keep ``num_experts / ep`` experts.
-- **Pipeline parallel** (``stage_layers``): stage k of p holds layers
-  ``[k*L/p, (k+1)*L/p)``; interleaved with v chunks per rank, rank k holds
-  chunks ``k, k+p, ..., k+(v-1)p`` of ``L/(p*v)`` layers. Embeddings live on
+- **Pipeline parallel** (``stage_layers``): the layers are cut into p x v chunks
+  (``chunk_sizes``: equal where p x v divides L, else with the embedding and the head counted
+  as a layer each on the first and last chunk); stage k of p holds chunk k, and interleaved
+  with v chunks per rank, chunks ``k, k+p, ..., k+(v-1)p``. Embeddings live on
   the first stage, the final norm and the output on the last (a tied output is
   a second copy there when p > 1). The zero-bubble V (``v_shape``, v = 2) gives
   rank k chunks ``k`` and ``2p - 1 - k``: rank 0 holds the first and the last
@@ -130,13 +131,37 @@ def check_tp(spec: ModelSpec, tp: int, *, kv_replicate: bool = True) -> None:
         )
 
 
-def check_pp(spec: ModelSpec, pp: int, virtual: int = 1) -> None:
-    """``UsageError`` when the layers do not split evenly into ``pp * virtual`` chunks."""
-    if spec.layers % (pp * virtual):
+def chunk_sizes(layers: int, chunks: int) -> tuple[int, ...]:
+    """Layers of each of ``chunks`` model chunks (pipeline stages x virtual stages, in model
+    order): equal where ``chunks`` divides ``layers``; otherwise the embedding and the output
+    head each count as one layer, as Megatron's ``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split`` and Llama 3's 405B (126 layers on 16 stages:
+    7, then 14 stages of 8, then 7) count them: ``layers + 2`` slots shared as evenly as they
+    go, the extra slots to the chunks after the first, the first and the last chunk one layer
+    short. ``UsageError`` where a chunk would hold no layer."""
+    if chunks < 1 or layers < 1:
+        raise UsageError(f"{layers} layers over {chunks} chunks: give at least one of each")
+    if layers % chunks == 0:
+        return (layers // chunks,) * chunks
+    base, extra = divmod(layers + 2, chunks)
+    sizes = [base + (1 if 0 < i <= extra else 0) for i in range(chunks)]
+    if extra == chunks - 1:  # every chunk but the first has an extra slot: the last gives it
+        sizes[0] += 1
+        sizes[-1] -= 1
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    if min(sizes) < 1:
         raise UsageError(
-            f"layers = {spec.layers} is not divisible by pp x virtual stages = {pp}x{virtual}: "
-            "choose a pp (and virtual-stage count) dividing the layers"
+            f"layers = {layers} over {chunks} chunks leaves a chunk with no layer: "
+            "use fewer pipeline or virtual stages"
         )
+    assert sum(sizes) == layers
+    return tuple(sizes)
+
+
+def check_pp(spec: ModelSpec, pp: int, virtual: int = 1) -> None:
+    """``UsageError`` when the layers cannot give each of ``pp * virtual`` chunks one."""
+    chunk_sizes(spec.layers, pp * virtual)
 
 
 def check_ep(spec: ModelSpec, ep: int) -> None:
@@ -173,13 +198,15 @@ def tp_local_shape(
 def stage_layers(
     layers: int, pp: int, stage: int, virtual: int = 1, *, v_shape: bool = False
 ) -> list[int]:
-    """The layer ids pipeline rank ``stage`` holds (interleaved when ``virtual`` > 1; with
-    ``v_shape``, the zero-bubble V's chunks ``stage`` and ``2 pp - 1 - stage``)."""
-    per = layers // (pp * virtual)
+    """The layer ids pipeline rank ``stage`` holds (interleaved when ``virtual`` > 1: chunks
+    ``stage, stage + pp, ...``; with ``v_shape``, the zero-bubble V's chunks ``stage`` and
+    ``2 pp - 1 - stage``), each chunk as ``chunk_sizes`` splits the layers."""
+    sizes = chunk_sizes(layers, pp * virtual)
+    starts = [sum(sizes[:c]) for c in range(len(sizes))]
     out: list[int] = []
     for c in range(virtual):
         chunk = (stage if c == 0 else 2 * pp - 1 - stage) if v_shape else stage + c * pp
-        out += list(range(chunk * per, (chunk + 1) * per))
+        out += list(range(starts[chunk], starts[chunk] + sizes[chunk]))
     return out
 
 

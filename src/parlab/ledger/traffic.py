@@ -24,7 +24,8 @@ zero2           as zero1, but the reduce-scatter runs per unit per micro-batch d
 zero3 / fsdp    per unit per micro-batch: all-gather before forward, all-gather again before
                 backward, reduce-scatter of its gradients: 3 Psi per micro-batch (params in the
                 gather dtype). FSDP's root unit (embeddings, head) is gathered once (kept);
-                ``reshard_after_forward=False`` keeps every unit, so no backward all-gather.
+                ``reshard_after_forward=False`` keeps every unit, so no backward all-gather,
+                and under PP (torch's pipelining) one gather and one reduce-scatter a step.
 fsdp-hybrid     fsdp over the shard group (axis ``dp_shard``) + all-reduce of each unit's
                 gradient shard over the replicas (axis ``dp_replicate``) per micro-batch
 tp              per layer per micro-batch, b s h x compute bytes each: 2 all-reduces forward
@@ -201,14 +202,17 @@ def traffic(
             for us, c in units:
                 u = unit_dim0_numel(us.shapes, group) * group
                 (root if us.name in ("embeddings", "head") else blocks).append((u, c))
-            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], m,
+            # under PP without resharding, torch's pipelining keeps the parameters gathered
+            # and the gradients unreduced across the step's micro-batches: once a step
+            k = 1 if pp > 1 and not reshard_after_forward else m
+            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], k,
                 "forward", True, "fsdp",
                 "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
             if reshard_after_forward:
                 add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m,
                     "backward", True, "fsdp",
                     "each block's params again before its backward (root kept)")  # fmt: skip
-            add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], m,
+            add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], k,
                 "backward", False, "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
             if strategy == "fsdp-hybrid" and replicas > 1:
                 add("all-reduce", rep_axis, replicas,

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from parlab.contract import Decision, Document, Metric, new_run_id, now_iso, write_result
+from parlab.plan.estimate import Throughput
 from parlab.plan.planner import PlanResult, Verdict
+from parlab.plan.summary import Summary
 
 EXAMPLES_PER_KIND = 5
 NEXT_ADMITTED = 9
@@ -145,8 +147,11 @@ def plan_document(
     environment: dict[str, Any],
     project: str | None = None,
     rests_on: list[str] | None = None,
+    summary: Summary | None = None,
+    checked: Verdict | None = None,
 ) -> Document:
-    """The analytic decision document of a plan (not yet written)."""
+    """The analytic decision document of a plan (not yet written); ``summary`` its answers,
+    band and ties (``parlab.plan.summary``), ``checked`` the layout the user asked about."""
     req = result.request
     top = result.top
     world = req.cluster.count
@@ -191,6 +196,12 @@ def plan_document(
         if seen.get(v.kind, 0) < EXAMPLES_PER_KIND:
             seen[v.kind] = seen.get(v.kind, 0) + 1
             rejected.append({"candidate": v.cand.name, "kind": v.kind, "reason": v.reason})
+    if summary is not None and summary.cost is not None:
+        for k, v in summary.cost.to_json().items():
+            if v is not None:
+                unit = {"time_to_train_s": "s", "gpu_hours": "GPU-h", "cost": "currency",
+                        "energy_kwh": "kWh"}[k]  # fmt: skip
+                metrics[k] = Metric(value=v, unit=unit)
     if top is not None:
         reason = (
             f"highest predicted tokens/s per GPU of {len(result.ranked)} admitted candidates "
@@ -231,16 +242,10 @@ def plan_document(
             "global_batch": req.global_batch,
             "seq": req.seq,
             "cluster": req.cluster.to_json(),
-            "throughput": {
-                "mfu": req.throughput.mfu,
-                "peak_flops": req.throughput.peak_flops,
-                "source": req.throughput.source,
-                "assumed": req.throughput.assumed,
-            },
+            "compute": _compute_json(result),
             "dtype": req.dtype,
             "optimizer": req.optimizer,
             "overlap": req.overlap,
-            "gemm_width_half": req.gemm_width_half,
             "memory_reserve": req.memory_reserve,
             "max_exposed_comm": req.max_exposed_comm,
             "space": {
@@ -251,6 +256,8 @@ def plan_document(
             },
             "ranked_top": [v.to_json() for v in result.ranked[:10]],
             "pareto": [v.to_json() for v in result.pareto[:20]],
+            "summary": None if summary is None else summary.to_json(),
+            "checked_layout": None if checked is None else checked.to_json(),
         },
         layout=layout,
         metrics=metrics,
@@ -262,6 +269,16 @@ def plan_document(
         ),
         notes=notes,
     )
+
+
+def _compute_json(result: PlanResult) -> dict[str, Any]:
+    """How the plan priced compute: one MFU, or a compute model and what it rests on."""
+    c = result.request.compute
+    if isinstance(c, Throughput):
+        return {"kind": "mfu", "mfu": c.mfu, "peak_flops": c.peak_flops, "source": c.source,
+                "assumed": c.assumed}  # fmt: skip
+    line = result.notes[0] if result.notes else ""
+    return {"kind": getattr(c, "kind", "built-in"), "describe": line}
 
 
 def write_plan(doc: Document, result: PlanResult, results: Path) -> Path:

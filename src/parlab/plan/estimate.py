@@ -1,45 +1,34 @@
-"""Predicted step time of one candidate: compute + exposed communication + pipeline bubble.
+"""Predicted step time of one candidate: per pipeline stage, compute + exposed communication;
+the slowest stage sets the pace, and the pipeline bubble is added.
 
-Two compute models (``parlab.plan.planner.PlanRequest.roofline`` picks):
+**Compute** per stage (``parlab.plan.roofline.ComputeParts``): GEMMs, the attention core and the
+memory-bound work, each at its efficiency (the built-in model of ``parlab.plan.compute``, or one
+fitted on a results folder), or with ``--mfu`` every FLOP (PaLM's count, ``6 N + 12 L H Q T``
+per token) at one MFU.
 
-- **MFU** (the default): training FLOPs of the global batch / world size / achieved
-  FLOP/s per GPU. FLOPs per token come from ``parlab.models.flops``
-  (``6 N + 12 L H Q T``, PaLM's counting). Full recompute adds one forward
-  (``2 N + 4 L H Q T``); selective recompute the attention core's forward again
-  (``4 L H Q T``). Achieved FLOP/s = MFU x the catalog's dense bf16 peak, with the MFU
-  either measured (from a training document) or assumed, and labelled which.
-  Optionally (``gemm_width_half`` n0 > 0) the MFU belongs to one per-GPU GEMM
-  width (hidden / tp of the run it was measured on; the planned model at tp 1
-  when assumed) and other widths scale it by f(n) / f(n_ref), f(n) = n/(n+n0):
-  tensor parallelism narrows every matmul and narrow matmuls run further from
-  peak. Off by default (a constant MFU).
-- **Roofline** (``parlab.plan.roofline``): GEMMs, the causal flash-attention core and the
-  memory-bound work (elementwise ops of the recorded implementation, loss, casts,
-  optimizer step) each at its own efficiency, fitted on measured runs
-  (``parlab.plan.calibrate``).
+**Communication**: every item of the ledger's wire table (``parlab.ledger.traffic.traffic``,
+the one definition of what crosses the wire) is priced by the links its group crosses
+(``item_time``): a group inside the NVLink domain (one node) on the node's link, as a flat ring;
+a group spanning nodes hierarchically (``parlab.comm.model.hierarchical_time``: inside each
+node on NVLink, between nodes on the rail of each GPU's own NIC), its all-reduce the faster of
+ring and tree as NCCL chooses between them. Ranks are ordered pp, dp, cp, tp (tp innermost),
+so a group's members per node follow from its stride.
 
-**Communication**: every item of the ledger's wire table
-(``parlab.ledger.traffic.traffic``, the one definition of what crosses the
-wire) is timed with ``parlab.comm.model``: the flat alpha-beta formula when
-its group sits inside one node (the calibration's fitted link for that op
-where given), ``hierarchical_time`` when it spans nodes. Pipeline stages 0 and
-pp-1 are both timed and the slower one counts. Overlap:
+**Overlap**: each item hides under its mechanism's window (``OVERLAP_WINDOW``): DDP's bucketed
+all-reduce and ZeRO-1's reduce-scatter under the backward of the last micro-batch (they run once
+a step, after the gradients have accumulated), ZeRO-2/FSDP reduce-scatters under the backward,
+FSDP/ZeRO-3 gathers under their phase (prefetch), ZeRO-1/2's post-step gathers under the next
+forward, the context-parallel ring under the attention core; ``overlap`` of each window's
+compute, shared by its items, minus one call of each chain (nothing to hide the first or last
+under). Tensor-, pipeline- and expert-parallel transfers are on the critical path, exposed in
+full. Compute loses ``contention`` x the hidden time.
 
-- MFU model: items the table marks blocking are exposed in full; non-blocking ones
-  (DDP buckets, ZeRO-2/FSDP reduce-scatters) overlap the backward pass (2/3 of
-  compute) up to ``overlap`` of it, and only the excess is exposed.
-- Roofline: each item hides under its mechanism's window (``OVERLAP_WINDOW``: backward
-  for gradient collectives, the prefetched phase for FSDP/ZeRO-3 gathers, the next
-  forward for ZeRO-1/2's post-step gathers, the attention for the CP ring), ``overlap``
-  of that window's compute shared by its items, minus one call of each chain (nothing to
-  hide the first or last under); TP/PP/EP transfers are exposed in full. Compute loses
-  ``contention`` x the hidden time (``exposed_time`` keeps both in [0, the item's time]).
-
-**Bubble**: (compute + exposed blocking comm) x (pp - 1) / (v x m) for m
-micro-batches and v virtual stages (GPipe and 1F1B alike; interleaving
-divides by v); under the roofline the once-per-step optimizer work is not in it.
-The zero-bubble V (``zbv``) splits the backward into input- and weight-gradient passes
-and has its own bubble (``zbv_bubble``).
+**Bubble** (``pipeline_bubble``): a pipeline of stages with per-step work ``T_k`` (compute of
+its micro-batches and blocking communication, not the once-a-step optimizer) runs
+``max T + (sum T - max T) / (v m)``: the slowest stage paces the steady state, and the others'
+fill and drain cost one micro-batch each, a ``v``-th of it with ``v`` interleaved chunks; equal
+stages give the textbook ``(p - 1) / (v m)`` of compute. The zero-bubble V (``zbv``) splits the
+backward into input- and weight-gradient passes and has its own (``zbv_bubble``).
 
 Nothing here crosses a wire: it predicts what will.
 """
@@ -51,7 +40,7 @@ from typing import Any
 
 from parlab.comm.model import collective_time, hierarchical_time
 from parlab.models.spec import ModelSpec
-from parlab.plan.roofline import ComputeParts
+from parlab.plan.roofline import ComputeParts, Work
 from parlab.plan.space import Candidate, Cluster
 
 # the ledger's collective names -> parlab.comm's op names
@@ -77,23 +66,10 @@ class Throughput:
     """``assumed MFU 0.40`` or ``measured: <run_id> ...``."""
     assumed: bool
     """True when the MFU is an assumption, not a measurement."""
-    ref_width: float | None = None
-    """Per-GPU GEMM width (hidden / tp) the MFU belongs to; None: the planned model at tp 1."""
 
     @property
     def achieved(self) -> float:
         return self.mfu * self.peak_flops
-
-
-def width_factor(width: float, ref_width: float, half: float) -> float:
-    """Efficiency at GEMM width ``width`` relative to ``ref_width``: f(n) / f(ref), f = n/(n+half).
-
-    ``half`` = 0 gives 1 (a constant MFU). Wider per-GPU matrices run closer to peak; tensor
-    parallelism divides the width by tp.
-    """
-    if half <= 0:
-        return 1.0
-    return (width / (width + half)) / (ref_width / (ref_width + half))
 
 
 def flops_per_token(spec: ModelSpec, seq: int) -> tuple[float, str]:
@@ -101,22 +77,6 @@ def flops_per_token(spec: ModelSpec, seq: int) -> tuple[float, str]:
     from parlab.models import flops
 
     return float(flops.train_flops_per_token(spec, seq=seq)), "parlab.models.flops (6N + 12LHQT)"
-
-
-def recompute_flops_per_token(spec: ModelSpec, seq: int, recompute: str) -> float:
-    """Extra FLOPs per token that recompute adds (``parlab.models.flops`` counting).
-
-    Full: one more forward (2N + 4LHQT). Selective: the attention core's forward again
-    (4LHQT: scores and their weighted sum). Op-selective (the runtime's op-level policy) saves
-    every matmul and attention output: no FLOP again.
-    """
-    from parlab.models import flops
-
-    if recompute == "full":
-        return float(flops.forward_flops_per_token(spec, seq))
-    if recompute == "selective":
-        return 4.0 * spec.layers * spec.heads * flops.attention_head_dim(spec) * seq
-    return 0.0
 
 
 def zbv_passes(parts: ComputeParts | None) -> tuple[float, float, float]:
@@ -192,7 +152,7 @@ def _span(cand: Candidate, axis: str, gpus_per_node: int) -> tuple[int, int]:
 
 
 def item_time(item: Any, cand: Candidate, cluster: Cluster) -> float:
-    """Seconds for ALL calls of one wire item in a step."""
+    """Seconds for ALL calls of one wire item in a step (see the module docstring)."""
     op = _OPS[item.collective]
     per_node, nodes = _span(cand, item.axis, cluster.gpus_per_node)
     intra = cluster.intra_link(op)
@@ -214,16 +174,16 @@ def item_time(item: Any, cand: Candidate, cluster: Cluster) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class StepEstimate:
-    """The parts of one predicted step."""
+    """The parts of one predicted step (the slowest pipeline stage's, and the bubble)."""
 
     compute_s: float
-    """Compute time per GPU (recompute included)."""
+    """Compute time per GPU (recompute included; slowed by contention)."""
     comm_blocking_s: float
     """Blocking communication (exposed in full)."""
     comm_overlappable_s: float
     """Non-blocking communication before overlap."""
     comm_exposed_s: float
-    """Communication on the critical path (blocking + overlap excess)."""
+    """Communication on the critical path (blocking + what its window could not hide)."""
     bubble_s: float
     """Pipeline bubble."""
     step_s: float
@@ -231,7 +191,9 @@ class StepEstimate:
     top_items: tuple[tuple[str, float], ...]
     """The largest communication items: (description, seconds per step)."""
     comm_hidden_s: float = 0.0
-    """Communication hidden under compute (roofline model; its contention is in compute_s)."""
+    """Communication hidden under compute (its contention is in compute_s)."""
+    stage: int = 0
+    """The pipeline stage that sets the pace."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -243,18 +205,20 @@ class StepEstimate:
             "step_s": self.step_s,
             "top_comm_items": [{"item": d, "seconds": s} for d, s in self.top_items],
             "comm_hidden_s": self.comm_hidden_s,
+            "slowest_stage": self.stage,
         }
 
 
 # Which compute window each mechanism's collectives hide under (``parlab.parallel``): DDP's
-# bucketed all-reduces and the ZeRO/FSDP reduce-scatters run async during backward; FSDP and
-# ZeRO-3 prefetch the next unit's all-gather during the current unit's forward/backward;
-# parlab's ZeRO-1/2 issue every all-gather after the step and each unit's forward waits for its
+# bucketed all-reduces and ZeRO-1's reduce-scatter run once a step, as the last micro-batch's
+# backward makes the gradients; ZeRO-2/FSDP reduce-scatter each micro-batch's during backward;
+# FSDP and ZeRO-3 prefetch the next unit's all-gather during the current unit's forward or
+# backward; ZeRO-1/2 issue every all-gather after the step and each unit's forward waits for its
 # own; the context-parallel ring shifts K/V during the current block's attention. Tensor- and
 # pipeline-parallel transfers (and expert all-to-alls) sit on the critical path.
 OVERLAP_WINDOW: dict[tuple[str, str], str] = {
-    ("ddp", "all-reduce"): "backward",
-    ("zero1", "reduce-scatter"): "backward",
+    ("ddp", "all-reduce"): "last-backward",
+    ("zero1", "reduce-scatter"): "last-backward",
     ("zero2", "reduce-scatter"): "backward",
     ("zero3", "reduce-scatter"): "backward",
     ("fsdp", "reduce-scatter"): "backward",
@@ -267,9 +231,9 @@ OVERLAP_WINDOW: dict[tuple[str, str], str] = {
 
 
 def overlap_window(item: Any) -> str | None:
-    """The compute window ``item`` hides under (``forward``, ``backward``, ``attention``), or
-    None when it is exposed in full; mechanisms not in ``OVERLAP_WINDOW`` follow the ledger's
-    ``blocking`` flag (non-blocking items hide under backward)."""
+    """The compute window ``item`` hides under (``forward``, ``backward``, ``last-backward``,
+    ``attention``), or None when it is exposed in full; mechanisms not in ``OVERLAP_WINDOW``
+    follow the ledger's ``blocking`` flag (non-blocking items hide under backward)."""
     w = OVERLAP_WINDOW.get((item.source, item.collective))
     if w == "phase":
         return "forward" if item.phase == "forward" else "backward"
@@ -288,88 +252,121 @@ def exposed_time(total_s: float, one_call_s: float, window_s: float) -> tuple[fl
     return total_s - hidden, hidden
 
 
+@dataclass(frozen=True, kw_only=True)
+class StageWork:
+    """One pipeline stage's work: its compute and its wire table."""
+
+    stage: int
+    """The stage index (a representative of ``count`` stages alike)."""
+    count: int
+    """How many of the pp stages share this work."""
+    parts: ComputeParts
+    """Its compute seconds by kind."""
+    wire: list[Any]
+    """Its wire items (``parlab.ledger.traffic``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StageTime:
+    compute: float
+    blocking: float
+    nonblocking: float
+    exposed: float
+    hidden: float
+    piped: float
+    timed: list[tuple[str, float]]
+
+
+def _stage_time(
+    sw: StageWork, cand: Candidate, cluster: Cluster, overlap: float, contention: float
+) -> _StageTime:
+    parts = sw.parts
+    m = max(1, cand.microbatches)
+    windows = {
+        "forward": overlap * parts.forward_s,
+        "backward": overlap * parts.backward_s,
+        "last-backward": overlap * parts.backward_s / m,
+        "attention": overlap * parts.attention_s,
+    }
+    blocking = nonblocking = exposed = hidden = 0.0
+    timed = []
+    for it in sw.wire:
+        t = item_time(it, cand, cluster)
+        timed.append(
+            (f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source}, {it.phase})", t)
+        )
+        w = overlap_window(it)
+        if w is None:
+            blocking += t
+            exposed += t
+            continue
+        nonblocking += t
+        e, h = exposed_time(t, t / max(1, it.count_per_step), windows[w])
+        windows[w] -= h
+        exposed += e
+        hidden += h
+    comp = parts.total_s + contention * hidden
+    # what the bubble idles: the per-micro-batch work, not the once-a-step optimizer
+    piped = comp - parts.step_s + blocking
+    return _StageTime(
+        compute=comp, blocking=blocking, nonblocking=nonblocking, exposed=exposed,
+        hidden=hidden, piped=piped, timed=timed,
+    )  # fmt: skip
+
+
+def pipeline_bubble(piped: list[tuple[float, int]], microbatches: int, vpp: int) -> float:
+    """Idle seconds a pipeline adds to its slowest stage: ``(sum T - max T) / (v m)`` over the
+    stages' per-step work ``T`` (``(T, how many stages)`` pairs); ``(p - 1) T / (v m)`` for
+    equal stages (the module docstring)."""
+    total = sum(t * n for t, n in piped)
+    slowest = max(t for t, _ in piped)
+    return max(0.0, total - slowest) / (max(1, vpp) * max(1, microbatches))
+
+
 def estimate(
     cand: Candidate,
     *,
-    wire: dict[int, list[Any]],
+    stages: list[StageWork],
     cluster: Cluster,
-    compute_s: float,
     overlap: float,
-    parts: ComputeParts | None = None,
     contention: float = 0.0,
 ) -> StepEstimate:
-    """Step time from the compute time and the wire tables of stage 0 and pp-1.
+    """Step time from each stage's work (see the module docstring)."""
+    times = [_stage_time(sw, cand, cluster, overlap, contention) for sw in stages]
+    k = max(range(len(times)), key=lambda i: times[i].compute + times[i].exposed)
+    slow, sw = times[k], stages[k]
+    if cand.schedule == "zbv":  # a chunk is half the rank's layers: its passes / (2 m)
+        _, b_share, w_share = zbv_passes(sw.parts)
+        chunk = slow.piped / (2 * cand.microbatches)
+        bubble = zbv_bubble(cand.pp, cand.microbatches, b_share * chunk, w_share * chunk)
+    else:
+        piped = [(t.piped, s.count) for t, s in zip(times, stages, strict=True)]
+        bubble = pipeline_bubble(piped, cand.microbatches, cand.vpp)
+    slow.timed.sort(key=lambda x: -x[1])
+    return StepEstimate(
+        compute_s=slow.compute,
+        comm_blocking_s=slow.blocking,
+        comm_overlappable_s=slow.nonblocking,
+        comm_exposed_s=slow.exposed,
+        bubble_s=bubble,
+        step_s=slow.compute + slow.exposed + bubble,
+        top_items=tuple(slow.timed[:3]),
+        comm_hidden_s=slow.hidden,
+        stage=sw.stage,
+    )
 
-    Without ``parts`` (the MFU model): blocking items are exposed in full and non-blocking ones
-    hide behind ``overlap`` of the backward pass (2/3 of compute). With ``parts`` (the roofline
-    model): each item hides under its mechanism's window (``overlap_window``; ``overlap`` of the
-    forward, backward or attention compute, shared by the items of that window), minus one call,
-    and compute loses ``contention`` x the hidden time.
-    """
-    best: StepEstimate | None = None
-    for items in wire.values():
-        blocking = 0.0
-        nonblocking = 0.0
-        exposed = 0.0
-        hidden_total = 0.0
-        timed = []
-        if parts is not None:
-            windows = {
-                "forward": overlap * parts.forward_s,
-                "backward": overlap * parts.backward_s,
-                "attention": overlap * parts.attention_s,
-            }
-        for it in items:
-            t = item_time(it, cand, cluster)
-            label = f"{it.collective}@{it.axis} x{it.count_per_step} ({it.source}, {it.phase})"
-            timed.append((label, t))
-            if parts is None:
-                if it.blocking:
-                    blocking += t
-                else:
-                    nonblocking += t
-                continue
-            w = overlap_window(it)
-            if w is None:
-                blocking += t
-                exposed += t
-                continue
-            nonblocking += t
-            one = t / max(1, it.count_per_step)
-            e, h = exposed_time(t, one, windows[w])
-            windows[w] -= h
-            exposed += e
-            hidden_total += h
-        if parts is None:
-            hidden = overlap * compute_s * 2.0 / 3.0
-            exposed = blocking + max(0.0, nonblocking - hidden)
-            comp = compute_s
-        else:
-            comp = compute_s + contention * hidden_total
-        # the bubble idles the per-micro-batch work, not the once-per-step optimizer
-        piped = comp if parts is None else comp - parts.step_s
-        if cand.schedule == "zbv":  # a chunk is half the rank's layers: its passes / (2 m)
-            _, b_share, w_share = zbv_passes(parts)
-            chunk = (piped + blocking) / (2 * cand.microbatches)
-            bubble = zbv_bubble(cand.pp, cand.microbatches, b_share * chunk, w_share * chunk)
-        else:
-            bubble = (piped + blocking) * (cand.pp - 1) / (cand.vpp * cand.microbatches)
-        step = comp + exposed + bubble
-        timed.sort(key=lambda x: -x[1])
-        est = StepEstimate(
-            compute_s=comp,
-            comm_blocking_s=blocking,
-            comm_overlappable_s=nonblocking,
-            comm_exposed_s=exposed,
-            bubble_s=bubble,
-            step_s=step,
-            top_items=tuple(timed[:3]),
-            comm_hidden_s=hidden_total,
-        )
-        if best is None or est.step_s > best.step_s:
-            best = est
-    assert best is not None
-    return best
+
+def mfu_parts(work: Work, throughput: Throughput) -> ComputeParts:
+    """Compute at one MFU: every FLOP of ``work`` (the attention core as PaLM counts it, the
+    whole score square: twice the causal FLOPs) at ``throughput``; no memory-bound term."""
+    flops = work.gemm_flops + 2.0 * work.attention_flops
+    return ComputeParts(
+        gemm_s=flops / throughput.achieved,
+        attention_s=0.0,
+        elementwise_s=0.0,
+        step_s=0.0,
+        forward_fraction=work.forward_fraction,
+    )
 
 
 def assumed_throughput(mfu: float, peak_flops: float | None, gpu: str) -> Throughput:
@@ -422,14 +419,9 @@ def measured_throughput(doc: Any, peak_flops: float) -> Throughput:
         fpt, _ = flops_per_token(spec, int(seq))
         mfu = tps * fpt / gpu.peak("bf16")  # type: ignore[operator]
         how = f"{tps:,.0f} tokens/s per GPU x {fpt / 1e9:.3g} GFLOP per token"
-    mesh = doc.layout.get("mesh") or {}
-    model = doc.workload.get("model")
-    hidden = model.get("hidden") if isinstance(model, dict) else None
-    tp = int(mesh.get("tp", 1)) if isinstance(mesh.get("tp", 1), int) else 1
     return Throughput(
         mfu=float(mfu),
         peak_flops=peak_flops,
         source=f"measured MFU {mfu:.3f} of {doc.run_id} ({doc.evidence_level}, {gpu.name}; {how})",
         assumed=False,
-        ref_width=float(hidden) / tp if hidden else None,
     )

@@ -2,28 +2,30 @@
 
 Admission, in order (the first failing check is the reason, with its ``kind``):
 
-1. ``layout`` -- a row of the layout's constraint table fails
-   (``parlab.layout.constraints``: heads/KV heads/FFN/vocab divisible by tp,
-   layers by pp x v, sequence by 2 cp, ep dividing dp, tp within a node);
-2. ``batch`` -- the global batch is not a whole number of micro-batches of
-   ``micro_batch`` sequences on each of the dp ranks, or interleaving has a
-   micro-batch count that is not a multiple of pp (Megatron's rule), or the
-   zero-bubble V has fewer than 2p - 1 micro-batches (torch's schedule pads to
-   that many to fill the V, and the bubble model needs them);
+1. ``layout`` -- a row of the layout's constraint table fails (``parlab.layout.constraints``:
+   heads/KV heads/FFN/vocab divisible by tp, a layer for each of the pp x v chunks, sequence by
+   2 cp, ep dividing dp, tp within a node);
+2. ``batch`` -- the global batch is not a whole number of micro-batches of ``micro_batch``
+   sequences on each of the dp ranks, or interleaving has a micro-batch count that is not a
+   multiple of pp (Megatron's rule), or the zero-bubble V has fewer than 2p - 1 micro-batches;
 3. ``unsupported`` -- the ledger refuses the layout (its own message);
-4. ``memory`` -- the ledger's predicted per-rank peak (``parlab.ledger.predict``)
-   exceeds the usable memory, by how much. The states alone (params, grads,
-   optimizer, master) are a floor of every peak, so a (layout, strategy) whose
-   floor is over is rejected for every micro-batch, recompute and schedule at
-   once, "by at least" the floor's excess (sound: no peak is below its floor);
+4. ``memory`` -- the ledger's predicted peak of the fullest stage (``parlab.ledger.predict``:
+   the first stage holds p micro-batches in flight under 1F1B) exceeds the usable memory. The
+   states alone (params, grads, optimizer, master) are a floor of every peak, so a (layout,
+   strategy) whose floor is over is rejected for every micro-batch, recompute and schedule at
+   once, "by at least" the floor's excess;
 5. ``comm`` -- exposed communication over ``max_exposed_comm`` of the step.
 
-Each admitted candidate gets a predicted step time
-(``parlab.plan.estimate``: one MFU, or the roofline of ``parlab.plan.roofline`` when the
-request carries one), tokens/s per GPU, MFU and memory headroom. The
-ranking is by tokens/s per GPU (ties: less memory, then name); the Pareto
-front is every admitted candidate that no other beats on both throughput and
-peak memory.
+Each admitted candidate gets a predicted step time (``parlab.plan.estimate``; compute priced by
+the request's ``compute``: the built-in model of ``parlab.plan.compute``, one fitted on a
+results folder, or one MFU), tokens/s per GPU, MFU and memory headroom. The ranking is by
+tokens/s per GPU (ties: less memory, then name); the Pareto front is every admitted candidate
+that no other beats on both throughput and peak memory.
+
+The search space is ``parlab.plan.space``'s, less what cannot pay: context parallelism only
+where each rank keeps at least ``CP_MIN_TOKENS`` tokens of a sequence. Under pipeline
+parallelism FSDP keeps its parameters gathered across the micro-batches of a step
+(torch's pipelining does not reshard after forward) and reduce-scatters once a step.
 """
 
 from __future__ import annotations
@@ -31,23 +33,25 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from parlab.errors import UsageError
 from parlab.layout import constraints, shape_of
 from parlab.ledger import predict
+from parlab.ledger.predict import models_compiled
+from parlab.ledger.sharding import chunk_sizes
 from parlab.ledger.traffic import traffic
 from parlab.models.spec import ModelSpec
+from parlab.plan.compute import ComputeModel, StepShape
 from parlab.plan.estimate import (
+    StageWork,
     StepEstimate,
     Throughput,
     estimate,
     flops_per_token,
-    recompute_flops_per_token,
-    width_factor,
+    mfu_parts,
 )
-from parlab.plan.roofline import Implementation, Roofline, work
+from parlab.plan.roofline import PRODUCTION, Implementation, Work, work
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
     DEFAULT_SCHEDULES,
@@ -61,8 +65,11 @@ from parlab.plan.space import (
 )
 from parlab.topology import Topology
 
-DEFAULT_MFU = 0.40
-"""The assumed MFU when no training document is given (labelled as assumed)."""
+CP_MIN_TOKENS = 4096
+"""Context parallelism is searched only where each rank keeps at least this many tokens of a
+sequence: below it the ring's blocks are too small for their K/V exchange to hide under their
+attention, and the sequence's activations do not need the split (Llama 3 ran CP only for its
+131,072-token stage, 8,192 tokens a rank). A ``--layout`` with more is still evaluated."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,8 +84,8 @@ class PlanRequest:
     """Sequences per optimizer step, over all data-parallel ranks."""
     seq: int
     """Tokens per sequence."""
-    throughput: Throughput
-    """Achieved FLOP/s per GPU (measured or assumed)."""
+    compute: ComputeModel | Throughput
+    """How compute time is priced: a compute model (efficiencies per step shape) or one MFU."""
     micro_batches: tuple[int, ...] = DEFAULT_MICRO_BATCHES
     """Micro-batch sizes to try."""
     strategies: tuple[str, ...] = STRATEGIES
@@ -86,30 +93,23 @@ class PlanRequest:
     recompute: tuple[str, ...] = RECOMPUTE
     """Recompute modes to try."""
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
-    """Pipeline schedules to try (when pp > 1; ``zbv`` only when asked)."""
-    dtype: str = "bf16-mixed"
-    """The ledger's dtype policy."""
-    optimizer: str = "adamw"
-    """The ledger's optimizer."""
+    """Pipeline schedules to try (when pp > 1)."""
+    dtype: str = "bf16-master"
+    """The ledger's dtype policy (default: bf16 parameters and gradients, float32 master weights
+    and optimizer states, as Megatron's distributed optimizer and Llama 3 keep them)."""
+    optimizer: str = "adamw-fused"
+    """The ledger's optimizer (default: fused AdamW, no temporaries)."""
     overlap: float = 1.0
-    """Fraction of backward compute that non-blocking communication can hide behind."""
+    """Fraction of each window's compute that non-blocking communication can hide behind."""
     memory_reserve: float = 0.0
     """Fraction of GPU memory kept free (CUDA context, fragmentation)."""
     max_exposed_comm: float | None = None
     """Reject candidates whose exposed communication exceeds this fraction of the step."""
-    gemm_width_half: float = 0.0
-    """n0 of the GEMM-width efficiency f(n) = n / (n + n0), n = hidden / tp, relative to the
-    MFU's own width (``parlab.plan.estimate.width_factor``); 0: a constant MFU."""
-    roofline: Roofline | None = None
-    """Per-kind efficiencies (``parlab.plan.roofline``): compute as GEMMs + causal attention +
-    memory-bound work, communication hidden per mechanism; None: FLOPs / (MFU x peak). It
-    carries its own GEMM width law (``gemm_width_half`` above is the MFU model's)."""
-    implementation: Implementation = field(default_factory=Implementation)
-    """The implementation the roofline's elementwise bytes are counted for."""
-    shapes: Any = None
-    """A GEMM-shape calibration (``parlab.plan.shapes.GemmShapes``) measured on this cluster's
-    GPU: where it covers a candidate's model and batch, its measured factors adjust
-    ``roofline`` for that candidate (``candidate_roofline``); None: the roofline as fitted."""
+    implementation: Implementation = PRODUCTION
+    """The kernels the memory, the elementwise bytes and the attention core are counted for
+    (default: production's, ``parlab.plan.roofline.PRODUCTION``)."""
+    cp_min_tokens: int = CP_MIN_TOKENS
+    """The search's context-parallel rule (``CP_MIN_TOKENS``)."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1 or self.seq < 1:
@@ -123,8 +123,6 @@ class PlanRequest:
             )
         if not 0.0 <= self.memory_reserve < 1.0:
             raise UsageError(f"memory reserve {self.memory_reserve}: give a fraction in [0, 1)")
-        if self.gemm_width_half < 0:
-            raise UsageError(f"GEMM width half {self.gemm_width_half}: give 0 (off) or more")
         if not 0.0 <= self.overlap <= 1.0:
             raise UsageError(f"overlap {self.overlap}: give a fraction in [0, 1]")
         for name, values, allowed in (
@@ -148,6 +146,10 @@ class PlanRequest:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq
 
+    @property
+    def peak_flops(self) -> float:
+        return float(self.cluster.gpu.peak("bf16") or 0.0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
@@ -164,7 +166,7 @@ class Verdict:
     peak_bytes: float | None = None
     """Predicted peak per rank (the floor, for a group rejected on its states)."""
     estimate: StepEstimate | None = None
-    """The step-time estimate (admitted, or rejected for comm)."""
+    """The step-time estimate (admitted, or rejected for memory or comm)."""
     tokens_per_s_per_gpu: float | None = None
     """Predicted throughput."""
     mfu: float | None = None
@@ -234,199 +236,170 @@ def _stage_floor(ledger: Any) -> float:
     return best
 
 
+@dataclass(kw_only=True)
+class _Group:
+    """What candidates of one (layout, strategy) share: the layout rows, the states' floor, the
+    stages' work and wire tables."""
+
+    bad: str = ""
+    topo: Topology | None = None
+    floor: float | None = None
+    floor_reason: str = ""
+    stages: dict[tuple[int, int, str], list[StageWork]] = field(default_factory=dict)
+    calls: int = 0
+
+
+def _layout_group(req: PlanRequest, deg: dict[str, int], vpp: int, sp: bool) -> _Group:
+    rows = constraints(
+        world=req.cluster.count,
+        degrees=deg,
+        shape=shape_of(req.spec),
+        seq=req.seq,
+        sequence_parallel=sp,
+        gpus_per_node=req.cluster.gpus_per_node,
+        vpp=vpp,
+    )
+    bad = "; ".join(f"{r.name} fails ({r.detail})" for r in rows if not r.ok)
+    return _Group(bad=bad, topo=None if bad else Topology(world_size=req.cluster.count, **deg))
+
+
+def _reshards(cand: Candidate) -> bool:
+    """FSDP under pipeline parallelism keeps its parameters gathered across micro-batches."""
+    return not (cand.strategy == "fsdp" and cand.pp > 1)
+
+
+def _batch_reason(req: PlanRequest, cand: Candidate) -> str:
+    per_step = cand.dp * cand.micro_batch
+    m = cand.microbatches
+    if req.global_batch != per_step * m:
+        return (
+            f"global batch {req.global_batch} is not a multiple of dp {cand.dp} x micro-batch "
+            f"{cand.micro_batch} = {per_step}"
+        )
+    if cand.schedule == "interleaved" and m % cand.pp:
+        return f"interleaved schedule needs the {m} micro-batches to be a multiple of pp {cand.pp}"
+    if cand.schedule == "zbv" and m < 2 * cand.pp - 1:
+        return f"zero-bubble V needs at least 2 pp - 1 = {2 * cand.pp - 1} micro-batches, not {m}"
+    return ""
+
+
+def judge(req: PlanRequest, cand: Candidate, group: _Group, *, sp: bool) -> Verdict:
+    """One candidate through every admission check and, where it gets that far, the estimate."""
+    no = dict(cand=cand, admitted=False)
+    if group.bad:
+        return Verdict(**no, kind="layout", reason=group.bad)
+    if why := _batch_reason(req, cand):
+        return Verdict(**no, kind="batch", reason=why)
+    usable = req.usable_memory
+    if group.floor is not None and group.floor > usable:
+        return Verdict(**no, kind="memory", reason=group.floor_reason, peak_bytes=group.floor)
+    assert group.topo is not None
+    ledger_for = _ledger_for(req, cand, group.topo, sp)
+    try:
+        group.calls += 1
+        ledger = ledger_for(req.optimizer)
+    except ValueError as exc:
+        return Verdict(**no, kind="unsupported", reason=str(exc))
+    if group.floor is None:
+        group.floor = _stage_floor(ledger)
+        group.floor_reason = (
+            f"over memory by at least {_gb(group.floor - usable)}: the states alone (params, "
+            f"grads, optimizer) need {_gb(group.floor)} per GPU of {_gb(usable)} usable, at any "
+            "micro-batch or recompute"
+        )
+        if group.floor > usable:
+            return Verdict(**no, kind="memory", reason=group.floor_reason, peak_bytes=group.floor)
+    peak = float(ledger.peak_bytes)
+    v = _timed(req, cand, group, peak=peak, sp=sp)
+    if peak > usable:
+        stage = max(range(len(ledger.peak_per_stage)), key=lambda s: ledger.peak_per_stage[s])
+        reason = (
+            f"over memory by {_gb(peak - usable)}: predicted peak {_gb(peak)} per GPU of "
+            f"{_gb(usable)} usable (stage {stage}, {ledger.peak_phase[stage]})"
+            + _fused_hint(ledger, usable, req.optimizer, ledger_for)
+        )
+        return _rejected(v, "memory", reason)
+    est = v.estimate
+    assert est is not None
+    frac = est.comm_exposed_s / est.step_s
+    if req.max_exposed_comm is not None and frac > req.max_exposed_comm:
+        reason = (
+            f"exposed communication {100 * frac:.1f} % of the step, over the budget "
+            f"{100 * req.max_exposed_comm:.1f} %"
+        )
+        return _rejected(v, "comm", reason)
+    return v
+
+
+def _rejected(v: Verdict, kind: str, reason: str) -> Verdict:
+    return Verdict(
+        cand=v.cand, admitted=False, kind=kind, reason=reason, peak_bytes=v.peak_bytes,
+        estimate=v.estimate, tokens_per_s_per_gpu=v.tokens_per_s_per_gpu, mfu=v.mfu,
+        headroom_bytes=v.headroom_bytes,
+    )  # fmt: skip
+
+
+def _ledger_for(req: PlanRequest, cand: Candidate, topo: Topology, sp: bool) -> Any:
+    impl = req.implementation
+    norm = impl.norm_kernel
+    if norm == "compiled" and not models_compiled(
+        req.spec, dtype=req.dtype, strategy=cand.strategy, recompute=cand.recompute
+    ):
+        norm = "fused"
+
+    def call(optimizer: str) -> Any:
+        return predict(
+            req.spec,
+            strategy=cand.strategy,
+            topology=topo,
+            micro_batch=cand.micro_batch,
+            seq_len=req.seq,
+            dtype=req.dtype,
+            optimizer=optimizer,
+            recompute=cand.recompute,
+            pp_schedule="1f1b" if cand.schedule == "-" else cand.schedule,
+            microbatches=cand.microbatches,
+            virtual_stages=cand.vpp,
+            sp=sp,
+            reshard_after_forward=_reshards(cand),
+            norm_kernel=norm,
+            kv_repeat=impl.kv_repeat,
+            flash=impl.attention_kernel == "flash",
+        )
+
+    return call
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """Search the whole candidate space of ``req`` (see the module docstring)."""
     t0 = time.perf_counter()
-    spec, cluster = req.spec, req.cluster
-    world = cluster.count
-    shape = shape_of(spec)
-    fpt, fsrc = flops_per_token(spec, req.seq)
-    usable = req.usable_memory
+    spec = req.spec
+    world = req.cluster.count
     ranked: list[Verdict] = []
     rejected: list[Verdict] = []
     calls = 0
     moe = spec.moe.num_experts if spec.moe is not None else None
     for deg in degree_tuples(world, moe_experts=moe):
         pp, dp, cp, tp, ep = deg["pp"], deg["dp"], deg["cp"], deg["tp"], deg["ep"]
-        scheds = [
-            (s, v) for s, v in schedules_for(pp, spec.layers) if s == "-" or s in req.schedules
-        ]
-        for sched, vpp in scheds:
-            rows = constraints(
-                world=world,
-                degrees=deg,
-                shape=shape,
-                seq=req.seq,
-                sequence_parallel=tp > 1,
-                gpus_per_node=cluster.gpus_per_node,
-                vpp=vpp,
-            )
-            bad = [r for r in rows if not r.ok]
-            layout_reason = "; ".join(f"{r.name} fails ({r.detail})" for r in bad)
-            topo = None if bad else Topology(world_size=world, **deg)
+        if cp > 1 and req.seq // cp < req.cp_min_tokens:
+            continue
+        for sched, vpp in schedules_for(pp, spec.layers):
+            if sched != "-" and sched not in req.schedules:
+                continue
+            base = _layout_group(req, deg, vpp, tp > 1)
             for strategy in req.strategies:
-                floor: float | None = None
-                floor_reason = ""
-                wire_cache: dict[tuple[int, int], dict[int, list[Any]]] = {}
+                group = _Group(bad=base.bad, topo=base.topo)
                 for mb in req.micro_batches:
-                    per_step = dp * mb
-                    m = req.global_batch // per_step if req.global_batch % per_step == 0 else 0
+                    m = max(1, req.global_batch // (dp * mb))
                     for rc in req.recompute:
                         cand = Candidate(
-                            dp=dp,
-                            tp=tp,
-                            pp=pp,
-                            cp=cp,
-                            ep=ep,
-                            strategy=strategy,
-                            micro_batch=mb,
-                            microbatches=max(m, 1),
-                            recompute=rc,
-                            schedule=sched,
+                            dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategy=strategy,
+                            micro_batch=mb, microbatches=m, recompute=rc, schedule=sched,
                             vpp=vpp,
-                        )
-                        if bad:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand, admitted=False, kind="layout", reason=layout_reason
-                                )
-                            )
-                            continue
-                        if not m:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="batch",
-                                    reason=f"global batch {req.global_batch} is not a multiple "
-                                    f"of dp {dp} x micro-batch {mb} = {per_step}",
-                                )
-                            )
-                            continue
-                        if sched == "interleaved" and m % pp:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="batch",
-                                    reason=f"interleaved schedule needs the {m} micro-batches "
-                                    f"to be a multiple of pp {pp}",
-                                )
-                            )
-                            continue
-                        if sched == "zbv" and m < 2 * pp - 1:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="batch",
-                                    reason=f"zero-bubble V needs at least 2 pp - 1 = {2 * pp - 1} "
-                                    f"micro-batches, not {m}",
-                                )
-                            )
-                            continue
-                        if floor is not None and floor > usable:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="memory",
-                                    reason=floor_reason,
-                                    peak_bytes=floor,
-                                )
-                            )
-                            continue
-                        assert topo is not None
-                        ledger_for = partial(
-                            predict,
-                            spec,
-                            strategy=strategy,
-                            topology=topo,
-                            micro_batch=mb,
-                            seq_len=req.seq,
-                            dtype=req.dtype,
-                            recompute=rc,
-                            pp_schedule="1f1b" if sched == "-" else sched,
-                            microbatches=m,
-                            virtual_stages=vpp,
-                            sp=tp > 1,
-                        )
-                        try:
-                            calls += 1
-                            ledger = ledger_for(optimizer=req.optimizer)
-                        except ValueError as exc:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="unsupported",
-                                    reason=f"ledger: {exc}",
-                                )
-                            )
-                            continue
-                        if floor is None:
-                            floor = _stage_floor(ledger)
-                            floor_reason = (
-                                f"over memory by at least {_gb(floor - usable)}: the states alone "
-                                f"(params, grads, optimizer) need {_gb(floor)} per GPU of "
-                                f"{_gb(usable)} usable, at any micro-batch or recompute"
-                            )
-                        peak = float(ledger.peak_bytes)
-                        if peak > usable:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="memory",
-                                    reason=f"over memory by {_gb(peak - usable)}: predicted "
-                                    f"peak {_gb(peak)} per GPU of {_gb(usable)} usable "
-                                    f"({ledger.peak_phase[0]})"
-                                    + _fused_hint(ledger, usable, req.optimizer, ledger_for),
-                                    peak_bytes=peak,
-                                )
-                            )
-                            continue
-                        key = (mb, m)
-                        if key not in wire_cache:
-                            stages = sorted({0, pp - 1})
-                            wire_cache[key] = {
-                                s: traffic(
-                                    spec,
-                                    topo,
-                                    strategy,
-                                    micro_batch=mb,
-                                    seq_len=req.seq,
-                                    dtype=req.dtype,
-                                    microbatches=m,
-                                    sp=tp > 1,
-                                    virtual_stages=vpp,
-                                    stage=s,
-                                    v_shape=sched == "zbv",
-                                )
-                                for s in stages
-                            }
-                        v = _timed(req, cand, peak=peak, wire=wire_cache[key], fpt=fpt)
-                        est = v.estimate
-                        assert est is not None
-                        tps, mfu = v.tokens_per_s_per_gpu, v.mfu
-                        frac = est.comm_exposed_s / est.step_s
-                        if req.max_exposed_comm is not None and frac > req.max_exposed_comm:
-                            rejected.append(
-                                Verdict(
-                                    cand=cand,
-                                    admitted=False,
-                                    kind="comm",
-                                    reason=f"exposed communication {100 * frac:.1f} % of the step, "
-                                    f"over the budget {100 * req.max_exposed_comm:.1f} %",
-                                    peak_bytes=peak,
-                                    estimate=est,
-                                    tokens_per_s_per_gpu=tps,
-                                    mfu=mfu,
-                                    headroom_bytes=usable - peak,
-                                )
-                            )
-                            continue
-                        ranked.append(v)
+                        )  # fmt: skip
+                        v = judge(req, cand, group, sp=tp > 1)
+                        (ranked if v.admitted else rejected).append(v)
+                calls += group.calls
     if not ranked and not rejected:
         raise UsageError(f"no candidate for {world} GPUs: check --gpus and --global-batch")
     if not ranked and all(v.kind in ("layout", "batch", "unsupported") for v in rejected):
@@ -436,119 +409,73 @@ def plan(req: PlanRequest) -> PlanResult:
             f"every candidate breaks a layout or batch rule, most often: {common}"
         )
     ranked.sort(key=lambda v: (-(v.tokens_per_s_per_gpu or 0.0), v.peak_bytes or 0.0, v.cand.name))
-    pareto: list[Verdict] = []
-    best_mem = float("inf")
-    for v in ranked:
-        assert v.peak_bytes is not None
-        if v.peak_bytes < best_mem:
-            pareto.append(v)
-            best_mem = v.peak_bytes
-    comm_note = (
-        "communication: the ledger's wire table timed by parlab.comm's alpha-beta model; "
-        f"intra-node {cluster.intra.source}"
-        + (
-            f" (calibration {cluster.calibration.label} where fitted)"
-            if cluster.calibration
-            else ""
-        )
-        + f"; inter-node {cluster.inter.source}"
-    )
-    tail = [
-        f"memory: the ledger's peak ({req.dtype}, {req.optimizer}) against "
-        f"{_gb(req.usable_memory)} usable per GPU (catalog {cluster.gpu.name} "
-        f"{_gb(cluster.gpu.memory_bytes)} x (1 - reserve {req.memory_reserve:g}))",
-        "sequence parallelism on whenever tp > 1; fsdp-hybrid is not searched",
-    ]
-    roof = req.roofline
-    if roof is None:
-        notes = [
-            f"compute: {fsrc} = {fpt / 1e9:.3g} GFLOP per token; achieved "
-            f"{req.throughput.achieved / 1e12:.0f} TFLOP/s per GPU ({req.throughput.source})",
-            "recompute: full adds one forward (2N + 4LHQT), selective the attention core's "
-            "forward (4LHQT)",
-            (
-                f"GEMM width: efficiency x f(hidden/tp) / "
-                f"f({req.throughput.ref_width or req.spec.hidden:g}), "
-                f"f(n) = n / (n + {req.gemm_width_half:g})"
-                if req.gemm_width_half
-                else "GEMM width: not modelled (the same MFU at every tp)"
-            ),
-            comm_note,
-            f"overlap: non-blocking items hide behind {100 * req.overlap:.0f} % of the backward "
-            "pass (2/3 of compute); blocking items are exposed in full",
-            "bubble: (compute + blocking comm) x (pp - 1) / (v x micro-batches); zbv: (pp - 1) x "
-            "max(B, 2 (B - W)) of one chunk's input- and weight-gradient passes "
-            "(parlab.plan.estimate.zbv_bubble)",
-            *tail,
-        ]
-    else:
-        impl = req.implementation
-        measured_bw = bool(roof.optimizer_bw and roof.cast_bw)
-        notes = [
-            f"compute (roofline, parlab.plan.roofline): GEMMs 6N per token at {roof.gemm:.3f} of "
-            f"the bf16 peak at width {roof.gemm_width:g}, x f(hidden/tp) / f(width), f(n) = "
-            f"n / (n + {roof.gemm_width_half:g}); the attention core "
-            + (
-                f"(causal flash: 6LHQT per token) at {roof.attention:.3f} ({roof.ring_attention:.3f}"
-                " as the context-parallel ring)"
-                if impl.attention_kernel == "flash"
-                else "materialised (12LHQT at GEMM speed, every score through the softmax)"
-            )
-            + f"; elementwise ops ({impl.norm_kernel}), the loss"
-            + ("" if measured_bw else ", casts and the optimizer step")
-            + f" as bytes / ({roof.memory:.3f} x {cluster.gpu.memory_bw / 1e12:.2f} TB/s "
-            "catalog HBM)"
-            + (
-                f", the optimizer step at {roof.optimizer_bw / 1e12:.2f} TB/s and the casts at "
-                f"{roof.cast_bw / 1e12:.2f} TB/s"
-                + (
-                    f", DDP's bucket passes at {roof.bucket_bw / 1e12:.2f} TB/s"
-                    if roof.bucket_bw
-                    else ""
-                )
-                + " (measured: parlab.plan.paramwork)"
-                if measured_bw
-                else ""
-            )
-            + f" -- {roof.source or 'efficiencies as given'}",
-            "recompute: full replays the forward (GEMMs, attention, elementwise), selective the "
-            "attention core's forward (Megatron's); op-selective (parlab train's --recompute "
-            "selective, op-level) the blocks' elementwise forward",
-            comm_note,
-            f"overlap: each collective hides under its mechanism's window (DDP/ZeRO/FSDP gradient "
-            f"collectives under backward, FSDP/ZeRO-3 gathers under their phase, ZeRO-1/2 gathers "
-            f"under forward, the CP ring under attention; {100 * req.overlap:.0f} % of each), one "
-            f"call exposed; TP, PP and EP transfers exposed in full; compute loses "
-            f"{roof.contention:.3f} x the hidden time (contention)",
-            "bubble: (per-micro-batch compute + blocking comm) x (pp - 1) / (v x micro-batches); "
-            "zbv: (pp - 1) x max(B, 2 (B - W)) of one chunk's input- and weight-gradient passes "
-            "(parlab.plan.estimate.zbv_bubble)",
-            *tail,
-        ]
+    fpt, fsrc = flops_per_token(spec, req.seq)
     return PlanResult(
         request=req,
         ranked=ranked,
         rejected=rejected,
-        pareto=pareto,
+        pareto=pareto_front(ranked),
         flops_source=fsrc,
         flops_per_token=fpt,
         elapsed_s=time.perf_counter() - t0,
         ledger_calls=calls,
-        notes=notes,
+        notes=plan_notes(req, ranked[0] if ranked else None),
     )
+
+
+def pareto_front(ranked: list[Verdict]) -> list[Verdict]:
+    """The admitted candidates no other beats on both throughput and peak memory."""
+    front: list[Verdict] = []
+    best_mem = float("inf")
+    for v in ranked:
+        assert v.peak_bytes is not None
+        if v.peak_bytes < best_mem:
+            front.append(v)
+            best_mem = v.peak_bytes
+    return front
+
+
+def plan_notes(req: PlanRequest, top: Verdict | None) -> list[str]:
+    """The assumptions a reader of the plan needs, one line each."""
+    c = req.cluster
+    if isinstance(req.compute, Throughput):
+        compute = (
+            f"compute: every FLOP (6N + 12LHQT per token, PaLM's count; recompute's too) at "
+            f"{req.compute.achieved / 1e12:.0f} TFLOP/s per GPU ({req.compute.source})"
+        )
+    elif top is not None:
+        compute = req.compute.describe(step_shape(req, top.cand))
+    else:
+        compute = "compute: built-in model (no candidate admitted)"
+    return [
+        compute,
+        "recompute: full replays the blocks' forward; selective (Megatron's) the attention "
+        "core's forward",
+        f"network: {c.describe_links()}",
+        f"overlap: each collective hides under its mechanism's window ({100 * req.overlap:.0f} % "
+        "of it; DDP's and ZeRO-1's gradient collectives under the last micro-batch's backward), "
+        "one call exposed; TP, PP and EP transfers exposed in full (no TP comm overlap assumed)",
+        "bubble: (sum of the stages' per-step work - the slowest's) / (v x micro-batches), the "
+        "slowest stage pacing the step (parlab.plan.estimate.pipeline_bubble)",
+        f"memory: the ledger's peak of the fullest stage ({req.dtype}, {req.optimizer}) against "
+        f"{_gb(req.usable_memory)} usable per GPU (catalog {c.gpu.name} "
+        f"{_gb(c.gpu.memory_bytes)} x (1 - reserve {req.memory_reserve:g}))",
+        f"searched: sequence parallelism whenever tp > 1; cp only where a rank keeps >= "
+        f"{req.cp_min_tokens} tokens; interleaving up to one layer per chunk; FSDP under PP "
+        "without resharding between micro-batches",
+    ]
 
 
 def _fused_hint(ledger: Any, usable: float, optimizer: str, ledger_for: Any) -> str:
     """Where the foreach optimizer's temporaries are what puts the peak over: the same layout's
-    ledger with the fused form of the optimizer (no temporaries, ``ledger_for(optimizer=)``),
-    and its peak if that fits."""
+    ledger with the fused form of the optimizer, and its peak if that fits."""
     from parlab.ledger.predict import OPTIMIZERS
 
     temp = float(ledger.value("optimizer_temporaries"))
     fused = f"{optimizer}-fused"
     if not temp or ledger.peak_bytes - temp > usable or fused not in OPTIMIZERS:
         return ""
-    again = ledger_for(optimizer=fused)
+    again = ledger_for(fused)
     if again.peak_bytes > usable:
         return ""
     return (
@@ -557,8 +484,25 @@ def _fused_hint(ledger: Any, usable: float, optimizer: str, ledger_for: Any) -> 
     )
 
 
-def candidate_work(req: PlanRequest, cand: Candidate, *, sp: bool) -> Any:
-    """The roofline's work of one step of ``cand`` for ``req`` (``parlab.plan.roofline.work``)."""
+def step_shape(req: PlanRequest, cand: Candidate) -> StepShape:
+    """``cand``'s shapes, as a compute model looks them up."""
+    return StepShape(
+        model=req.spec.name,
+        micro_batch=cand.micro_batch,
+        seq=req.seq,
+        tp=cand.tp,
+        cp=cand.cp,
+        ep=cand.ep,
+        gpu=req.cluster.gpu.name,
+        recompute=cand.recompute,
+    )
+
+
+def candidate_work(
+    req: PlanRequest, cand: Candidate, *, sp: bool, layers: float | None = None, head: bool = True
+) -> Work:
+    """The roofline's work of one rank's step of ``cand`` (``parlab.plan.roofline.work``):
+    ``layers`` blocks (default an even share) and, with ``head``, the output layer."""
     return work(
         req.spec,
         seq=req.seq,
@@ -573,101 +517,74 @@ def candidate_work(req: PlanRequest, cand: Candidate, *, sp: bool) -> Any:
         sp=sp,
         dtype=req.dtype,
         impl=req.implementation,
+        layers=layers,
+        head=head,
     )
 
 
-def candidate_roofline(req: PlanRequest, cand: Candidate) -> Roofline | None:
-    """``req.roofline`` for ``cand``: with ``req.shapes``, its measured GEMM, attention-core
-    and recompute factors where they cover the candidate's model, micro-batch x sequence and
-    GPU (``parlab.plan.shapes.shaped``); else as fitted."""
-    roof = req.roofline
-    if roof is None or req.shapes is None:
-        return roof
-    from parlab.plan.shapes import shaped
+def stage_profiles(spec: ModelSpec, cand: Candidate) -> list[tuple[int, int, bool, int]]:
+    """``(representative stage, layers on it, whether it holds the head, how many stages alike)``
+    over the pipeline ranks of ``cand`` (``parlab.ledger.sharding.chunk_sizes``)."""
+    v_shape = cand.schedule == "zbv"
+    v = 2 if v_shape else cand.vpp
+    sizes = chunk_sizes(spec.layers, cand.pp * v)
+    seen: dict[tuple[int, bool, bool], list[int]] = {}
+    for s in range(cand.pp):
+        chunks = (s, 2 * cand.pp - 1 - s) if v_shape else tuple(s + c * cand.pp for c in range(v))
+        layers = sum(sizes[c] for c in chunks)
+        head = s == (0 if v_shape else cand.pp - 1)
+        seen.setdefault((layers, head, s == 0), []).append(s)
+    return [(ss[0], n, head, len(ss)) for (n, head, _), ss in seen.items()]
 
-    return shaped(_batch(req, cand), roof, req.shapes)
 
-
-def _batch(req: PlanRequest, cand: Candidate) -> Any:
-    """``cand``'s ``parlab.plan.shapes.Batch``."""
-    from parlab.plan.shapes import Batch
-
-    return Batch(
-        model=req.spec.name,
-        micro_batch=cand.micro_batch,
-        seq=req.seq,
-        tp=cand.tp,
-        cp=cand.cp,
-        gpu=req.cluster.gpu.name,
-        recompute=cand.recompute,
+def _stages(req: PlanRequest, cand: Candidate, group: _Group, sp: bool) -> list[StageWork]:
+    key = (cand.micro_batch, cand.microbatches, cand.recompute)
+    if key in group.stages:
+        return group.stages[key]
+    assert group.topo is not None
+    roof = (
+        None if isinstance(req.compute, Throughput) else req.compute.roofline(step_shape(req, cand))
     )
+    out = []
+    for stage, layers, head, count in stage_profiles(req.spec, cand):
+        w = candidate_work(req, cand, sp=sp, layers=layers, head=head)
+        if roof is None:
+            assert isinstance(req.compute, Throughput)
+            parts = mfu_parts(w, req.compute)
+        else:
+            parts = w.parts(roof, req.peak_flops, float(req.cluster.gpu.memory_bw))
+        wire = traffic(
+            req.spec, group.topo, cand.strategy, micro_batch=cand.micro_batch, seq_len=req.seq,
+            dtype=req.dtype, microbatches=cand.microbatches, sp=sp, virtual_stages=cand.vpp,
+            stage=stage, v_shape=cand.schedule == "zbv", reshard_after_forward=_reshards(cand),
+        )  # fmt: skip
+        out.append(StageWork(stage=stage, count=count, parts=parts, wire=wire))
+    group.stages[key] = out
+    return out
 
 
-def shapes_note(req: PlanRequest, cand: Candidate) -> str:
-    """What ``req.shapes`` changed in ``cand``'s roofline (``candidate_roofline``), in words;
-    '' where it changed nothing."""
-    roof = req.roofline
-    if roof is None or req.shapes is None:
-        return ""
-    from parlab.plan.shapes import attn_factor, gemm_factor, rc_efficiency
-
-    batch = _batch(req, cand)
-    parts = []
-    if (g := gemm_factor(batch, roof, req.shapes)) is not None:
-        parts.append(f"GEMMs x {g[0]:.3f} against {g[1]}'s (instead of the width law)")
-    if (a := attn_factor(batch, roof, req.shapes)) is not None:
-        parts.append(f"attention core x {a[0]:.3f} against {a[1]}'s")
-    if (k := rc_efficiency(batch, req.shapes)) is not None:
-        parts.append(f"the full recompute's GEMMs at {k:.3f} of peak")
-    if not parts:
-        return ""
-    return (
-        f"shapes: the GEMM-shape probe measured {req.spec.name} at {batch.micro_batch} x "
-        f"{batch.seq} on {req.cluster.gpu.name}: {'; '.join(parts)} ({req.shapes.label})"
-    )
-
-
-def _timed(
-    req: PlanRequest,
-    cand: Candidate,
-    *,
-    peak: float,
-    wire: dict[int, list[Any]],
-    fpt: float,
-    sp: bool | None = None,
-) -> Verdict:
+def _timed(req: PlanRequest, cand: Candidate, group: _Group, *, peak: float, sp: bool) -> Verdict:
     """An admitted verdict: the step-time estimate and what follows from it."""
+    contention = 0.0
+    if not isinstance(req.compute, Throughput):
+        contention = req.compute.roofline(step_shape(req, cand)).contention
+    est = estimate(
+        cand,
+        stages=_stages(req, cand, group, sp),
+        cluster=req.cluster,
+        overlap=req.overlap,
+        contention=contention,
+    )
     world = req.cluster.count
-    th = req.throughput
-    ref = th.ref_width or float(req.spec.hidden)
-    eff = width_factor(req.spec.hidden / cand.tp, ref, req.gemm_width_half)
-    roof = candidate_roofline(req, cand)
-    if roof is None:
-        extra = recompute_flops_per_token(req.spec, req.seq, cand.recompute)
-        compute_s = (fpt + extra) * req.tokens_per_step / world / (th.achieved * eff)
-        est = estimate(
-            cand, wire=wire, cluster=req.cluster, compute_s=compute_s, overlap=req.overlap
-        )
-    else:
-        w = candidate_work(req, cand, sp=cand.tp > 1 if sp is None else sp)
-        parts = w.parts(roof, th.peak_flops, float(req.cluster.gpu.memory_bw))
-        est = estimate(
-            cand,
-            wire=wire,
-            cluster=req.cluster,
-            compute_s=parts.total_s,
-            overlap=req.overlap,
-            parts=parts,
-            contention=roof.contention,
-        )
     tps = req.tokens_per_step / est.step_s / world
+    fpt, _ = flops_per_token(req.spec, req.seq)
     return Verdict(
         cand=cand,
         admitted=True,
         peak_bytes=peak,
         estimate=est,
         tokens_per_s_per_gpu=tps,
-        mfu=fpt * tps / req.throughput.peak_flops,
+        mfu=fpt * tps / req.peak_flops if req.peak_flops else None,
         headroom_bytes=req.usable_memory - peak,
     )
 
@@ -677,66 +594,6 @@ def evaluate(req: PlanRequest, cand: Candidate, *, sp: bool | None = None) -> Ve
 
     ``sp`` overrides sequence parallelism (default: on when tp > 1).
     """
-    spec, cluster = req.spec, req.cluster
     sp = cand.tp > 1 if sp is None else sp
     deg = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
-    rows = constraints(
-        world=cluster.count,
-        degrees=deg,
-        shape=shape_of(spec),
-        seq=req.seq,
-        sequence_parallel=sp,
-        gpus_per_node=cluster.gpus_per_node,
-        vpp=cand.vpp,
-    )
-    bad = [r for r in rows if not r.ok]
-    if bad:
-        reason = "; ".join(f"{r.name} fails ({r.detail})" for r in bad)
-        return Verdict(cand=cand, admitted=False, kind="layout", reason=reason)
-    topo = Topology(world_size=cluster.count, **deg)
-    sched = "1f1b" if cand.schedule == "-" else cand.schedule
-    ledger = predict(
-        spec,
-        strategy=cand.strategy,
-        topology=topo,
-        micro_batch=cand.micro_batch,
-        seq_len=req.seq,
-        dtype=req.dtype,
-        optimizer=req.optimizer,
-        recompute=cand.recompute,
-        pp_schedule=sched,
-        microbatches=cand.microbatches,
-        virtual_stages=cand.vpp,
-        sp=sp,
-    )
-    wire = {
-        st: traffic(
-            spec,
-            topo,
-            cand.strategy,
-            micro_batch=cand.micro_batch,
-            seq_len=req.seq,
-            dtype=req.dtype,
-            microbatches=cand.microbatches,
-            sp=sp,
-            virtual_stages=cand.vpp,
-            stage=st,
-            v_shape=cand.schedule == "zbv",
-        )
-        for st in sorted({0, cand.pp - 1})
-    }
-    fpt, _ = flops_per_token(spec, req.seq)
-    v = _timed(req, cand, peak=float(ledger.peak_bytes), wire=wire, fpt=fpt, sp=sp)
-    if ledger.peak_bytes > req.usable_memory:
-        return Verdict(
-            cand=cand,
-            admitted=False,
-            kind="memory",
-            reason=f"over memory by {_gb(ledger.peak_bytes - req.usable_memory)}",
-            peak_bytes=v.peak_bytes,
-            estimate=v.estimate,
-            tokens_per_s_per_gpu=v.tokens_per_s_per_gpu,
-            mfu=v.mfu,
-            headroom_bytes=v.headroom_bytes,
-        )
-    return v
+    return judge(req, cand, _layout_group(req, deg, cand.vpp, sp), sp=sp)

@@ -35,14 +35,14 @@ no FLOP is recomputed, and every other op of the block -- norms, RoPE, the activ
 attention layout copy, the first residual add -- runs its forward again in backward
 (``op_selective_bytes_per_token``).
 
-The efficiencies (``Roofline``) are not guessed: ``fit_roofline`` fits them by least squares
-(relative error) on stated measured runs, and the caller says which.
+The efficiencies (``Roofline``) are not guessed: the built-in ones (``parlab.plan.compute``)
+rest on the lab's GEMM probes and cited public figures; ``parlab.plan.fit.efficiencies`` fits
+them by least squares on stated measured runs, and the caller says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
@@ -157,7 +157,7 @@ class Roofline:
     recompute_gemm: float = 0.0
     """Fraction of the peak reached by the GEMMs a full recompute replays: the model's layer
     forward GEMMs' own efficiency at the run's shapes, as ``benchmarks/gemm_shapes_probe.py``
-    measured them (``parlab.plan.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every
+    measured them (``parlab.plan.fit.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every
     other GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what
     those steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its
     GEMM kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP
@@ -165,10 +165,15 @@ class Roofline:
     (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call); the roofline
     column of ``benchmarks/results/plan_accuracy.txt`` gives them 0.190 and 0.234 s, where
     with the replayed GEMMs at ``gemm`` it gave 0.190 and 0.246 s (the table at 4959231)."""
+    head_gemm: float = 0.0
+    """Fraction of the peak reached by the output layer's GEMMs (the vocabulary projection, its
+    own shape); 0: at ``gemm_at``, as every other GEMM."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.head_gemm <= 1.0:
+            raise UsageError(f"roofline head_gemm = {self.head_gemm}: give 0 (off) or a fraction")
         for name in ("gemm", "attention", "ring_attention", "memory"):
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
@@ -213,6 +218,10 @@ class Implementation:
     """torch DDP wraps the model on one data-parallel rank too (``parlab train --strategy ddp
     --nproc 1``), with its bucket passes (``DDP_ACCUMULATE_BYTES``); else a ``ddp`` layout has
     them only where it has more than one data-parallel rank."""
+    kv_repeat: bool = True
+    """Grouped-query attention repeats K and V to every query head before the kernel (parlab's
+    reference model); False: the kernel reads the KV heads as they are (flash attention's GQA,
+    Transformer Engine)."""
 
     def __post_init__(self) -> None:
         if self.norm_kernel == "composite":
@@ -230,6 +239,14 @@ class Implementation:
             raise UsageError(f"SP gather {self.sp_gather!r}: use one of {', '.join(SP_GATHERS)}")
 
 
+PRODUCTION = Implementation(norm_kernel="compiled", kv_repeat=False)
+"""What production frameworks run (Megatron-LM with Transformer Engine, torchtitan with
+torch.compile): fused kernels that keep what a compiled block keeps (the norm's input and rstd,
+SwiGLU's two inputs with its product recomputed), flash attention reading the KV heads as they
+are. The planner's default; the ledger falls back to the fused eager blocks where it does not
+model compiled ones (GeLU models, autocast over float32 parameters)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Work:
     """The work of one rank's step, before efficiencies: FLOPs and bytes."""
@@ -238,6 +255,8 @@ class Work:
     """Matmul FLOPs (recompute included)."""
     recompute_gemm_flops: float = 0.0
     """The share of ``gemm_flops`` a full recompute replays (the blocks' forward GEMMs)."""
+    head_gemm_flops: float = 0.0
+    """The share of ``gemm_flops`` of the output layer."""
     attention_flops: float
     """Flash attention core FLOPs (causal half; recompute included); 0 for ``math``."""
     ring: bool
@@ -259,11 +278,14 @@ class Work:
     def parts(self, roof: Roofline, peak_flops: float, hbm_bw: float) -> ComputeParts:
         """Seconds of each kind at ``roof``'s efficiencies."""
         attn_eff = roof.ring_attention if self.ring else roof.attention
-        rc_eff = roof.recompute_gemm or roof.gemm_at(self.gemm_width)
+        eff = roof.gemm_at(self.gemm_width)
+        rc_eff = roof.recompute_gemm or eff
+        head_eff = roof.head_gemm or eff
+        rest = self.gemm_flops - self.recompute_gemm_flops - self.head_gemm_flops
         return ComputeParts(
-            gemm_s=(self.gemm_flops - self.recompute_gemm_flops)
-            / (roof.gemm_at(self.gemm_width) * peak_flops)
-            + self.recompute_gemm_flops / (rc_eff * peak_flops),
+            gemm_s=rest / (eff * peak_flops)
+            + self.recompute_gemm_flops / (rc_eff * peak_flops)
+            + self.head_gemm_flops / (head_eff * peak_flops),
             attention_s=self.attention_flops / (attn_eff * peak_flops),
             elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
             step_s=self.step_seconds(roof, hbm_bw),
@@ -424,16 +446,20 @@ def work(
     sp: bool = False,
     dtype: str = "bf16-mixed",
     impl: Implementation | None = None,
+    layers: float | None = None,
+    head: bool = True,
 ) -> Work:
-    """FLOPs and bytes of one rank's step (the last pipeline stage: the output and the loss)."""
+    """FLOPs and bytes of one rank's step: ``layers`` blocks (default ``spec.layers / pp``, an
+    even split) and, with ``head``, the output layer and the loss (the last pipeline stage)."""
     from parlab.ledger import dtype_policy
 
     impl = impl or Implementation()
     pol = dtype_policy(dtype)
     tokens = micro_batch * seq / cp * microbatches  # this rank's tokens per step
-    blocks = spec.num_active_params(embedding=False) - spec.output_params()  # MoE: top-k experts
-    out = spec.output_params() or spec.vocab_size * spec.hidden  # tied: still a matmul
-    n_stage = (blocks / pp + out) / tp
+    share = (spec.layers / pp if layers is None else layers) / spec.layers  # this rank's blocks
+    blocks = (spec.num_active_params(embedding=False) - spec.output_params()) * share  # MoE: top-k
+    out = (spec.output_params() or spec.vocab_size * spec.hidden) if head else 0  # tied: a matmul
+    n_stage = (blocks + out) / tp
     if recompute not in RECOMPUTE:
         raise UsageError(f"recompute {recompute!r}: use one of {', '.join(RECOMPUTE)}")
     if recompute == "op-selective" and impl.attention_kernel != "flash":
@@ -441,41 +467,42 @@ def work(
     rc_fwd = 1.0 if recompute == "full" else 0.0
     # full recompute replays the blocks' forward (the output layer is not checkpointed: parlab's
     # ``apply_recompute``, as Megatron's)
-    rc_gemm = 2.0 * rc_fwd * blocks / (pp * tp) * tokens
+    rc_gemm = 2.0 * rc_fwd * blocks / tp * tokens
     gemm = 6.0 * n_stage * tokens + rc_gemm
-    attn_core = causal_attention_flops_per_token(spec, seq) / pp / tp * tokens
+    attn_core = causal_attention_flops_per_token(spec, seq) * share / tp * tokens
     rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
     # autocast over float32 parameters keeps a float32 residual stream; FSDP and ZeRO-3 gather
     # their parameters in bf16, so theirs is bf16
     fp32_stream = pol.autocast and strategy in ("ddp", "zero1", "zero2")
     ew = elementwise_bytes_per_token(spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream)
-    ew *= tokens / pp
+    ew *= tokens * share
     ew *= 1.0 + rc_fwd / 3.0  # full recompute replays the forward's elementwise ops
     if recompute == "op-selective":  # the runtime's: the blocks' elementwise forward again
         ew += op_selective_bytes_per_token(
             spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream
-        ) * (tokens / pp)
+        ) * (tokens * share)
     if sp:
         ew += sp_copy_bytes_per_token(
             spec, impl=impl, tp=tp, micro_batch=micro_batch, elem=pol.compute_bytes
-        ) * (tokens / pp)
-    ew += LOSS_BYTES_PER_LOGIT * spec.vocab_size / tp * tokens
+        ) * (tokens * share)
+    if head:
+        ew += LOSS_BYTES_PER_LOGIT * spec.vocab_size / tp * tokens
     attention_flops = 0.0
     if impl.attention_kernel == "flash":
         attention_flops = attn_core * (1.0 + rc_attn / 3.0)
     else:  # materialised: the whole square at GEMM speed, and every score through the softmax
         gemm += 2.0 * attn_core * (1.0 + rc_attn / 3.0)
-        scores = spec.layers / pp * spec.heads / tp * seq * tokens
+        scores = spec.layers * share * spec.heads / tp * seq * tokens
         ew += MATH_SOFTMAX_BYTES * scores * (1.0 + rc_attn / 2.0)
     # per parameter: mixed-precision casts every micro-batch, then the optimizer step
-    params = spec.num_params() / (tp * pp)
+    params = spec.num_params() * share / tp
     cast = CAST_BYTES_PER_PARAM * params * microbatches if pol.autocast else 0.0
     # autocast casts float32 weights (FSDP and ZeRO-3 gather theirs in bf16: nothing to cast);
     # a recompute enters a fresh autocast context and casts each block weight again
     if recompute in ("op-selective", "full") and pol.autocast and strategy not in ("fsdp", "zero3"):
-        cast += WEIGHT_RECAST_BYTES * blocks / (tp * pp) * microbatches
+        cast += WEIGHT_RECAST_BYTES * blocks / tp * microbatches
     if strategy == "fsdp" and pol.autocast:
-        cast += FSDP_REGATHER_BYTES * blocks / (tp * pp * dp) * microbatches
+        cast += FSDP_REGATHER_BYTES * blocks / (tp * dp) * microbatches
     bucket = 0.0
     if strategy == "ddp" and (dp * cp > 1 or impl.ddp_one_rank):
         bucket = (DDP_ACCUMULATE_BYTES * microbatches + DDP_STEP_BYTES) * params
@@ -493,6 +520,7 @@ def work(
     return Work(
         gemm_flops=gemm,
         recompute_gemm_flops=rc_gemm,
+        head_gemm_flops=6.0 * out / tp * tokens,
         attention_flops=attention_flops,
         ring=cp > 1,
         elementwise_bytes=ew,
@@ -502,143 +530,3 @@ def work(
         forward_fraction=fwd,
         gemm_width=spec.hidden / tp,
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class FitRow:
-    """One measured run as ``fit_roofline`` reads it."""
-
-    work: Work
-    """The run's work (``work`` with its layout and implementation)."""
-    measured_s: float
-    """Its measured step time."""
-    other_s: float
-    """Seconds the planner predicts outside compute: exposed communication and bubble."""
-    hidden_s: float = 0.0
-    """Communication the planner hides under its compute (what contention scales)."""
-
-
-EFFICIENCIES = ("gemm", "attention", "ring_attention", "memory", "contention")
-WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
-"""The n0 values ``fit_roofline`` tries when it fits the GEMM width law."""
-
-
-def _coefficients(
-    row: FitRow, peak_flops: float, hbm_bw: float, base: Roofline
-) -> dict[str, float]:
-    unit = row.work.parts(
-        Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
-    )
-    ring = row.work.ring
-    # the per-parameter work at its measured bandwidths (where ``base`` carries them) is a fixed
-    # time; what still runs at the elementwise bandwidth scales with ``memory``
-    fixed, unmeasured = row.work.step_split(base)
-    return {
-        "gemm": unit.gemm_s / base.width_factor(row.work.gemm_width),
-        "attention": 0.0 if ring else unit.attention_s,
-        "ring_attention": unit.attention_s if ring else 0.0,
-        "memory": unit.elementwise_s + unmeasured / hbm_bw,
-        "contention": row.hidden_s,
-        "fixed": fixed,
-    }
-
-
-def _predicted(row: FitRow, roof: Roofline, peak_flops: float, hbm_bw: float) -> float:
-    """The row's step time at ``roof`` (its other seconds held)."""
-    parts = row.work.parts(roof, peak_flops, hbm_bw)
-    return parts.total_s + row.other_s + roof.contention * row.hidden_s
-
-
-def fit_roofline(
-    rows: Sequence[FitRow],
-    *,
-    peak_flops: float,
-    hbm_bw: float,
-    fixed: Roofline | None = None,
-    free: Sequence[str] = ("gemm", "attention", "memory"),
-    source: str = "",
-) -> Roofline:
-    """Efficiencies fitted by least squares on relative error over measured runs.
-
-    Step time is linear in the inverse efficiencies (and in the contention), so the fit is one
-    weighted linear least squares over the ``free`` ones; the others keep ``fixed``'s values.
-    ``gemm_width_half`` among ``free``: the width law's n0 is searched over ``WIDTH_HALVES``
-    (the least squares above for each) and the best kept.
-    A memory efficiency fitted above 1 (the byte counts already at or over what the kernels
-    move) is held at 1, the catalog's bandwidth, and the rest refitted. ``UsageError`` when the
-    runs cannot determine them (fewer runs than free terms, or an efficiency outside (0, 1]).
-    """
-    import numpy as np
-
-    if "gemm_width_half" in free:
-        rest = tuple(k for k in free if k != "gemm_width_half")
-        base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
-        best: tuple[float, Roofline] | None = None
-        for n0 in WIDTH_HALVES:
-            try:
-                r = fit_roofline(
-                    rows,
-                    peak_flops=peak_flops,
-                    hbm_bw=hbm_bw,
-                    fixed=replace(base, gemm_width_half=n0),
-                    free=rest,
-                    source=source,
-                )
-            except UsageError:
-                continue
-            err = sum(
-                (_predicted(row, r, peak_flops, hbm_bw) / row.measured_s - 1.0) ** 2 for row in rows
-            )
-            if best is None or err < best[0]:
-                best = (err, r)
-        if best is None:
-            raise UsageError("no GEMM width law fits these runs: give runs of several widths")
-        return best[1]
-    bad = [k for k in free if k not in EFFICIENCIES]
-    if bad:
-        raise UsageError(f"cannot fit {', '.join(bad)}: fit some of {', '.join(EFFICIENCIES)}")
-    if len(rows) < len(free):
-        raise UsageError(f"{len(rows)} runs cannot fit {len(free)} efficiencies: give more runs")
-    base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
-    coefs = [_coefficients(r, peak_flops, hbm_bw, base) for r in rows]
-
-    def solve(names: Sequence[str], at: Roofline) -> dict[str, float]:
-        a, b = [], []
-        for r, c in zip(rows, coefs, strict=True):
-            known = sum(
-                v
-                if k == "fixed"
-                else v * getattr(at, k)
-                if k == "contention"
-                else v / getattr(at, k)
-                for k, v in c.items()
-                if k not in names
-            )
-            a.append([c[k] / r.measured_s for k in names])
-            b.append((r.measured_s - r.other_s - known) / r.measured_s)
-        x, *_ = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)
-        return dict(zip(names, (float(v) for v in x), strict=True))
-
-    names = list(free)
-    sol = solve(names, base)
-    if "memory" in sol and 0.0 < sol["memory"] < 1.0:  # inverse efficiency below 1: over 100 %
-        base = replace(base, memory=1.0)
-        names.remove("memory")
-        sol = solve(names, base)
-    values = {k: getattr(base, k) for k in EFFICIENCIES}
-    for k, v in sol.items():
-        if k == "contention":
-            if not 0.0 <= v <= 1.0:
-                raise UsageError(
-                    f"the runs fit a contention of {v:.3g}, outside [0, 1]: the hidden "
-                    "communication does not explain their time"
-                )
-            values[k] = v
-            continue
-        if v < 1.0:
-            raise UsageError(
-                f"the runs fit a {k} efficiency of {1 / v if v > 0 else float('inf'):.3g}, "
-                "outside (0, 1]: give runs where that work matters"
-            )
-        values[k] = 1.0 / v
-    return replace(base, **values, source=source)

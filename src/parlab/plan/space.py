@@ -38,16 +38,19 @@ from typing import Any
 from parlab.comm.model import Link
 from parlab.errors import UsageError
 from parlab.hardware.catalog import GPUSpec, require
+from parlab.ledger.sharding import chunk_sizes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zbv")
-DEFAULT_SCHEDULES = ("1f1b", "gpipe", "interleaved")
-"""The schedules searched unless asked: ``zbv``'s one measured run (torch's, pp 2) is slower
-than its 1F1B, which the bubble model does not describe (``parlab.plan.estimate``)."""
+DEFAULT_SCHEDULES = ("1f1b", "interleaved")
+"""The schedules searched unless asked: GPipe has 1F1B's bubble and holds every micro-batch's
+activations, so it never wins; ``zbv``'s one measured run (torch's, pp 2) is slower than its
+1F1B, which the bubble model does not describe (``parlab.plan.estimate``)."""
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTER_NODE_BW = 50e9
-"""Bytes/s per GPU between nodes when not given: one 400 Gb/s NIC per GPU (assumed)."""
+"""Bytes/s per GPU between nodes when neither given nor in the catalog: one 400 Gb/s NIC per
+GPU (assumed)."""
 ASSUMED_ALPHA_INTRA = 2e-6
 """Latency per algorithm step inside a node without a calibration, seconds (assumed)."""
 ASSUMED_ALPHA_INTER = 5e-6
@@ -97,6 +100,15 @@ class Cluster:
                 )
         return self.intra
 
+    def describe_links(self) -> str:
+        """The two link classes and where their numbers come from, one line."""
+        cal = f" (calibration {self.calibration.label} where fitted)" if self.calibration else ""
+        return (
+            f"{self.gpus_per_node} GPUs per NVLink domain (node); inside it {self.intra.source}"
+            f"{cal}; between nodes {self.inter.source}, each GPU on its own rail; all-reduce "
+            "across nodes as the faster of ring and tree"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu.name,
@@ -127,6 +139,26 @@ def parse_gpus(text: str) -> tuple[int, GPUSpec]:
     return count, require(m.group(2))
 
 
+def intra_link(spec: GPUSpec) -> Link:
+    """The link inside a node: the catalog's per-direction bandwidth at the fraction an
+    all-reduce reached where the lab measured one (``parlab.plan.compute``'s ``link``)."""
+    from parlab.plan.compute import efficiency_table
+
+    fig = efficiency_table().get(spec.name)
+    frac = fig.link if fig is not None and fig.link else 1.0
+    how = (
+        f"{frac:.2f} of it as the lab's NCCL all-reduce reached ({fig.rests_on.split(':')[0]})"
+        if frac < 1.0 and fig is not None
+        else "the catalog's figure (not measured)"
+    )
+    return Link.from_bandwidth(
+        spec.link_bw * frac,
+        ASSUMED_ALPHA_INTRA,
+        f"catalog {spec.name} {spec.link} {spec.link_bw / 1e9:.0f} GB/s per direction, {how}, "
+        f"assumed alpha {ASSUMED_ALPHA_INTRA * 1e6:g} us/step",
+    )
+
+
 def make_cluster(
     *,
     gpus: str | None = None,
@@ -155,22 +187,16 @@ def make_cluster(
         raise UsageError("give the cluster: --gpus COUNTxGPU (e.g. 64xH100) or --env ENV.json")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {gpus_per_node}: give at least 1")
-    intra = Link.from_bandwidth(
-        spec.link_bw,
-        ASSUMED_ALPHA_INTRA,
-        f"catalog {spec.name} {spec.link} {spec.link_bw / 1e9:.0f} GB/s, assumed alpha "
-        f"{ASSUMED_ALPHA_INTRA * 1e6:g} us/step",
-    )
-    bw = inter_node_bw or DEFAULT_INTER_NODE_BW
+    intra = intra_link(spec)
+    if inter_node_bw:
+        bw, how = inter_node_bw, f"--inter-node-bw {inter_node_bw / 1e9:g} GB/s per GPU"
+    elif spec.nic_bw:
+        bw, how = spec.nic_bw, f"catalog {spec.nic_bw / 1e9:g} GB/s per GPU ({spec.system})"
+    else:
+        bw = DEFAULT_INTER_NODE_BW
+        how = f"assumed {bw / 1e9:g} GB/s per GPU (one 400 Gb/s NIC per GPU)"
     inter = Link.from_bandwidth(
-        bw,
-        ASSUMED_ALPHA_INTER,
-        (
-            f"--inter-node-bw {bw / 1e9:g} GB/s"
-            if inter_node_bw
-            else f"assumed {bw / 1e9:g} GB/s per GPU (one 400 Gb/s NIC per GPU)"
-        )
-        + f", assumed alpha {ASSUMED_ALPHA_INTER * 1e6:g} us/step",
+        bw, ASSUMED_ALPHA_INTER, how + f", assumed alpha {ASSUMED_ALPHA_INTER * 1e6:g} us/step"
     )
     return Cluster(
         gpu=spec,
@@ -262,13 +288,17 @@ def degree_tuples(world: int, *, moe_experts: int | None) -> Iterator[dict[str, 
 
 
 def schedules_for(pp: int, layers: int) -> list[tuple[str, int]]:
-    """(schedule, vpp) options for ``pp`` stages of ``layers`` layers."""
+    """(schedule, vpp) options for ``pp`` stages of ``layers`` layers: 1F1B, GPipe, interleaved
+    with every v from 2 up to one layer per chunk (uneven chunks allowed,
+    ``parlab.ledger.sharding.chunk_sizes``), and the zero-bubble V."""
     if pp == 1:
         return [("-", 1)]
     out = [("1f1b", 1), ("gpipe", 1)]
-    per = layers // pp if layers % pp == 0 else 0
-    v = next((v for v in range(2, per + 1) if per % v == 0), None) if per else None
-    if v:
+    for v in range(2, layers // pp + 1):
+        try:
+            chunk_sizes(layers, pp * v)
+        except UsageError:
+            continue
         out.append(("interleaved", v))
-    out.append(("zbv", 2))  # the layout's constraint table rejects it where 2p does not divide L
+    out.append(("zbv", 2))  # the layout's constraint table rejects it where 2p > L
     return out

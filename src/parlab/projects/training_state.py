@@ -843,10 +843,10 @@ def predict_step(
     cfg: TrainConfig, *, command: str, backend: str, environment: dict[str, Any], root: Path
 ) -> tuple[Prediction | None, str, float | None]:
     """The step time the lab predicts for ``cfg`` before it runs, from the documents under
-    ``root`` (``parlab.plan.calibrate.step_prediction``, as ``benchmarks/plan_accuracy.py``
+    ``root`` (``parlab.plan.fit.calibrate.step_prediction``, as ``benchmarks/plan_accuracy.py``
     predicts a run), a note, and the GPU's seconds in it (before any host term); (None, why,
     None) where they do not describe the run."""
-    from parlab.plan.calibrate import step_prediction_parts
+    from parlab.plan.fit.calibrate import step_prediction_parts
 
     before = document(cfg, None, None, command=command, backend=backend, environment=environment)
     try:

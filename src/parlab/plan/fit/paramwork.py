@@ -16,7 +16,7 @@ device, each bandwidth the mean over them:
   bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
   them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it;
 - ``host_s_per_param``: the host's seconds per float32 parameter of each kind's call, the GPU's
-  work not waited for; ``parlab.plan.host.host_per_param_s`` takes fused AdamW's. Only probes
+  work not waited for; ``parlab.plan.fit.host.host_per_param_s`` takes fused AdamW's. Only probes
   that timed the host (since 2026-12-01T11:19) carry it, and the copy-in's (``chunk_cat``)
   only those that called it per FSDP unit (``chunk_cat_unit``; the first two called it once
   over every tensor).
@@ -95,7 +95,7 @@ def load_param_work(doc: Any) -> ParamWork:
 def param_work_calibration(root: Any) -> ParamWork | None:
     """The GPU (``real-training``) probes under ``root``/PAR-TRAINING-STATE of the newest one's
     device, their bandwidths averaged; None without one."""
-    from parlab.plan.probes import newest_device_calibrations
+    from parlab.plan.fit.probes import newest_device_calibrations
 
     same = newest_device_calibrations(root, PROJECT, PREFIX, load_param_work)
     if not same:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.errors import UsageError
-from parlab.plan.probes import newest_device_calibrations
+from parlab.plan.fit.probes import newest_device_calibrations
 
 FORMAT = "parlab-host-dispatch/v1"
 KIND = "host-dispatch-calibration"
@@ -260,8 +260,8 @@ class HostStep:
 
 
 def _canonical(key: tuple[str, str, int, int, str]) -> tuple[str, str, int, int, str]:
-    """``key`` with the catalog's name of its model (``parlab.plan.shapes.canonical``)."""
-    from parlab.plan.shapes import canonical
+    """``key`` with the catalog's name of its model (``parlab.plan.fit.shapes.canonical``)."""
+    from parlab.plan.fit.shapes import canonical
 
     return (canonical(key[0]), *key[1:])  # type: ignore[return-value]
 
@@ -270,7 +270,7 @@ def host_per_param_s(work: Any, strategy: str, params: float, shard: int = 1) ->
     """The host's seconds per step that grow with the parameters rather than with the ops:
     fused AdamW over each rank's parameters (``params / shard`` under FSDP and ZeRO, where each
     rank steps its shard; all of them under DDP), at the host seconds per parameter that
-    ``work`` (``parlab.plan.paramwork.ParamWork``) measured; 0 without them, and for DeepSpeed
+    ``work`` (``parlab.plan.fit.paramwork.ParamWork``) measured; 0 without them, and for DeepSpeed
     (its own optimizer: not modelled).
 
     Not here: FSDP2's reduce-scatter copy-in (``_chunk_cat``), whose CUDA kernel table is built
@@ -313,8 +313,8 @@ def host_estimate(
 def run_key(doc: Any) -> tuple[str, str, int, int, str]:
     """(model, strategy, micro-batch, sequence, recompute) of a training run's document, as the
     host-step probe's configurations are keyed."""
-    from parlab.plan.calibrate import knobs
-    from parlab.plan.shapes import run_batch
+    from parlab.plan.fit.calibrate import knobs
+    from parlab.plan.fit.shapes import run_batch
 
     model, mb, seq, *_ = run_batch(doc)
     strategy = str((doc.layout or {}).get("strategy", ""))
@@ -410,7 +410,7 @@ def host_note(
     """A plan's line on the host for candidate ``cand`` of ``model`` at ``seq`` whose GPU work
     the roofline puts at ``gpu_s``, where a host-step probe ran that configuration (the same
     strategy, micro-batch, sequence and recompute, on one rank; no tensor, pipeline or context
-    parallelism); "" where none did. With ``work`` (``parlab.plan.paramwork.ParamWork``) and the
+    parallelism); "" where none did. With ``work`` (``parlab.plan.fit.paramwork.ParamWork``) and the
     model's ``params``, the host's time is ``host_estimate``'s, on ``cand.dp`` ranks."""
     rc = TRAIN_RECOMPUTE.get(cand.recompute)
     split = (getattr(cand, "tp", 1), getattr(cand, "pp", 1), getattr(cand, "cp", 1))

@@ -53,8 +53,8 @@ def probe_document(
 def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) -> list[Any]:
     """``load(doc)`` of every GPU (``real-training``) document ``prefix-*.json`` under
     ``root``/``project`` made on the newest one's device (its ``device``), oldest first; empty
-    without one (the probes whose repeats are averaged: ``parlab.plan.shapes``,
-    ``parlab.plan.paramwork``, ``parlab.plan.host.HostStep``)."""
+    without one (the probes whose repeats are averaged: ``parlab.plan.fit.shapes``,
+    ``parlab.plan.fit.paramwork``, ``parlab.plan.fit.host.HostStep``)."""
     from parlab.contract import read_document
 
     found: list[tuple[str, Any]] = []

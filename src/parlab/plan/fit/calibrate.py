@@ -20,11 +20,11 @@ the lab uses (``LAB_STEPS``):
 torch's DTensor tensor-parallel runs are host-bound: ``host_bound`` predicts them from the
 roofline's step and ops per step x host seconds per op -- their max, or their sum where the
 calibration found the two serialized -- under a host-dispatch calibration
-(``parlab.plan.host``); without one, ``unmodelled`` says they are not modelled.
+(``parlab.plan.fit.host``); without one, ``unmodelled`` says they are not modelled.
 
 Models whose GEMM shapes the width law does not describe (GPT-2 1.5B: hidden 1600, vocabulary
 50257) are predicted with the measured GEMM-shape factor where a GPU GEMM-shape calibration
-covers them (``parlab.plan.shapes``; ``predict``'s ``shapes``), and are "not modelled" without
+covers them (``parlab.plan.fit.shapes``; ``predict``'s ``shapes``), and are "not modelled" without
 one. The fit never uses it: ``fit_steps`` keeps the width law and leaves those runs out.
 
 Nothing here crosses a wire or imports torch.
@@ -39,7 +39,8 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.plan.estimate import StepEstimate, Throughput
-from parlab.plan.roofline import FitRow, Implementation, Roofline, fit_roofline
+from parlab.plan.fit.efficiencies import FitRow, fit_roofline
+from parlab.plan.roofline import Implementation, Roofline
 
 _STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
 
@@ -123,9 +124,9 @@ def _model_name(doc: Any) -> str:
 
 def host_term(doc: Any, host: Any = None) -> tuple[float | None, str]:
     """(host seconds per step, "") of a DTensor TP run under the host-dispatch calibration
-    ``host`` (``parlab.plan.host.HostDispatch``), or (None, why it is not modelled)."""
+    ``host`` (``parlab.plan.fit.host.HostDispatch``), or (None, why it is not modelled)."""
     from parlab.models import get_spec
-    from parlab.plan.host import block
+    from parlab.plan.fit.host import block
 
     if host is None:
         return None, "DTensor TP: host-bound per-op dispatch (not modelled)"
@@ -158,7 +159,7 @@ def host_term(doc: Any, host: Any = None) -> tuple[float | None, str]:
 def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any = None) -> str:
     """Why the planner's model does not describe this run ("" when it does); ``host``: the
     host-dispatch calibration that describes DTensor TP runs (``host_term``); ``shapes`` and
-    ``roofline``: a GEMM-shape calibration (``parlab.plan.shapes``) that, where it covers the
+    ``roofline``: a GEMM-shape calibration (``parlab.plan.fit.shapes``) that, where it covers the
     run against ``roofline``'s reference width, describes its unaligned GEMMs (its head dim: the
     measured attention factor where the calibration has one for the run's batch, else the
     attention term's, as for every model)."""
@@ -185,7 +186,7 @@ def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any 
     except ValueError:
         return ""
     if spec.vocab_size % 64:
-        from parlab.plan.shapes import shape_factor
+        from parlab.plan.fit.shapes import shape_factor
 
         if roofline is not None and shape_factor(doc, roofline, shapes) is not None:
             return ""
@@ -260,15 +261,20 @@ def run_request(
     else:
         dtype = "bf16-mixed"
     peak = cluster.gpu.peak("bf16") or 0.0
+    from parlab.plan.fit.lab import LabCompute
+
     req = PlanRequest(
         spec=spec,
         cluster=cluster,
         global_batch=gb,
         seq=int(w["seq"]),
-        throughput=Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True),
+        compute=(
+            Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True)
+            if roofline is None
+            else LabCompute(roofline_fit=roofline)
+        ),
         dtype=dtype,
         optimizer="adamw-fused",
-        roofline=roofline,
         implementation=implementation_of(doc),
     )
     cand = Candidate(
@@ -294,9 +300,9 @@ def predict(
     """The planner's step estimate of one measured run under ``roofline``; with a GEMM-shape
     calibration ``shapes`` covering the run, its measured shape factor replaces the width law
     and its measured attention factor scales the attention term
-    (``parlab.plan.shapes.shaped_roofline``)."""
+    (``parlab.plan.fit.shapes.shaped_roofline``)."""
+    from parlab.plan.fit.shapes import shaped_roofline
     from parlab.plan.planner import evaluate
-    from parlab.plan.shapes import shaped_roofline
 
     roofline = shaped_roofline(doc, roofline, shapes)
     made = run_request(doc, roofline=roofline, calibration=calibration)
@@ -309,9 +315,9 @@ def predict(
 def host_bound(doc: Any, gpu_s: float | None, host: Any = None) -> tuple[float, str, float] | None:
     """(predicted step, how -- ``host`` or ``gpu`` where the larger sets it, ``host+gpu`` where
     they add --, host seconds) of a DTensor TP run: ``gpu_s``, the roofline's step, and its host
-    time under ``host`` combined as the probe found (``parlab.plan.host.combine``); None where
+    time under ``host`` combined as the probe found (``parlab.plan.fit.host.combine``); None where
     the run is not one or ``host`` does not describe it (``host_term``)."""
-    from parlab.plan.host import combine
+    from parlab.plan.fit.host import combine
 
     if gpu_s is None or not is_dtensor_tp(doc):
         return None
@@ -436,7 +442,7 @@ def fit_steps(
     rounds: int = 3,
 ) -> tuple[Roofline, list[tuple[Step, list[str]]]]:
     """The roofline fitted step by step, and the run ids each step used; with ``param_work``
-    (``parlab.plan.paramwork.ParamWork``) the optimizer step and the casts run at its measured
+    (``parlab.plan.fit.paramwork.ParamWork``) the optimizer step and the casts run at its measured
     bandwidths, fixed through the fit, instead of the fitted elementwise one.
 
     ``UsageError`` when a step has no run or its runs cannot determine its efficiencies.
@@ -522,7 +528,7 @@ def training_runs(root: Any) -> list[Any]:
 def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[str]]:
     """The roofline fitted by ``LAB_STEPS`` on the training runs under ``root``, and the run
     ids it rests on."""
-    from parlab.plan.paramwork import param_work_calibration
+    from parlab.plan.fit.paramwork import param_work_calibration
 
     docs = training_runs(root)
     roof, used = fit_steps(docs, calibration=calibration, param_work=param_work_calibration(root))
@@ -541,17 +547,17 @@ def step_prediction_parts(doc: Any, root: Any) -> tuple[float, str, float] | Non
     ``benchmarks/plan_accuracy.py`` predicts a run outside its calibration: the roofline fitted
     on ``root``'s training runs (``lab_roofline``) with the GEMM-shape probes' factors
     (``predict``); DTensor TP with its host term (``host_bound``); where the host alone takes
-    longer (``parlab.plan.host.run_host_s``), the host alone. (seconds, what made it, the GPU's
+    longer (``parlab.plan.fit.host.run_host_s``), the host alone. (seconds, what made it, the GPU's
     seconds before the host's) or None where the roofline does not describe the run (another
     GPU, CPU ranks)."""
-    from parlab.plan.host import (
+    from parlab.plan.fit.host import (
         host_dispatch_calibration,
         host_step_calibration,
         run_host_s,
         with_host,
     )
-    from parlab.plan.paramwork import param_work_calibration
-    from parlab.plan.shapes import gemm_shape_calibration
+    from parlab.plan.fit.paramwork import param_work_calibration
+    from parlab.plan.fit.shapes import gemm_shape_calibration
 
     cal = collectives_calibration(root)
     roof, used = lab_roofline(root, calibration=cal)

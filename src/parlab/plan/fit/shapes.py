@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.plan.compute import StepShape
 
 FORMATS = ("parlab-gemm-shapes/v1", "parlab-gemm-shapes/v2", "parlab-gemm-shapes/v3")
 """The probe's formats, oldest first. v2: GEMM seconds include the bias gradients (``bgrad``),
@@ -232,7 +233,7 @@ def forward_efficiency(gemms: list[dict[str, Any]], peak_flops: float) -> float 
 def gemm_shape_calibration(root: Any) -> GemmShapes | None:
     """The GPU (``real-training``) GEMM-shape calibrations under ``root``/PAR-TRAINING-STATE
     made on the newest one's device, merged (``merge``), or None."""
-    from parlab.plan.probes import newest_device_calibrations
+    from parlab.plan.fit.probes import newest_device_calibrations
 
     cals = newest_device_calibrations(root, PROJECT, PREFIX, load_gemm_shapes)
     return merge(cals) if cals else None
@@ -297,7 +298,7 @@ def _era(version: int, biased: bool) -> int:
 
 def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
     """(model, micro-batch, sequence, tp, cp, GPU name) of a measured training run."""
-    from parlab.plan.calibrate import _model_name
+    from parlab.plan.fit.calibrate import _model_name
 
     w, lay = doc.workload, doc.layout or {}
     mesh = lay.get("mesh") or {}
@@ -312,33 +313,12 @@ def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Batch:
-    """What the shape factors look up for one rank's step: a measured run's (``doc_batch``) or a
-    planned candidate's (``parlab.plan.planner``)."""
-
-    model: str
-    micro_batch: int
-    seq: int
-    tp: int = 1
-    cp: int = 1
-    gpu: str
-    """The GPU's name, as the run's environment or the catalog gives it."""
-    recompute: str = "none"
-    """In the planner's names (``parlab.plan.calibrate.recompute_of``)."""
-
-    @property
-    def tokens(self) -> int:
-        """Tokens per micro-batch per rank."""
-        return self.micro_batch * self.seq // self.cp
-
-
-def doc_batch(doc: Any) -> Batch:
-    """The ``Batch`` of a measured training run."""
-    from parlab.plan.calibrate import recompute_of
+def doc_batch(doc: Any) -> StepShape:
+    """The ``StepShape`` of a measured training run."""
+    from parlab.plan.fit.calibrate import recompute_of
 
     model, mb, seq, tp, cp, gpu = run_batch(doc)
-    return Batch(
+    return StepShape(
         model=canonical(model),
         micro_batch=mb,
         seq=seq,
@@ -361,7 +341,7 @@ def same_gpu(a: str, b: str) -> bool:
     return ga is not None and gb is not None and ga.name == gb.name
 
 
-def gemm_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+def gemm_factor(batch: StepShape, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
     """(measured shape factor, its reference model) for ``batch`` under ``shapes``, or None
     where the calibration does not cover it (the width law then stays)."""
     if shapes is None or roof.gemm_width <= 0:
@@ -371,7 +351,7 @@ def gemm_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[flo
     return shapes.factor(batch.model, batch.tokens, roof.gemm_width)
 
 
-def attn_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
+def attn_factor(batch: StepShape, roof: Any, shapes: GemmShapes | None) -> tuple[float, str] | None:
     """(measured attention factor, its reference model) for ``batch`` under ``shapes``, or None
     where the calibration does not cover it: not measured at its micro-batch and sequence (for
     the model or the reference, the model of ``roof.gemm_width``), tp > 1 (the heads split),
@@ -383,7 +363,7 @@ def attn_factor(batch: Batch, roof: Any, shapes: GemmShapes | None) -> tuple[flo
     return shapes.attention_factor(batch.model, batch.micro_batch, batch.seq, roof.gemm_width)
 
 
-def rc_efficiency(batch: Batch, shapes: GemmShapes | None) -> float | None:
+def rc_efficiency(batch: StepShape, shapes: GemmShapes | None) -> float | None:
     """The measured efficiency of the model's layer forward GEMMs at ``batch``'s tokens per
     micro-batch (``GemmShapes.forward``), where it recomputes fully
     (``Roofline.recompute_gemm``: the replayed GEMMs run at their kernels' speed), ``shapes``
@@ -397,7 +377,7 @@ def rc_efficiency(batch: Batch, shapes: GemmShapes | None) -> float | None:
     return shapes.forward.get((batch.model, batch.tokens))
 
 
-def shaped(batch: Batch, roof: Any, shapes: GemmShapes | None) -> Any:
+def shaped(batch: StepShape, roof: Any, shapes: GemmShapes | None) -> Any:
     """``roof`` for ``batch``: where ``shapes`` covers its GEMMs, the GEMM efficiency ``gemm`` x
     the measured shape factor with the width law switched off (the factor replaces it); where
     it covers its attention core, ``attention`` x the measured attention factor; where it
