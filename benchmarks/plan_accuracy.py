@@ -142,8 +142,8 @@ def mfu_model_rows(
 ) -> dict[str, tuple[float | None, float | None, float | None]]:
     """run id -> (step time at the assumed MFU, at the median MFU of the other runs of its
     workload, the planner's peak memory): the planner's MFU model, before the roofline."""
-    from parlab.plan.fit.calibrate import run_request
     from parlab.plan.estimate import measured_throughput
+    from parlab.plan.fit.calibrate import run_request
     from parlab.plan.planner import DEFAULT_MFU, evaluate
 
     def key(d: Any) -> str:
@@ -218,8 +218,8 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
     from dataclasses import replace
 
     from parlab.plan.fit.calibrate import run_request
-    from parlab.plan.planner import evaluate
     from parlab.plan.fit.shapes import shaped_roofline
+    from parlab.plan.planner import evaluate
 
     made = run_request(d, roofline=shaped_roofline(d, roof, shapes), calibration=cal)
     if made is None:
@@ -288,7 +288,13 @@ def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
 
 
 def table_gpu_runs(root: Path) -> None:
-    from parlab.plan.fit.calibrate import group_of, implementation_of, knobs, recompute_of, unmodelled
+    from parlab.plan.fit.calibrate import (
+        group_of,
+        implementation_of,
+        knobs,
+        recompute_of,
+        unmodelled,
+    )
 
     docs = gpu_runs(root)
     print(f"== 1. measured GPU training runs under {root}: {len(docs)}")

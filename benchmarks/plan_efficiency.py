@@ -16,9 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from parlab.plan.compute import GpuEfficiency
-from parlab.plan.fit.efficiency_fit import _gemm_rows, _by_prefix, fit_all, shipped
 from parlab import contract
+from parlab.plan.compute import GpuEfficiency
+from parlab.plan.fit.efficiency_fit import _by_prefix, _gemm_rows, fit_all, shipped
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "parlab" / "plan" / "efficiency.json"
 

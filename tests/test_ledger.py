@@ -229,7 +229,7 @@ def test_kv_cache() -> None:
     "kwargs, field",
     [
         (dict(topology=Topology(world_size=3, tp=3)), "heads"),
-        (dict(topology=Topology(world_size=5, pp=5)), "layers"),
+        (dict(topology=Topology(world_size=33, pp=33)), "layers"),
         (dict(micro_batch=0), "micro_batch"),
         (dict(seq_len=-4), "seq_len"),
         (dict(strategy="zero4"), "strategy"),
@@ -439,3 +439,20 @@ def test_ddp_bucket_rebuild_is_a_second_set_of_buckets() -> None:
     assert led.peak_phase[0] == "ddp-bucket-rebuild" and led.value("ddp_rebuild") == grads
     head_and_embedding = 2 * spec.vocab_size * spec.hidden * 4
     assert led.peak_bytes + head_and_embedding == pytest.approx(second, rel=0.01)
+
+
+def test_uneven_stages_count_the_embedding_and_head_as_a_layer_each() -> None:
+    from parlab.ledger.sharding import chunk_sizes, stage_layers
+
+    # Llama 3 405B on 16 stages: one layer fewer on the first and the last (its paper)
+    assert chunk_sizes(126, 16) == (7, *([8] * 14), 7)
+    assert chunk_sizes(128, 16) == (8,) * 16  # even where it divides
+    sizes = chunk_sizes(126, 48)
+    assert sum(sizes) == 126 and min(sizes) >= 1
+    # every layer on exactly one rank, in order, interleaved or not
+    for pp, v in ((16, 1), (16, 2), (4, 5), (7, 3)):
+        held = sorted(i for s in range(pp) for i in stage_layers(126, pp, s, v))
+        assert held == list(range(126))
+    assert stage_layers(126, 16, 0) == list(range(7))
+    with pytest.raises(UsageError, match="no layer"):
+        chunk_sizes(126, 127)

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from parlab import contract
 from parlab.cli.common import console, print_json, reproduce_command, results_dir
-from parlab.comm.calibration import load_calibration
 from parlab.comm.explain import parse_layout
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
@@ -72,7 +71,11 @@ def build_request(o: dict[str, Any], rests_on: list[str]) -> PlanRequest:
     if o["env"] is not None:
         env_doc = contract.read_document(o["env"])
         rests_on.append(env_doc.run_id)
-    cal = load_calibration(o["calibration"]) if o["calibration"] is not None else None
+    cal = None
+    if o["calibration"] is not None:
+        from parlab.comm.calibration import load_calibration  # imports torch's dtypes
+
+        cal = load_calibration(o["calibration"])
     if cal is None and o["roofline"] is not None:
         from parlab.plan.fit.calibrate import collectives_calibration
 
@@ -146,7 +149,7 @@ def run_plan(o: dict[str, Any]) -> None:
     doc = plan_document(
         result,
         command=reproduce_command(),
-        environment=snapshot(probe_links=False),
+        environment=snapshot(probe_links=False, probe_gpus=False),
         project=o["project"],
         rests_on=rests_on,
         summary=summary,

@@ -42,10 +42,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parlab.comm.ops import SPECS
 from parlab.errors import UsageError
 
 ALGORITHMS = ("ring", "tree")
+OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_uneven",
+    "broadcast", "reduce", "send_recv", "barrier",
+)  # fmt: skip
+"""The ops this model prices (``parlab.comm.ops`` names; no torch needed here)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +86,8 @@ def _log2(n: int) -> int:
 
 def coefficients(op: str, n: int, algorithm: str = "ring") -> tuple[float, float]:
     """``(k_alpha, k_beta)`` for ``op`` over ``n`` ranks (see the module table)."""
-    if op not in SPECS:
-        raise UsageError(f"unknown op {op!r}: use one of {', '.join(SPECS)}")
+    if op not in OPS:
+        raise UsageError(f"unknown op {op!r}: use one of {', '.join(OPS)}")
     if algorithm not in ALGORITHMS:
         raise UsageError(f"unknown algorithm {algorithm!r}: use ring or tree")
     if n < 1:
@@ -180,7 +184,7 @@ def hierarchical_time(
         return a2 + S * b2  # the ring crosses a node boundary: the slowest hop sets the pace
     if op == "barrier":
         return 2 * (g - 1) * a1 + 2 * (m - 1) * a2
-    raise UsageError(f"unknown op {op!r}: use one of {', '.join(SPECS)}")
+    raise UsageError(f"unknown op {op!r}: use one of {', '.join(OPS)}")
 
 
 def link_peak(environment: dict, ranks: list[int] | None = None) -> tuple[float | None, str]:

@@ -39,6 +39,19 @@ _VAR_PREFIXES = (
 
 
 def software() -> dict[str, Any]:
+    if "torch" not in sys.modules:  # an analytic command: versions without importing torch
+        from importlib import metadata
+
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            version = metadata.version("torch")
+        return {
+            "python": platform.python_version(),
+            "torch": locals().get("version"),
+            "cuda": None,
+            "nccl": None,
+            "parlab": parlab.__version__,
+            "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        }
     import torch
 
     nccl = None
@@ -220,9 +233,10 @@ def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 @functools.lru_cache(maxsize=2)
-def snapshot(probe_links: bool = True) -> dict[str, Any]:
-    """The ``environment`` field of a contract document."""
-    gpu_list = gpus()
+def snapshot(probe_links: bool = True, probe_gpus: bool = True) -> dict[str, Any]:
+    """The ``environment`` field of a contract document; ``probe_gpus=False`` (analytic
+    commands) lists no GPU and imports no torch."""
+    gpu_list = gpus() if probe_gpus else []
     hw: dict[str, Any] = {
         "gpus": [
             {k: g[k] for k in ("name", "memory_bytes", "compute_capability")} for g in gpu_list

@@ -673,7 +673,8 @@ def predict(
         flight = act.in_flight(pp_schedule, pp, stage, microbatches, virtual_stages)
         # micro-batches whose loss graph is alive at once on the last stage: GPipe's every one
         loss_flight = microbatches if pp_schedule == "gpipe" else 1
-        kept = sum(layer_bytes(i)[0] for i in layer_ids)
+        by_kind = _layer_kinds(spec, tuple(layer_ids))  # one layer of each kind for all
+        kept = sum(layer_bytes(i)[0] * n for i, n in by_kind)
         last = stage == (0 if v_shape else pp - 1)  # the rank that computes the loss
         head = (
             act.head_bytes_per_token(
@@ -691,11 +692,11 @@ def predict(
             else 0.0
         )
         row["activations"] = round(flight * (kept + head) * tokens)
-        full_max = max((layer_bytes(i)[1] for i in layer_ids), default=0.0)
+        full_max = max((layer_bytes(i)[1] for i, _ in by_kind), default=0.0)
         if recompute == "full":
             row["recompute_buffer"] = round(full_max * tokens)
         elif recompute == "op-selective":  # one block's recomputed tensors, in its backward
-            kept_max = max((layer_bytes(i)[0] for i in layer_ids), default=0.0)
+            kept_max = max((layer_bytes(i)[0] for i, _ in by_kind), default=0.0)
             row["recompute_buffer"] = round(max(0.0, full_max - kept_max) * tokens)
         else:
             row["recompute_buffer"] = 0
@@ -863,6 +864,16 @@ def predict(
         shard_detail={k: tuple(v) for k, v in detail.items()},
         shard_count=n,
     )
+
+
+@lru_cache(maxsize=65536)
+def _layer_kinds(spec: ModelSpec, layer_ids: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(a representative layer, how many) of each kind of block (dense, MoE) in ``layer_ids``:
+    blocks of one kind keep the same bytes."""
+    groups: dict[bool, list[int]] = {}
+    for i in layer_ids:
+        groups.setdefault(spec.is_moe_layer(i), []).append(i)
+    return tuple((ids[0], len(ids)) for ids in groups.values())
 
 
 def _offloaded(offload: str) -> set[str]:

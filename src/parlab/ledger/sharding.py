@@ -36,6 +36,7 @@ Rules (each a function other code calls, so predictions and meters agree):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -131,6 +132,7 @@ def check_tp(spec: ModelSpec, tp: int, *, kv_replicate: bool = True) -> None:
         )
 
 
+@lru_cache(maxsize=4096)
 def chunk_sizes(layers: int, chunks: int) -> tuple[int, ...]:
     """Layers of each of ``chunks`` model chunks (pipeline stages x virtual stages, in model
     order): equal where ``chunks`` divides ``layers``; otherwise the embedding and the output
@@ -195,6 +197,12 @@ def tp_local_shape(
     return shape
 
 
+@lru_cache(maxsize=4096)
+def _starts(layers: int, chunks: int) -> tuple[int, ...]:
+    """The first layer of each chunk."""
+    return (0, *itertools.accumulate(chunk_sizes(layers, chunks)))[:-1]
+
+
 def stage_layers(
     layers: int, pp: int, stage: int, virtual: int = 1, *, v_shape: bool = False
 ) -> list[int]:
@@ -202,7 +210,7 @@ def stage_layers(
     ``stage, stage + pp, ...``; with ``v_shape``, the zero-bubble V's chunks ``stage`` and
     ``2 pp - 1 - stage``), each chunk as ``chunk_sizes`` splits the layers."""
     sizes = chunk_sizes(layers, pp * virtual)
-    starts = [sum(sizes[:c]) for c in range(len(sizes))]
+    starts = _starts(layers, pp * virtual)
     out: list[int] = []
     for c in range(virtual):
         chunk = (stage if c == 0 else 2 * pp - 1 - stage) if v_shape else stage + c * pp

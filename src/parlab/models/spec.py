@@ -24,6 +24,7 @@ kv_norm, wkv_b, wo``), ``layers.<i>.ffn_norm``, ``layers.<i>.feed_forward.{w1,w2
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -364,6 +365,7 @@ class ModelSpec:
 
     # ----- counts ------------------------------------------------------------------------------
 
+    @functools.cache  # noqa: B019 -- frozen and hashable: one entry per spec and block
     def block_params(self, i: int) -> int:
         """Parameters of block ``i``."""
         return sum(math.prod(s) for _, s in self.block_shapes(i))
@@ -392,6 +394,7 @@ class ModelSpec:
             n += self.embedding_params()
         return n
 
+    @functools.cache  # noqa: B019 -- frozen and hashable: one entry per spec
     def _blocks_total(self) -> int:
         # blocks are identical except dense/MoE: count the two kinds once each
         dense = [i for i in range(self.layers) if not self.is_moe_layer(i)]

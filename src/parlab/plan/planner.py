@@ -283,8 +283,11 @@ def _batch_reason(req: PlanRequest, cand: Candidate) -> str:
     return ""
 
 
-def judge(req: PlanRequest, cand: Candidate, group: _Group, *, sp: bool) -> Verdict:
-    """One candidate through every admission check and, where it gets that far, the estimate."""
+def judge(
+    req: PlanRequest, cand: Candidate, group: _Group, *, sp: bool, time_rejected: bool = False
+) -> Verdict:
+    """One candidate through every admission check and, where it is admitted (or
+    ``time_rejected``: rejected for memory too), the estimate."""
     no = dict(cand=cand, admitted=False)
     if group.bad:
         return Verdict(**no, kind="layout", reason=group.bad)
@@ -310,7 +313,10 @@ def judge(req: PlanRequest, cand: Candidate, group: _Group, *, sp: bool) -> Verd
         if group.floor > usable:
             return Verdict(**no, kind="memory", reason=group.floor_reason, peak_bytes=group.floor)
     peak = float(ledger.peak_bytes)
-    v = _timed(req, cand, group, peak=peak, sp=sp)
+    if peak > usable and not time_rejected:
+        v = Verdict(cand=cand, admitted=True, peak_bytes=peak)
+    else:
+        v = _timed(req, cand, group, peak=peak, sp=sp)
     if peak > usable:
         stage = max(range(len(ledger.peak_per_stage)), key=lambda s: ledger.peak_per_stage[s])
         reason = (
@@ -389,15 +395,18 @@ def plan(req: PlanRequest) -> PlanResult:
             base = _layout_group(req, deg, vpp, tp > 1)
             for strategy in req.strategies:
                 group = _Group(bad=base.bad, topo=base.topo)
-                for mb in req.micro_batches:
+                over: Verdict | None = None  # the least-memory candidate found over memory
+                for mb in sorted(req.micro_batches):
                     m = max(1, req.global_batch // (dp * mb))
-                    for rc in req.recompute:
+                    for rc in sorted(req.recompute, key=MEMORY_ORDER.index):
                         cand = Candidate(
                             dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategy=strategy,
                             micro_batch=mb, microbatches=m, recompute=rc, schedule=sched,
                             vpp=vpp,
                         )  # fmt: skip
-                        v = judge(req, cand, group, sp=tp > 1)
+                        v = _over(cand, over) or judge(req, cand, group, sp=tp > 1)
+                        if v.kind == "memory" and over is None and v.peak_bytes:
+                            over = v
                         (ranked if v.admitted else rejected).append(v)
                 calls += group.calls
     if not ranked and not rejected:
@@ -421,6 +430,28 @@ def plan(req: PlanRequest) -> PlanResult:
         ledger_calls=calls,
         notes=plan_notes(req, ranked[0] if ranked else None),
     )
+
+
+MEMORY_ORDER = ("full", "selective", "op-selective", "none")
+"""Recompute modes from the least activation memory kept to the most."""
+
+
+def _over(cand: Candidate, over: Verdict | None) -> Verdict | None:
+    """Rejected without asking the ledger where a candidate of the same layout and strategy
+    with no larger micro-batch and no less recompute is already over memory: its peak is at
+    least that one's (activations grow with the micro-batch and shrink with recompute)."""
+    if over is None:
+        return None
+    o = over.cand
+    heavier = cand.micro_batch >= o.micro_batch and MEMORY_ORDER.index(
+        cand.recompute
+    ) >= MEMORY_ORDER.index(o.recompute)
+    if not heavier or cand.microbatches > o.microbatches:
+        return None
+    return Verdict(
+        cand=cand, admitted=False, kind="memory", peak_bytes=over.peak_bytes,
+        reason=f"over memory: its peak is at least {o.name}'s ({_gb(over.peak_bytes or 0)})",
+    )  # fmt: skip
 
 
 def pareto_front(ranked: list[Verdict]) -> list[Verdict]:
@@ -596,4 +627,4 @@ def evaluate(req: PlanRequest, cand: Candidate, *, sp: bool | None = None) -> Ve
     """
     sp = cand.tp > 1 if sp is None else sp
     deg = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
-    return judge(req, cand, _layout_group(req, deg, cand.vpp, sp), sp=sp)
+    return judge(req, cand, _layout_group(req, deg, cand.vpp, sp), sp=sp, time_rejected=True)

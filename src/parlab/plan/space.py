@@ -287,14 +287,26 @@ def degree_tuples(world: int, *, moe_experts: int | None) -> Iterator[dict[str, 
                     yield {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": ep}
 
 
+def virtual_stage_counts(most: int) -> list[int]:
+    """The v > 1 the search tries, up to ``most`` (one layer per chunk): every v to 8, then
+    each about 1.5 times the last (the bubble falls as 1 / v: past 8 the steps matter less)."""
+    out = [v for v in range(2, min(most, 8) + 1)]
+    v = 8
+    while (v := max(v + 1, round(v * 1.5))) <= most:
+        out.append(v)
+    if most > 8 and out[-1] != most:
+        out.append(most)
+    return out
+
+
 def schedules_for(pp: int, layers: int) -> list[tuple[str, int]]:
     """(schedule, vpp) options for ``pp`` stages of ``layers`` layers: 1F1B, GPipe, interleaved
-    with every v from 2 up to one layer per chunk (uneven chunks allowed,
-    ``parlab.ledger.sharding.chunk_sizes``), and the zero-bubble V."""
+    from 2 virtual stages up to one layer per chunk (``virtual_stage_counts``; uneven chunks
+    allowed, ``parlab.ledger.sharding.chunk_sizes``), and the zero-bubble V."""
     if pp == 1:
         return [("-", 1)]
     out = [("1f1b", 1), ("gpipe", 1)]
-    for v in range(2, layers // pp + 1):
+    for v in virtual_stage_counts(layers // pp):
         try:
             chunk_sizes(layers, pp * v)
         except UsageError:
