@@ -44,7 +44,7 @@ def test_interleaved_stages() -> None:
     [
         ({"tp": 3, "dp": 1}, {}, "heads % tp == 0"),
         ({"tp": 16}, {}, "kv_heads vs tp"),
-        ({"pp": 3}, {}, "layers % (pp*vpp) == 0"),
+        ({"pp": 33}, {}, "layers >= pp*vpp (a layer per chunk)"),
         ({"cp": 2}, {"seq": 1002}, "seq % (2*cp) == 0"),
         ({"tp": 2, "dp": 4}, {}, "world == pp*dp*cp*tp"),
         ({"tp": 16}, {"gpus_per_node": 8}, "tp <= gpus per node"),

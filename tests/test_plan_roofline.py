@@ -12,13 +12,15 @@ import pytest
 from parlab.errors import UsageError
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
-from parlab.plan.estimate import Throughput, estimate, exposed_time, overlap_window
+from parlab.plan.estimate import StageWork, Throughput, estimate, exposed_time, overlap_window
 from parlab.plan.fit import calibrate
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
+from parlab.plan.fit.lab import LabCompute
 from parlab.plan.planner import PlanRequest, evaluate, plan
 from parlab.plan.roofline import (
     ELEMENTWISE,
     LOSS_BYTES_PER_LOGIT,
+    ComputeParts,
     Implementation,
     Roofline,
     causal_attention_flops_per_token,
@@ -203,10 +205,10 @@ def test_overlap_windows_follow_the_mechanisms() -> None:
     ) -> object:
         return SimpleNamespace(source=source, collective=collective, phase=phase, blocking=blocking)
 
-    assert overlap_window(item("ddp", "all-reduce", blocking=False)) == "backward"
+    assert overlap_window(item("ddp", "all-reduce", blocking=False)) == "last-backward"
     assert overlap_window(item("fsdp", "all-gather", "forward")) == "forward"
     assert overlap_window(item("zero3", "all-gather", "backward")) == "backward"
-    assert overlap_window(item("zero1", "reduce-scatter", "after-backward")) == "backward"
+    assert overlap_window(item("zero1", "reduce-scatter", "after-backward")) == "last-backward"
     assert overlap_window(item("zero2", "all-gather", "optimizer-step")) == "forward"
     assert overlap_window(item("cp", "send-recv", "forward")) == "attention"
     assert overlap_window(item("tp", "all-reduce", "forward")) is None
@@ -221,8 +223,14 @@ def _ddp_request(roof: Roofline | None) -> tuple[PlanRequest, Candidate]:
         cluster=cluster,
         global_batch=4,
         seq=4096,
-        throughput=Throughput(mfu=0.4, peak_flops=peak, source="test", assumed=True),
-        roofline=roof,
+        compute=(
+            Throughput(mfu=0.4, peak_flops=peak, source="test", assumed=True)
+            if roof is None
+            else LabCompute(roofline_fit=roof)
+        ),
+        dtype="bf16-mixed",
+        optimizer="adamw",
+        implementation=Implementation(),
     )
     cand = Candidate(dp=2, tp=1, pp=1, cp=1, ep=1, strategy="ddp", micro_batch=2, microbatches=1,
                      recompute="none", schedule="-")  # fmt: skip
@@ -237,13 +245,16 @@ def test_estimate_with_parts_bounds_exposure_and_adds_contention() -> None:
     total = base.comm_overlappable_s + base.comm_blocking_s
     assert base.comm_blocking_s <= base.comm_exposed_s <= total
     assert base.comm_hidden_s == pytest.approx(total - base.comm_exposed_s)
-    slowed = evaluate(replace(req, roofline=replace(roof, contention=0.5)), cand).estimate
+    slowed = evaluate(
+        replace(req, compute=LabCompute(roofline_fit=replace(roof, contention=0.5))), cand
+    ).estimate
     assert slowed is not None
     assert slowed.compute_s - base.compute_s == pytest.approx(0.5 * base.comm_hidden_s)
     assert slowed.step_s == pytest.approx(base.step_s + 0.5 * base.comm_hidden_s)
     # no overlap at all: everything exposed, nothing hidden, no contention
     none = evaluate(
-        replace(req, overlap=0.0, roofline=replace(roof, contention=0.5)), cand
+        replace(req, overlap=0.0, compute=LabCompute(roofline_fit=replace(roof, contention=0.5))),
+        cand,
     ).estimate
     assert none is not None
     assert none.comm_hidden_s == 0.0 and none.comm_exposed_s == pytest.approx(total)
@@ -256,9 +267,12 @@ def test_estimate_without_parts_is_the_mfu_model() -> None:
     from parlab.plan.estimate import flops_per_token
 
     fpt, _ = flops_per_token(req.spec, req.seq)
-    assert v.estimate.compute_s == pytest.approx(fpt * 4 * 4096 / 2 / req.throughput.achieved)
-    wire = {0: []}
-    e = estimate(cand, wire=wire, cluster=req.cluster, compute_s=1.0, overlap=1.0)
+    assert isinstance(req.compute, Throughput)
+    assert v.estimate.compute_s == pytest.approx(fpt * 4 * 4096 / 2 / req.compute.achieved)
+    parts = ComputeParts(gemm_s=1.0, attention_s=0.0, elementwise_s=0.0, step_s=0.0,
+                         forward_fraction=1 / 3)  # fmt: skip
+    e = estimate(cand, stages=[StageWork(stage=0, count=1, parts=parts, wire=[])],
+                 cluster=req.cluster, overlap=1.0)  # fmt: skip
     assert e.step_s == 1.0 and e.comm_hidden_s == 0.0
 
 
@@ -335,11 +349,12 @@ def test_planner_keeps_its_admission_and_pure_data_parallel_top_under_the_roofli
     cluster = make_cluster(gpus="8xH100")
     peak = cluster.gpu.peak("bf16") or 0.0
     req = PlanRequest(spec=get_spec("1.3b"), cluster=cluster, global_batch=64, seq=4096,
-                      throughput=Throughput(mfu=0.4, peak_flops=peak, source="t", assumed=True),
-                      strategies=("ddp", "fsdp"), recompute=("none",))  # fmt: skip
+                      compute=Throughput(mfu=0.4, peak_flops=peak, source="t", assumed=True),
+                      strategies=("ddp", "fsdp"), recompute=("none",), dtype="bf16-mixed",
+                      optimizer="adamw", implementation=Implementation())  # fmt: skip
     roof = Roofline(gemm=0.54, attention=0.53, ring_attention=0.22, memory=1.0, contention=0.5,
                     gemm_width=2048, gemm_width_half=1325)  # fmt: skip
-    a, b = plan(req), plan(replace(req, roofline=roof))
+    a, b = plan(req), plan(replace(req, compute=LabCompute(roofline_fit=roof)))
     # admission is memory and layout: the same candidates either way
     assert {v.cand.name for v in a.ranked} == {v.cand.name for v in b.ranked}
     assert [v.kind for v in a.rejected] == [v.kind for v in b.rejected]
@@ -413,12 +428,13 @@ def test_cli_roofline_option_fits_on_the_results_and_says_so(
     from tests.test_plan import run_cli
 
     args = ["plan", "--model", "1.3b", "--gpus", "2xH200", "--gpus-per-node", "2",
-            "--global-batch", "4", "--seq", "4096", "--results", str(tmp_path)]  # fmt: skip
+            "--global-batch", "4", "--seq", "4096", "--dtype", "bf16-mixed", "--optimizer",
+            "adamw", "--results", str(tmp_path)]  # fmt: skip
     assert run_cli([*args, "--roofline", str(RESULTS), "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
-    assert any("compute (roofline" in n for n in js["notes"])
+    assert any("fitted on the lab's runs" in n for n in js["notes"])
     # the measured 2xH200 runs: FSDP and ZeRO-3 were the fastest non-compiled layouts
-    assert js["chosen"].split()[0] in ("fsdp", "zero3")
+    assert js["decision"]["chosen"].split()[0] in ("fsdp", "zero3")
     [path] = (tmp_path / "PAR-TRAINING-STATE").glob("plan-*.json")
     data = json.loads(path.read_text())
     assert any(r.startswith("mi-single-") for r in data["decision"]["rests_on"])

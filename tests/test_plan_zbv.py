@@ -162,7 +162,7 @@ def _request(layers_model: str = "tiny", gb: int = 8, schedules: tuple[str, ...]
         cluster=cluster,
         global_batch=gb,
         seq=128,
-        throughput=assumed_throughput(0.4, cluster.gpu.peak("bf16"), "H100"),
+        compute=assumed_throughput(0.4, cluster.gpu.peak("bf16"), "H100"),
         micro_batches=(1, 4),
         strategies=("ddp",),
         recompute=("none",),
@@ -190,18 +190,17 @@ def test_planner_admits_and_rejects_zbv() -> None:
     assert "zbv" not in _request(schedules=("1f1b",)).schedules
 
 
-def test_planner_rejects_zbv_where_2p_does_not_divide_layers() -> None:
+def test_planner_rejects_zbv_where_its_2p_chunks_outnumber_the_layers() -> None:
+    from dataclasses import replace
+
     from parlab.plan.planner import plan
 
     req = _request()
-    layers = req.spec.layers
-    from dataclasses import replace
-
-    odd = replace(req, spec=replace(req.spec, layers=layers + 2 if layers % 4 == 0 else layers))
-    assert odd.spec.layers % 4
-    res = plan(odd)
-    bad = [v for v in res.rejected if v.cand.schedule == "zbv" and v.cand.pp == 2]
-    assert bad and all(v.kind == "layout" for v in bad)
+    uneven = plan(replace(req, spec=replace(req.spec, layers=5)))  # 4 chunks of 2, 1, 1, 1
+    assert any(v.cand.schedule == "zbv" for v in uneven.ranked)
+    few = plan(replace(req, spec=replace(req.spec, layers=3)))  # 4 chunks, 3 layers
+    bad = [v for v in few.rejected if v.cand.schedule == "zbv" and v.cand.pp == 2]
+    assert bad and all(v.kind == "layout" and "a layer per chunk" in v.reason for v in bad)
 
 
 def test_request_rejects_unknown_schedule() -> None:

@@ -328,6 +328,7 @@ def describe(
         "seq": seq,
         "sequence_parallel": sequence_parallel,
         "vpp": vpp,
+        "stage_split": split_text(shape.layers, topo.pp, vpp),
         "ranks": ranks,
         "groups": groups,
         "holdings": holdings(topo, shape, seq=seq, vpp=vpp),

@@ -44,6 +44,9 @@ def print_layout(d: dict[str, Any]) -> None:
         + " x ".join(f"{a} {mesh[a]}" for a in d["axis_order"])
         + f"  (ep {mesh['ep']} splits dp)"
     )
+    if mesh["pp"] > 1:
+        console.print(f"stage split: {d['stage_split']}; the embedding on stage 0, the head on "
+                      f"stage {mesh['pp'] - 1}")  # fmt: skip
     console.print(d["why_order"])
     t = Table(title="rank -> coordinates", title_justify="left")
     cols = ["rank", *d["axis_order"], "ep"] + (["node"] if "node" in d["ranks"][0] else [])

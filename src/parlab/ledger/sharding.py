@@ -139,17 +139,18 @@ def chunk_sizes(layers: int, chunks: int) -> tuple[int, ...]:
     head each count as one layer, as Megatron's ``--account-for-embedding-in-pipeline-split``
     and ``--account-for-loss-in-pipeline-split`` and Llama 3's 405B (126 layers on 16 stages:
     7, then 14 stages of 8, then 7) count them: ``layers + 2`` slots shared as evenly as they
-    go, the extra slots to the chunks after the first, the first and the last chunk one layer
-    short. ``UsageError`` where a chunk would hold no layer."""
+    go (the extra slots to the first and last chunk, then to those after the first), the first
+    and the last chunk one layer short. ``UsageError`` where a chunk would hold no layer."""
     if chunks < 1 or layers < 1:
         raise UsageError(f"{layers} layers over {chunks} chunks: give at least one of each")
     if layers % chunks == 0:
         return (layers // chunks,) * chunks
     base, extra = divmod(layers + 2, chunks)
-    sizes = [base + (1 if 0 < i <= extra else 0) for i in range(chunks)]
-    if extra == chunks - 1:  # every chunk but the first has an extra slot: the last gives it
-        sizes[0] += 1
-        sizes[-1] -= 1
+    sizes = [base] * chunks
+    # the extra slots to the first and the last chunk first (they give one to the embedding
+    # and the head), then to the chunks after the first
+    for c in ([0, chunks - 1] + list(range(1, chunks - 1)))[:extra]:
+        sizes[c] += 1
     sizes[0] -= 1
     sizes[-1] -= 1
     if min(sizes) < 1:

@@ -117,6 +117,9 @@ class GpuEfficiency:
     link: float = 0.0
     """Fraction of the catalog's per-direction link bandwidth an all-reduce reaches inside a
     node (its bus bandwidth); 0: not measured (the catalog's figure)."""
+    step_overhead: float = 0.0
+    """What a real step adds to the sum of its kernels (launch gaps, synchronisation, the
+    framework), as a fraction of that sum."""
     rests_on: str
     """What these figures rest on: the lab's probes (run ids) or the public sources cited."""
 
@@ -215,30 +218,35 @@ class BuiltinCompute:
     """Kernels (flash or materialised attention)."""
     kind: str = "built-in"
     """Which error band its predictions carry."""
+    figures: GpuEfficiency | None = None
+    """The GPU's figures (default: the shipped ones, ``efficiency_for``)."""
 
     def __post_init__(self) -> None:
-        efficiency_for(self.gpu)  # fail at once for a GPU without figures
+        if self.figures is None:
+            object.__setattr__(self, "figures", efficiency_for(self.gpu))
 
     def roofline(self, shape: StepShape) -> Roofline:
-        return _builtin_roofline(self.spec, self.gpu.name, self.impl, shape)
+        assert self.figures is not None
+        return _builtin_roofline(self.spec, self.figures, self.impl, shape)
 
     def describe(self, shape: StepShape) -> str:
         roof = self.roofline(shape)
-        fig = efficiency_for(self.gpu)
+        fig = self.figures
+        assert fig is not None
         return (
             f"compute (built-in, parlab.plan.compute): {self.spec.name}'s GEMMs at "
             f"{shape.tokens:,} tokens per micro-batch on tp {shape.tp} run at {roof.gemm:.2f} of "
             f"the {self.gpu.name} bf16 peak (the output layer {roof.head_gemm:.2f}), the attention "
             f"core at {roof.attention:.2f}, memory-bound work at {roof.memory:.2f} of its HBM "
-            f"bandwidth; {self.gpu.name}'s figures rest on {fig.rests_on}"
+            f"bandwidth, the step {100 * fig.step_overhead:.0f} % over its kernels' sum; "
+            f"{self.gpu.name}'s figures rest on {fig.rests_on}"
         )
 
 
 @cache
 def _builtin_roofline(
-    spec: ModelSpec, gpu: str, impl: Implementation, shape: StepShape
+    spec: ModelSpec, fig: GpuEfficiency, impl: Implementation, shape: StepShape
 ) -> Roofline:
-    fig = efficiency_table()[gpu]
     tokens, tp = shape.tokens, shape.tp
     kinds = {spec.is_moe_layer(i): i for i in range(spec.layers)}
     blocks = [
@@ -265,5 +273,6 @@ def _builtin_roofline(
         ring_attention=ring,
         memory=fig.memory,
         contention=fig.contention,
+        overhead=fig.step_overhead,
         source=f"built-in ({fig.rests_on})",
     )

@@ -310,8 +310,6 @@ def judge(
             f"grads, optimizer) need {_gb(group.floor)} per GPU of {_gb(usable)} usable, at any "
             "micro-batch or recompute"
         )
-        if group.floor > usable:
-            return Verdict(**no, kind="memory", reason=group.floor_reason, peak_bytes=group.floor)
     peak = float(ledger.peak_bytes)
     if peak > usable and not time_rejected:
         v = Verdict(cand=cand, admitted=True, peak_bytes=peak)

@@ -168,6 +168,9 @@ class Roofline:
     head_gemm: float = 0.0
     """Fraction of the peak reached by the output layer's GEMMs (the vocabulary projection, its
     own shape); 0: at ``gemm_at``, as every other GEMM."""
+    overhead: float = 0.0
+    """What a step adds to the sum of its kernels' times, as a fraction of that sum (the built-in
+    model's; a roofline fitted on whole steps carries it in its efficiencies: 0)."""
     source: str = ""
     """Where the numbers come from (the runs they were fitted on)."""
 
@@ -282,13 +285,17 @@ class Work:
         rc_eff = roof.recompute_gemm or eff
         head_eff = roof.head_gemm or eff
         rest = self.gemm_flops - self.recompute_gemm_flops - self.head_gemm_flops
+        k = 1.0 + roof.overhead
         return ComputeParts(
-            gemm_s=rest / (eff * peak_flops)
-            + self.recompute_gemm_flops / (rc_eff * peak_flops)
-            + self.head_gemm_flops / (head_eff * peak_flops),
-            attention_s=self.attention_flops / (attn_eff * peak_flops),
-            elementwise_s=self.elementwise_bytes / (roof.memory * hbm_bw),
-            step_s=self.step_seconds(roof, hbm_bw),
+            gemm_s=k
+            * (
+                rest / (eff * peak_flops)
+                + self.recompute_gemm_flops / (rc_eff * peak_flops)
+                + self.head_gemm_flops / (head_eff * peak_flops)
+            ),
+            attention_s=k * self.attention_flops / (attn_eff * peak_flops),
+            elementwise_s=k * self.elementwise_bytes / (roof.memory * hbm_bw),
+            step_s=k * self.step_seconds(roof, hbm_bw),
             forward_fraction=self.forward_fraction,
         )
 

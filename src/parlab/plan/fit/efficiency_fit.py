@@ -13,7 +13,13 @@ For each GPU the lab measured (the newest device of the committed probes):
 - ``memory``: the median fraction of the catalog's HBM bandwidth the param-work probes' passes
   reached (``parlab.plan.fit.paramwork``);
 - ``link``: the best all-reduce bus bandwidth the NCCL sweeps on this GPU reached, over the
-  catalog's per-direction link bandwidth.
+  catalog's per-direction link bandwidth;
+- ``contention``: the compute lost per second of communication hidden under it, as the lab's
+  roofline fit on its data-parallel runs found it (``parlab.plan.fit.calibrate.lab_roofline``);
+- ``step_overhead``: what a real step adds to the sum of its kernels: the median, over the lab's
+  one-GPU training runs (no communication) of models of at least 1e9 parameters at 4,096 tokens
+  or more per micro-batch (``GPU_BOUND_TOKENS``: where the GPU, not the host, sets the step),
+  of measured step / the built-in model's step, minus 1.
 
 GPUs of the same die at the same clocks carry the measured GPU's figures (``SAME_DIE``: the
 H100 SXM is the H200's GH100 at the same clocks and 700 W, with less and slower memory, so its
@@ -40,6 +46,10 @@ T0_GRID = (1e5, 2e5, 3e5, 5e5, 7e5, 1e6, 1.5e6, 2e6, 3e6)
 K0_GRID = (0.0, 25.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0)
 W0_GRID = tuple(float(x) for x in (1e6, 3e6, 1e7, 3e7, 5e7, 7e7, 1e8, 2e8))
 D0_GRID = (0.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+GPU_BOUND_TOKENS = 4096
+"""Tokens per micro-batch from which the lab's one-GPU runs of 1B+ models are GPU-bound: their
+steps are tens to hundreds of milliseconds of kernels, far above the host's issue time."""
 
 SAME_DIE = {"H200": ("H100-SXM",)}
 """Measured GPU -> catalog GPUs on the same die at the same clocks (compute figures shared)."""
@@ -80,8 +90,8 @@ def public_a100() -> dict[str, Any]:
         "rests_on": (
             "public figures: best-shape bf16 matmul 271.2 of 312 TFLOP/s (ml-engineering's "
             "maximum achievable matmul table), FlashAttention-2's A100 forward + backward bars "
-            "(arXiv 2307.08691 Fig. 4); the GEMM law's shape, memory and link fractions carried "
-            "from the lab's H200 probes (assumed)"
+            "(arXiv 2307.08691 Fig. 4); the GEMM law's shape, the memory and link fractions and "
+            "the contention carried from the lab's H200 probes and runs (assumed)"
         ),
     }
 
@@ -173,6 +183,40 @@ def _link(docs: list[Any], link_bw: float) -> float:
     return max(peaks) / link_bw
 
 
+def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
+    """Median measured / built-in step - 1 over the GPU-bound one-GPU runs (module docstring)."""
+    from dataclasses import replace
+
+    from parlab.plan.compute import BuiltinCompute, GpuEfficiency
+    from parlab.plan.fit.calibrate import implementation_of, run_request, training_runs
+    from parlab.plan.planner import evaluate
+
+    eff = GpuEfficiency(**{k: v for k, v in fig.items() if k != "rests_on"}, rests_on="fit")
+    ratios = []
+    for doc in training_runs(root):
+        made = run_request(doc)
+        if made is None or made[0].cluster.gpu.name != gpu or made[0].cluster.count != 1:
+            continue
+        req, cand, sp = made
+        if req.spec.num_params() < 1e9 or cand.micro_batch * req.seq < GPU_BOUND_TOKENS:
+            continue
+        model = BuiltinCompute(spec=req.spec, gpu=req.cluster.gpu, impl=implementation_of(doc),
+                               figures=eff)  # fmt: skip
+        v = evaluate(replace(req, compute=model), cand, sp=sp)
+        measured = doc.metric("step_time")
+        if v.estimate is not None and measured:
+            ratios.append(measured / v.estimate.step_s)
+    return statistics.median(ratios) - 1.0 if ratios else 0.0
+
+
+def _contention(root: Path) -> float:
+    """The contention the lab's roofline fit finds on the folder's runs."""
+    from parlab.plan.fit.calibrate import collectives_calibration, lab_roofline
+
+    roof, _ = lab_roofline(root, calibration=collectives_calibration(root))
+    return roof.contention
+
+
 def _by_prefix(entries: list[Any], project: str, prefix: str) -> list[Any]:
     return [
         e.doc
@@ -204,6 +248,8 @@ def fit_all(root: Path) -> dict[str, Any]:
         nccl = [d for d in sweeps if _gpu(d) == device and d.layout.get("backend") == "nccl"]
         fig["memory"] = _memory(same)
         fig["link"] = _link(nccl, spec.link_bw) if nccl else 0.0
+        fig["contention"] = _contention(root)
+        fig["step_overhead"] = _step_overhead(root, spec.name, {**fig, "gpu": spec.name})
         runs += sorted(d.run_id for d in same) + sorted(d.run_id for d in nccl)
         v3 = [d for d in mine if d.workload["calibration"].get("format", "").endswith("v3")]
         fig["rests_on"] = (
