@@ -648,6 +648,10 @@ def predict(
         largest_unit, root_el = sn.largest_unit, sn.root
         row: dict[str, int] = {}
         row["params"] = p_el * pol.param_bytes
+        if strategy == "fsdp" and pp > 1 and not reshard_after_forward:
+            # torch's pipelining keeps FSDP's gradients unreduced (unsharded) until the last
+            # micro-batch's backward, beside the gathered parameters
+            g_el = sn.unsharded
         row["grads"] = g_el * pol.grad_bytes
         row["optimizer"] = n_states * o_el * pol.state_bytes
         row["master_params"] = o_el * pol.master_bytes

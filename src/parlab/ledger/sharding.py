@@ -149,7 +149,7 @@ def chunk_sizes(layers: int, chunks: int) -> tuple[int, ...]:
     sizes = [base] * chunks
     # the extra slots to the first and the last chunk first (they give one to the embedding
     # and the head), then to the chunks after the first
-    for c in ([0, chunks - 1] + list(range(1, chunks - 1)))[:extra]:
+    for c in [0, chunks - 1, *range(1, chunks - 1)][:extra]:
         sizes[c] += 1
     sizes[0] -= 1
     sizes[-1] -= 1

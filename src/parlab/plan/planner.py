@@ -65,11 +65,12 @@ from parlab.plan.space import (
 )
 from parlab.topology import Topology
 
-CP_MIN_TOKENS = 4096
+CP_MIN_TOKENS = 8192
 """Context parallelism is searched only where each rank keeps at least this many tokens of a
-sequence: below it the ring's blocks are too small for their K/V exchange to hide under their
-attention, and the sequence's activations do not need the split (Llama 3 ran CP only for its
-131,072-token stage, 8,192 tokens a rank). A ``--layout`` with more is still evaluated."""
+sequence, as Llama 3 ran it (CP 16 only for its 131,072-token stage: 8,192 tokens a rank; its
+8,192-token stages without CP): below it the ring's blocks are small for their K/V exchange to
+hide under their attention, and a sequence that short does not need its activations split. A
+``--layout`` with a smaller share is still evaluated."""
 
 
 @dataclass(frozen=True, kw_only=True)
