@@ -95,7 +95,7 @@ def test_ledger_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["fit", "tiny", "--seq", "-3"], "--seq"),
         (["fit", "tiny", "--dtype", "fp8"], "dtype"),
         (["ledger", "llama3.1-8b", "--tp", "3"], "heads"),
-        (["ledger", "llama3.1-8b", "--pp", "5"], "layers"),
+        (["ledger", "llama3.1-8b", "--pp", "33"], "layers"),
         (["ledger", "llama3.1-8b", "--strategy", "zero9"], "strategy"),
         (["ledger", "llama3.1-8b", "--dp", "0"], "dp"),
         (["ledger", "tiny", "--overhead", "lots"], "--overhead"),

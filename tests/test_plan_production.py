@@ -65,7 +65,7 @@ def test_interleaving_is_searched_to_one_layer_per_chunk_with_remainders() -> No
     assert prof == {(0, 7, False, 1), (1, 8, False, 14), (15, 7, True, 1)}
 
 
-def llama405(layout_vpp: int = 4, strategy: str = "fsdp") -> tuple[PlanRequest, Candidate]:
+def llama405(layout_vpp: int = 7, strategy: str = "zero2") -> tuple[PlanRequest, Candidate]:
     spec = get_spec("llama3.1-405b")
     cluster = make_cluster(gpus="16384xH100", gpus_per_node=8)
     req = PlanRequest(spec=spec, cluster=cluster, global_batch=2048, seq=8192,

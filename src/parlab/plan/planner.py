@@ -247,6 +247,7 @@ class _Group:
     floor: float | None = None
     floor_reason: str = ""
     stages: dict[tuple[int, int, str], list[StageWork]] = field(default_factory=dict)
+    wires: dict[tuple[int, int, int], list[Any]] = field(default_factory=dict)
     calls: int = 0
 
 
@@ -384,6 +385,7 @@ def plan(req: PlanRequest) -> PlanResult:
     rejected: list[Verdict] = []
     calls = 0
     moe = spec.moe.num_experts if spec.moe is not None else None
+    modes = searched_recompute(req)
     for deg in degree_tuples(world, moe_experts=moe):
         pp, dp, cp, tp, ep = deg["pp"], deg["dp"], deg["cp"], deg["tp"], deg["ep"]
         if cp > 1 and req.seq // cp < req.cp_min_tokens:
@@ -397,7 +399,7 @@ def plan(req: PlanRequest) -> PlanResult:
                 over: Verdict | None = None  # the least-memory candidate found over memory
                 for mb in sorted(req.micro_batches):
                     m = max(1, req.global_batch // (dp * mb))
-                    for rc in sorted(req.recompute, key=MEMORY_ORDER.index):
+                    for rc in sorted(modes, key=MEMORY_ORDER.index):
                         cand = Candidate(
                             dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategy=strategy,
                             micro_batch=mb, microbatches=m, recompute=rc, schedule=sched,
@@ -429,6 +431,15 @@ def plan(req: PlanRequest) -> PlanResult:
         ledger_calls=calls,
         notes=plan_notes(req, ranked[0] if ranked else None),
     )
+
+
+def searched_recompute(req: PlanRequest) -> tuple[str, ...]:
+    """The recompute modes searched: Megatron's selective recompute drops the attention core's
+    scores, which flash attention never keeps, so with flash it keeps no less than ``none`` at
+    more compute and is left out (unless it is all that was asked)."""
+    if req.implementation.attention_kernel == "flash" and len(req.recompute) > 1:
+        return tuple(r for r in req.recompute if r != "selective")
+    return req.recompute
 
 
 MEMORY_ORDER = ("full", "selective", "op-selective", "none")
@@ -492,7 +503,12 @@ def plan_notes(req: PlanRequest, top: Verdict | None) -> list[str]:
         f"{_gb(c.gpu.memory_bytes)} x (1 - reserve {req.memory_reserve:g}))",
         f"searched: sequence parallelism whenever tp > 1; cp only where a rank keeps >= "
         f"{req.cp_min_tokens} tokens; interleaving up to one layer per chunk; FSDP under PP "
-        "without resharding between micro-batches",
+        "without resharding between micro-batches"
+        + (
+            "; selective recompute left out (flash attention keeps no scores for it to drop)"
+            if searched_recompute(req) != req.recompute
+            else ""
+        ),
     ]
 
 
@@ -583,11 +599,15 @@ def _stages(req: PlanRequest, cand: Candidate, group: _Group, sp: bool) -> list[
             parts = mfu_parts(w, req.compute)
         else:
             parts = w.parts(roof, req.peak_flops, float(req.cluster.gpu.memory_bw))
-        wire = traffic(
-            req.spec, group.topo, cand.strategy, micro_batch=cand.micro_batch, seq_len=req.seq,
-            dtype=req.dtype, microbatches=cand.microbatches, sp=sp, virtual_stages=cand.vpp,
-            stage=stage, v_shape=cand.schedule == "zbv", reshard_after_forward=_reshards(cand),
-        )  # fmt: skip
+        wkey = (cand.micro_batch, cand.microbatches, stage)  # the wire does not see recompute
+        if wkey not in group.wires:
+            group.wires[wkey] = traffic(
+                req.spec, group.topo, cand.strategy, micro_batch=cand.micro_batch,
+                seq_len=req.seq, dtype=req.dtype, microbatches=cand.microbatches, sp=sp,
+                virtual_stages=cand.vpp, stage=stage, v_shape=cand.schedule == "zbv",
+                reshard_after_forward=_reshards(cand),
+            )  # fmt: skip
+        wire = group.wires[wkey]
         out.append(StageWork(stage=stage, count=count, parts=parts, wire=wire))
     group.stages[key] = out
     return out
