@@ -36,7 +36,7 @@ from parlab.errors import UsageError
 from parlab.hardware import catalog
 from parlab.hardware import env as env_mod
 from parlab.topology import Topology
-from parlab.units import format_bytes, format_seconds
+from parlab.units import format_bytes, format_seconds, parse_degrees
 
 OP_OF = {
     "all-reduce": "all_reduce",
@@ -52,18 +52,8 @@ LAYOUT_AXES = ("pp", "dp", "cp", "tp", "ep")
 
 
 def parse_layout(text: str) -> Topology:
-    """``dp=8,tp=2`` (axes pp, dp, cp, tp, ep) -> a ``Topology``."""
-    degrees: dict[str, int] = {}
-    for part in text.split(","):
-        name, eq, value = part.strip().partition("=")
-        name = name.strip().lower()
-        if not eq or name not in LAYOUT_AXES or not value.strip().isdigit():
-            raise UsageError(
-                f"cannot parse layout part {part.strip()!r}: write axis=degree pairs like "
-                f"dp=8,tp=2 with axes from {', '.join(LAYOUT_AXES)}"
-            )
-        degrees[name] = int(value)
-    return Topology.from_degrees(**degrees)
+    """``dp=8,tp=2`` (axes pp, dp, cp, tp, ep) -> a ``Topology`` (``parlab.units.parse_degrees``)."""
+    return Topology.from_degrees(**parse_degrees(text, LAYOUT_AXES, "--layout"))
 
 
 def _catalog_link(gpu: str | None) -> tuple[model.Link | None, str]:
