@@ -44,6 +44,7 @@ from parlab.cli.common import (
     print_json,
     reproduce_command,
     results_dir,
+    say,
     say_error,
     size,
     tensor_dtype_choice,
@@ -290,16 +291,16 @@ def _sweep(
         print_json(doc.to_json())
     else:
         console.print(format_table(doc), markup=False, highlight=False, soft_wrap=True)
-    err_console.print(f"wrote {path} ({doc.evidence_level}, {doc.role})")
+    say_error(f"wrote {path} ({doc.evidence_level}, {doc.role})")
     if outcome.interrupted:
-        err_console.print(f"interrupted: {len(outcome.records)} measurement(s) kept")
+        say_error(f"interrupted: {len(outcome.records)} measurement(s) kept")
         raise typer.Exit(130)
     if doc.status != "ok":
         msg = doc.failure.message if doc.failure else "?"
         say_error(f"sweep failed ({doc.failure.kind if doc.failure else '?'}): {msg}")
         raise typer.Exit(1)
     if doc.metric("wrong_total"):
-        err_console.print(f"{int(doc.metric('wrong_total') or 0)} wrong values")
+        say_error(f"{int(doc.metric('wrong_total') or 0)} wrong values")
         raise typer.Exit(1)
 
 
@@ -366,7 +367,7 @@ def _fit(source: Path, results: Path | None, as_json: bool) -> None:
     console.print(
         f"link peak: {f'{link / 1e9:.1f} GB/s' if link else 'unknown'} ({body['link_bw_source']})"
     )
-    console.print(f"calibration: {path}")
+    say(f"calibration: {path}")
 
 
 def _explain(
@@ -406,4 +407,4 @@ def _explain(
         print_json(doc.to_json())
         return
     format_explain(doc, console)
-    console.print(f"document: {path}")
+    say(f"document: {path}")

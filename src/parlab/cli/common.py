@@ -28,6 +28,11 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 
+def say(text: str) -> None:
+    """One line on stdout, printed as it is (paths and messages are never markup)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 def say_error(text: str) -> None:
     """One line on stderr, printed as it is (a message may hold ``[/...]``: never markup)."""
     err_console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -230,7 +235,10 @@ def with_nodes(doc: Document) -> Document:
     hw = dict(env.get("hardware") or {})
     hw["host_count"] = n.nnodes
     env["hardware"] = hw
-    note = f"written by node {n.node_rank} of {n.nnodes} (rendezvous {n.rdzv_endpoint}, id {n.rdzv_id})"
+    note = (
+        f"written by the launcher of --node-rank {n.node_rank} of {n.nnodes} nodes "
+        f"(rendezvous {n.rdzv_endpoint}, id {n.rdzv_id})"
+    )
     return dataclasses.replace(
         doc,
         environment=env,

@@ -26,6 +26,7 @@ from parlab.cli.common import (
     print_json,
     reproduce_command,
     results_dir,
+    say,
     say_error,
     write,
 )
@@ -221,12 +222,12 @@ def env_cmd(
 def print_env_summary(doc: contract.Document, path: Path) -> None:
     env = doc.environment
     sw, hw = env["software"], env["hardware"]
-    console.print(
+    say(
         f"python {sw['python']}  torch {sw['torch']}  CUDA {sw['cuda'] or '-'}  "
         f"NCCL {sw['nccl'] or '-'}  parlab {sw['parlab']}"
     )
     cpu = hw["cpu"]
-    console.print(
+    say(
         f"CPU: {cpu['count']} cores ({cpu.get('model') or 'unknown model'}); hosts: {hw['host_count']}"
     )
     if not hw["gpus"]:
@@ -240,7 +241,7 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
         for i, g in enumerate(hw["gpus"]):
             t.add_row(
                 str(i),
-                g["name"],
+                escape(g["name"]),
                 format_bytes(g["memory_bytes"]),
                 g.get("compute_capability") or "-",
             )
@@ -273,7 +274,7 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
                 f"(source: {inter.get('per_link_bw_source')})"
             )
     variables = env.get("variables") or {}
-    console.print(
+    say(
         "NCCL/TORCH variables: "
         + (", ".join(f"{k}={v}" for k, v in variables.items()) or "none set")
     )
@@ -289,7 +290,7 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
         console.print(
             f"[red]sanity all-reduce failed[/red] ({doc.failure.kind}): {escape(doc.failure.message)}"
         )
-    console.print(f"document: {path}")
+    say(f"document: {path}")
 
 
 @app.command("demo")
@@ -306,7 +307,7 @@ def demo_cmd(
     print_asset_table(root, entries, skipped)
     report = root / "report" / "report.html"
     if report.exists():
-        console.print(f"report: {report} (Markdown beside it: {report.with_suffix('.md').name})")
+        say(f"report: {report} (Markdown beside it: {report.with_suffix('.md').name})")
     if failed:
         say_error(f"{failed} demo step(s) failed")
         raise typer.Exit(1)

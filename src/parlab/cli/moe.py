@@ -25,6 +25,7 @@ from parlab.cli.common import (
     recipe_choice,
     reproduce_command,
     results_dir,
+    say,
     say_error,
 )
 from parlab.cli.project import project_app
@@ -175,7 +176,7 @@ def moe_cmd(
         say_error(f"moe run failed ({f.kind}, rank {f.rank}): {f.message}")
         raise typer.Exit(1)
     print_summary(outcome.documents)
-    console.print(f"report: {outcome.report}")
+    say(f"report: {outcome.report}")
 
 
 def print_summary(docs: list) -> None:

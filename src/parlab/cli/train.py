@@ -25,6 +25,7 @@ from parlab.cli.common import (
     recipe_choice,
     reproduce_command,
     results_dir,
+    say,
     say_error,
     size,
     write,
@@ -89,7 +90,7 @@ def _print_run(doc: object, path: Path) -> None:
                 f"{probe['predicted_step_s']:.3f} s"
             )
         console.print(line)
-    console.print(f"document: {path}")
+    say(f"document: {path}")
 
 
 def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
@@ -294,4 +295,4 @@ def training_state_cmd(
             console=console,
         )
     for name, p in paths.items():
-        console.print(f"{name}: {p}")
+        say(f"{name}: {p}")

@@ -157,10 +157,11 @@ def current_nodes() -> Nodes:
 
 
 def default_timeout_s(nproc: int = 1, backend: str = "auto") -> float:
-    """The process-group timeout a run gets unless it names one: 60 s on gloo, 180 s on NCCL
-    (its first collectives build communicators; compiled runs compile before them)."""
+    """The process-group timeout a run of ``nproc`` ranks per node gets unless it names one:
+    60 s on gloo, 180 s on NCCL (its first collectives build communicators; compiled runs
+    compile before them)."""
     if backend == "auto":
-        backend = LaunchConfig(nproc=nproc, timeout_s=1.0).resolved_backend()
+        backend = LaunchConfig(nproc=nproc, nodes=ONE_NODE, timeout_s=1.0).resolved_backend()
     return NCCL_TIMEOUT_S if backend == "nccl" else GLOO_TIMEOUT_S
 
 
