@@ -67,7 +67,9 @@ def test_two_node_zero2_step(tmp_path: Path) -> None:
     for d in docs:
         params = d["metrics"]["state_bytes.params"]["per_rank"]
         grads = d["metrics"]["state_bytes.grads"]["per_rank"]
-        assert len(params) == 2 and all(abs(g - p / 2) <= 512 for g, p in zip(grads, params))
+        assert len(params) == 2 and all(
+            abs(g - p / 2) <= 512 for g, p in zip(grads, params, strict=True)
+        )
     # both nodes report the same run: the same per-rank measurements
     assert docs[0]["metrics"]["state_bytes.grads"] == docs[1]["metrics"]["state_bytes.grads"]
 
@@ -93,8 +95,6 @@ exit $status
 @pytest.mark.timeout(300)
 def test_sbatch_script_runs_one_launcher_per_node(tmp_path: Path) -> None:
     """The two-node collectives sweep, started the way a cluster starts it."""
-    from parlab.cli.launch import sbatch_script
-
     stand_ins = tmp_path / "bin"
     stand_ins.mkdir()
     (stand_ins / "srun").write_text(STAND_IN_SRUN)

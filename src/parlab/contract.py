@@ -18,6 +18,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import secrets
 import stat
@@ -318,12 +319,30 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def _non_finite(data: Any) -> str:
+    """The path (``metrics.x.value = inf``) of the first inf or nan in ``data``."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"{where} = {x}"
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}".lstrip("."), v) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(x))
+    return "a value"
+
+
 def write_result(doc: Document, results_dir: str | Path) -> Path:
     """Validate ``doc`` and write it to ``<results_dir>/<project>/<run_id>.json``."""
     data = doc.to_json()
-    text = json.dumps(data, indent=2, default=json_default, allow_nan=False)
-    validate(json.loads(text))
     path = Path(results_dir) / doc.project / f"{doc.run_id}.json"
+    try:
+        text = json.dumps(data, indent=2, default=json_default, allow_nan=False)
+    except ValueError:  # JSON has no inf or nan: say which field of which document
+        where = _non_finite(data)
+        raise ValueError(f"cannot write {path}: {where} is not a finite number") from None
+    validate(json.loads(text))
     atomic_write_text(path, text + "\n")
     return path
 

@@ -47,6 +47,10 @@ TENSOR_DTYPES = (
 )  # fmt: skip
 """``--tensor-dtype`` names (serving takes the first three)."""
 SERVING_DTYPES = ("bf16", "fp16", "fp32")
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+"""``--tensor-dtype`` name -> torch's (what the serving engine and the KV transfer take)."""
+TENSOR_DTYPE_OF = {torch_name: name for name, torch_name in TORCH_NAMES.items()}
+"""torch's name -> the ``--tensor-dtype`` name."""
 
 RETIRED_TENSOR_DTYPES: dict[str, str] = {
     "bfloat16": "bf16",

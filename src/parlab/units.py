@@ -75,16 +75,18 @@ def parse_count(text: str | int, flag: str, *, minimum: int = 1, maximum: int = 
     if isinstance(text, bool):
         raise UsageError(f"{flag} {shown(text)} is not a whole number")
     if isinstance(text, int):
-        value = text
+        value, display = text, str(text)
     else:
         m = _COUNT_RE.match(str(text))
-        if not m or len(m.group(1)) > 20:
+        if not m:
             raise UsageError(
                 f"{flag} {shown(text)} is not a whole number: write ASCII digits, e.g. 8"
             )
-        value = int(m.group(1))
+        digits = m.group(1).lstrip("0") or "0"
+        value = int(digits) if len(digits) <= 20 else maximum + 1
+        display = digits if len(digits) <= 24 else digits[:20] + "..."
     if not minimum <= value <= maximum:
-        raise UsageError(f"{flag} {text} is out of range: give {minimum} to {maximum}")
+        raise UsageError(f"{flag} {display} is out of range: give {minimum} to {maximum}")
     return value
 
 

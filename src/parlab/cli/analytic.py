@@ -511,7 +511,7 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 
 
 def demo_step(results: Path, console: Console) -> None:
-    """T0 demo: ``parlab fit llama3.1-8b --gpu H100`` (analytic, milliseconds)."""
+    """T0 demo: ``parlab fit llama3.1-8b --gpus H100`` (analytic, milliseconds)."""
     spec = get_spec("llama3.1-8b")
     gpu = require("H100")
     res = fit(spec, gpu=gpu, seq_len=4096, overhead_bytes=2**30, dtype="bf16-compute")

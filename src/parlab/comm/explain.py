@@ -10,7 +10,7 @@ re-derives a payload. Each row gets a predicted time per call and per step:
   through the ring coefficients of ``parlab.comm.model``), labelled with the
   calibration's run id and evidence level;
 - else from the catalog's intra-node link bandwidth of the GPU (this
-  machine's, or ``--gpu``): a bandwidth-only lower bound (no latency term),
+  machine's, or ``--gpus``): a bandwidth-only lower bound (no latency term),
   labelled ``catalog-link``; every axis is assumed to sit on that link (one
   node);
 - else unknown, never guessed.
@@ -60,7 +60,7 @@ def _catalog_link(gpu: str | None) -> tuple[model.Link | None, str]:
     if gpu is None:
         gpus = env_mod.snapshot(probe_links=False)["hardware"]["gpus"]
         if not gpus:
-            return None, "no GPU here and no --gpu: time unknown"
+            return None, "no GPU here and no --gpus: time unknown"
         gpu = gpus[0]["name"]
     spec = catalog.lookup(gpu)
     if spec is None:
@@ -114,7 +114,7 @@ def explain_document(
     if micro_batch < 1:
         raise UsageError(f"--micro-batch {micro_batch} must be at least 1")
     if microbatches < 1:
-        raise UsageError(f"--microbatches {microbatches} must be at least 1")
+        raise UsageError(f"--micro-batches {microbatches} must be at least 1")
     items = traffic(
         spec,
         topo,
