@@ -153,7 +153,7 @@ def time_run(
         warmup=warmup,
         micro_batch=1 if tokens else run.micro_batch,
         seq=tokens or run.seq,
-        dtype="bf16" if gpu else "fp32",
+        dtype="bf16-compute" if gpu else "fp32",
         recompute=run.recompute,
         timeout_s=240.0,
     )

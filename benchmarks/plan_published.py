@@ -90,7 +90,7 @@ class Run:
     published: str
     """What the paper states, as it states it."""
     impl: Implementation
-    dtype: str = "bf16-master"
+    dtype: str = "bf16-params"
 
     @property
     def dp(self) -> int:

@@ -84,8 +84,8 @@ def main(argv: list[str]) -> int:
             continue
         tps, mfu, st = d.metric("tokens_per_s_per_gpu"), d.metric("mfu"), d.metric("step_time")
         cb, ct = d.metric("comm_bytes_per_step"), d.metric("comm_time")
-        # ZeRO under DeepSpeed's bf16 recipe (bf16-master) answers the same DeepSpeed target
-        key = label.split()[0].replace("+bf16-master", "")
+        # ZeRO under DeepSpeed's bf16 recipe (bf16-params) answers the same DeepSpeed target
+        key = label.split()[0].replace("+bf16-params", "")
         t_tps, t_mfu = TARGETS.get(key, (None, None))
         target = []
         # the targets are the 1.3B's on 2 GPUs

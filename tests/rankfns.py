@@ -49,3 +49,25 @@ def env_of(ctx: RankContext, keys: list[str]) -> dict:
     import os
 
     return {k: os.environ.get(k) for k in keys}
+
+
+def kill_self_on(ctx: RankContext, bad_rank: int) -> None:
+    """``kill -9`` of one rank mid-run (the kernel's OOM killer looks the same)."""
+    import os
+    import signal
+
+    dist.barrier()
+    if ctx.rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def stop_self_on(ctx: RankContext, bad_rank: int) -> None:
+    """One rank stops (SIGSTOP) before a collective: its peers wait in it."""
+    import os
+    import signal
+
+    dist.barrier()
+    if ctx.rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.barrier()

@@ -41,11 +41,16 @@ def test_results_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
     doc = make_doc()
     contract.write_result(doc, tmp_path)
-    (tmp_path / "junk.json").write_text("{")
-    assert run_cli(["results", str(tmp_path)]) == 0
+    (tmp_path / "PAR-COLLECTIVES" / "junk.json").write_text("{")
+    (tmp_path / "outside.json").write_text("{")  # not in a project folder: not read
+    assert run_cli(["results", str(tmp_path)]) == 0  # the summary, one row per project
     captured = capsys.readouterr()
-    assert "PAR-COLLECTIVES" in captured.out and "busbw_peak = 1.5 GB/s" in captured.out
+    row = next(ln for ln in captured.out.splitlines() if "PAR-COLLECTIVES" in ln)
+    assert "│         1 │ baseline 1" in row and "--all" in captured.out
     assert "skipped" in captured.err and "junk.json" in captured.err
+    assert "outside.json" not in captured.err
+    assert run_cli(["results", str(tmp_path), "--all"]) == 0  # every row
+    assert "busbw_peak = 1.5 GB/s" in capsys.readouterr().out
     assert run_cli(["results", str(tmp_path), "--json", "--role", "baseline"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [d["run_id"] for d in data["documents"]] == [doc.run_id]
@@ -56,8 +61,8 @@ def test_results_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     "args, fragment",
     [
         (["results", "/nonexistent/folder"], "does not exist"),
-        (["results", ".", "--role", "winner"], "unknown role"),
-        (["env", "--nproc", "0"], "--nproc 0 is below 1"),
+        (["results", ".", "--role", "winner"], "'winner' is not one of"),
+        (["env", "--nproc", "0"], "--nproc': 0 is out of range"),
         (["no-such-command"], "No such command"),
         (["env", "--no-such-option"], "No such option"),
         (["env", "--results", "./file.txt"], "is a file"),

@@ -115,7 +115,7 @@ def run_cli(args: list[str]) -> int:
 
 
 def test_cli_table_and_bad_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["collectives", "--explain", "tiny", "--layout", "dp=2,tp=2", "--gpu", "H100"]
+    args = ["collectives", "--explain", "tiny", "--layout", "dp=2,tp=2", "--gpus", "H100"]
     assert run_cli([*args, "--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "all-reduce" in out and "catalog-link" in out
@@ -126,7 +126,7 @@ def test_cli_table_and_bad_layout(tmp_path: Path, capsys: pytest.CaptureFixture[
         )
         == 2
     )
-    assert "cannot parse layout" in capsys.readouterr().err
+    assert "cannot parse --layout" in capsys.readouterr().err
     assert run_cli(["collectives", "--explain", "tiny", "--results", str(bad)]) == 2
     assert "--explain needs --layout" in capsys.readouterr().err
     assert not bad.exists()

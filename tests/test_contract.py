@@ -130,12 +130,13 @@ def test_overwrite_is_atomic(tmp_path: Path) -> None:
 def test_results_folder_skips_foreign_and_corrupt(tmp_path: Path) -> None:
     good = contract.write_result(make_doc(), tmp_path)
     (tmp_path / "PAR-COLLECTIVES" / "truncated.json").write_text(good.read_text()[:50])
-    (tmp_path / "foreign.json").write_text(json.dumps({"hello": "world"}))
-    (tmp_path / "list.json").write_text("[1, 2]")
+    folder = tmp_path / "PAR-COLLECTIVES"
+    (folder / "foreign.json").write_text(json.dumps({"hello": "world"}))
+    (folder / "list.json").write_text("[1, 2]")
     wrong = make_doc().to_json()
     wrong["role"] = "winner"
-    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
-    (tmp_path / "notes.txt").write_text("not json at all")
+    (folder / "wrong.json").write_text(json.dumps(wrong))
+    (folder / "notes.txt").write_text("not json at all")
     entries, skipped = contract.read_results(tmp_path)
     assert [e.path for e in entries] == [good]
     reasons = {s.path.name: s.reason for s in skipped}

@@ -74,7 +74,7 @@ def test_ledger_models_deepspeed_as_zero_with_a_master_partition() -> None:
 
     for stage in (1, 2, 3):
         c = object.__new__(TrainConfig)
-        fields = cfg_for(f"zero{stage}", 2, optimizer="adamw", dtype="bf16").to_json()
+        fields = cfg_for(f"zero{stage}", 2, optimizer="adamw", dtype="bf16-params").to_json()
         for k, v in {**fields, "strategy": f"deepspeed-zero{stage}"}.items():
             object.__setattr__(c, k, v)  # past __post_init__: deepspeed may be missing here
         preds, notes = ledger_predictions(c, "gloo")
@@ -105,7 +105,7 @@ def test_deepspeed_world_size_one_is_plain_training(stage: int) -> None:
 @needs_deepspeed
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_bf16_state_against_the_ledger(stage: int) -> None:
-    cfg = cfg_for(f"deepspeed-zero{stage}", 2, optimizer="adamw", lr=1e-3, dtype="bf16")
+    cfg = cfg_for(f"deepspeed-zero{stage}", 2, optimizer="adamw", lr=1e-3, dtype="bf16-params")
     results = run_ranks(train_rank, 2, timeout=150, **cfg.to_json())
     preds, _ = ledger_predictions(cfg, "gloo")
     for r in results:

@@ -57,7 +57,7 @@ def test_layout_space_respects_the_model() -> None:
 def test_fit_cli_writes_an_analytic_t0_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = _run(["fit", "llama3.1-8b", "--gpu", "H100", "--seq", "4096", "--json",
+    code, out, _ = _run(["fit", "llama3.1-8b", "--gpus", "H100", "--seq", "4096", "--json",
                          "--results", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0
     data = json.loads(out)
@@ -69,8 +69,8 @@ def test_fit_cli_writes_an_analytic_t0_document(
     files = list((tmp_path / "PAR-TRAINING-STATE").glob("*.json"))
     assert len(files) == 1
     contract.read_document(files[0])
-    code, out, _ = _run(["fit", "tiny", "--gpu", "H200", "--results", str(tmp_path)], capsys)
-    assert code == 0 and "fits on one H200" in out
+    code, out, _ = _run(["fit", "tiny", "--gpus", "H200", "--results", str(tmp_path)], capsys)
+    assert code == 0 and out.startswith("fits on one H200")  # the verdict first
 
 
 def test_ledger_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +81,7 @@ def test_ledger_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doc.task == "T2" and doc.layout["world_size"] == 8
     assert len(doc.metrics["peak_memory"].per_rank) == 8
     assert any(w["collective"] == "reduce-scatter" for w in doc.layout["wire"])
-    code, out, _ = _run(["ledger", "llama2-7b", "--pp", "4", "--tp", "2", "--sp", "--microbatches",
+    code, out, _ = _run(["ledger", "llama2-7b", "--pp", "4", "--tp", "2", "--sp", "--micro-batches",
                          "8", "--results", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0 and "stage 3" in out and "send-recv" in out
 
@@ -90,10 +90,20 @@ def test_ledger_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     "argv, words",
     [
         (["fit", "llama9-1t"], "unknown model"),
-        (["fit", "tiny", "--gpu", "V99"], "unknown GPU"),
-        (["fit", "tiny", "--batch", "0"], "--batch"),
+        (["fit", "tiny", "--gpus", "V99"], "unknown GPU"),
+        (["fit", "tiny", "--gpus", "8xV99"], "unknown GPU"),
+        (["fit", "tiny", "--gpus", "0xH100"], "--gpus 0 is out of range"),
+        (["fit", "tiny", "--gpu", "H100"], "--gpu is now --gpus"),
+        (["fit", "tiny", "--micro-batch", "0"], "--micro-batch"),
+        (["fit", "tiny", "--batch", "2"], "--batch is now --micro-batch"),
         (["fit", "tiny", "--seq", "-3"], "--seq"),
         (["fit", "tiny", "--dtype", "fp8"], "dtype"),
+        (["fit", "tiny", "--dtype", "bf16-mixed"], "bf16-mixed is now bf16-compute"),
+        (["fit", "tiny", "--dtype", "bf16-master"], "bf16-master is now bf16-params"),
+        (["ledger", "tiny", "--dtype", "bf16"], "use bf16-compute"),
+        (["ledger", "tiny", "--virtual-stages", "2"], "--virtual-stages is now --vpp"),
+        (["ledger", "tiny", "--microbatches", "2"], "--microbatches is now --micro-batches"),
+        (["ledger", "tiny", "--dp", "2", "--gpus", "4xH100"], "the layout has 2 ranks"),
         (["ledger", "llama3.1-8b", "--tp", "3"], "heads"),
         (["ledger", "llama3.1-8b", "--pp", "33"], "layers"),
         (["ledger", "llama3.1-8b", "--strategy", "zero9"], "strategy"),

@@ -99,7 +99,7 @@ def test_parlab_train_ddp_releases_first_buckets_and_predicts_without_them() -> 
     from parlab.projects.training_state import TrainConfig, _layout, ledger_predictions
 
     assert callable(TorchDDP.release_first_buckets)
-    cfg = TrainConfig(strategy="ddp", model="small", micro_batch=2, seq=128, dtype="bf16")
+    cfg = TrainConfig(strategy="ddp", model="small", micro_batch=2, seq=128, dtype="bf16-compute")
     assert _layout(cfg, "nccl")["knobs"]["ddp_first_buckets"] == "released"
     assert (
         "ddp_first_buckets"

@@ -27,7 +27,7 @@ def request(model: str, gpus: str, *, per_node: int = 8, gb: int = 64, seq: int 
     peak = cluster.gpu.peak("bf16")
     assert peak
     th = Throughput(mfu=0.4, peak_flops=peak, source="assumed MFU 0.4", assumed=True)
-    old = dict(dtype="bf16-mixed", optimizer="adamw", implementation=Implementation())
+    old = dict(dtype="bf16-compute", optimizer="adamw", implementation=Implementation())
     return PlanRequest(
         spec=get_spec(model),
         cluster=cluster,
@@ -139,7 +139,7 @@ def test_memory_rejection_says_by_how_much() -> None:
     # the first of a (layout, strategy) is the ledger's exact peak, with the excess
     first = next(v for v in ddp if "at least" not in v.reason)
     assert first.peak_bytes is not None
-    assert first.reason.startswith(f"over memory by {(first.peak_bytes - 80e9) / 1e9:.2f} GB")
+    assert first.reason.startswith(f"over memory by {(first.peak_bytes - 80e9) / 2**30:.2f} GiB")
     # its states alone -- 8.03B params x (4 + 4 + 8 AdamW) bytes -- exceed 80 GB, so the rest
     # of the group is rejected on that floor, "by at least"
     rest = [v for v in ddp if v is not first]
@@ -297,13 +297,13 @@ def test_memory_rejection_says_when_a_fused_optimizer_would_fit() -> None:
             spec=get_spec("llama3.1-8b"), cluster=make_cluster(gpus=gpus, gpus_per_node=1),
             global_batch=1, seq=1024, compute=Throughput(mfu=0.4, peak_flops=1e15, source="t", assumed=True),
             micro_batches=(1,), strategies=("fsdp",), recompute=("full",), optimizer="adamw",
-            dtype="bf16-mixed", implementation=Implementation(),
+            dtype="bf16-compute", implementation=Implementation(),
         )  # fmt: skip
         [v] = plan(req).rejected
         return v
 
     near = rejected("1xH200")  # 141 GB: 160.6 GB with the temporaries, 132.7 GB without
     assert near.kind == "memory" and "with --optimizer adamw-fused" in near.reason
-    assert "the peak is 132.69 GB" in near.reason
+    assert "the peak is 123.57 GiB" in near.reason
     far = rejected("1xA100-40GB")  # 40 GB: over with or without them
     assert far.kind == "memory" and "adamw-fused" not in far.reason

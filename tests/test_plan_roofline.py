@@ -133,7 +133,7 @@ def test_flash_work_is_causal_and_math_work_is_the_whole_square() -> None:
 
 def test_sharded_optimizers_step_on_a_shard_and_float32_parameters_cast() -> None:
     spec = get_spec("1.3b")
-    kw = {"seq": 4096, "micro_batch": 1, "microbatches": 4, "dp": 2, "dtype": "bf16-mixed"}
+    kw = {"seq": 4096, "micro_batch": 1, "microbatches": 4, "dp": 2, "dtype": "bf16-compute"}
     ddp = work(spec, strategy="ddp", **kw)
     z3 = work(spec, strategy="zero3", **kw)
     n = spec.num_params()
@@ -155,7 +155,7 @@ def test_per_parameter_passes_follow_the_runtime() -> None:
     weight casts again in a full recompute (not under FSDP, whose gathers are bf16 already),
     and FSDP's second gather's copy-in before backward; each part at its measured bandwidth."""
     spec = get_spec("1.3b")
-    kw = {"seq": 1024, "micro_batch": 1, "microbatches": 1, "dtype": "bf16-mixed"}
+    kw = {"seq": 1024, "micro_batch": 1, "microbatches": 1, "dtype": "bf16-compute"}
     n = spec.num_params()
     blocks = spec.num_active_params(embedding=False) - spec.output_params()
     one = work(spec, strategy="ddp", **kw)
@@ -228,7 +228,7 @@ def _ddp_request(roof: Roofline | None) -> tuple[PlanRequest, Candidate]:
             if roof is None
             else LabCompute(roofline_fit=roof)
         ),
-        dtype="bf16-mixed",
+        dtype="bf16-compute",
         optimizer="adamw",
         implementation=Implementation(),
     )
@@ -312,7 +312,7 @@ def test_measured_per_parameter_bandwidths_are_fixed_through_the_fit() -> None:
     made the times, and ``memory`` no longer prices it."""
     truth = Roofline(gemm=0.6, attention=0.45, ring_attention=1.0, memory=0.8,
                      optimizer_bw=0.3 * BW, cast_bw=0.5 * BW)  # fmt: skip
-    rows = _rows(truth, dtype="bf16-mixed")  # float32 parameters: casts every micro-batch
+    rows = _rows(truth, dtype="bf16-compute")  # float32 parameters: casts every micro-batch
     w = rows[0].work
     assert 0 < w.optimizer_bytes < w.step_bytes
     cast = w.step_bytes - w.optimizer_bytes
@@ -350,7 +350,7 @@ def test_planner_keeps_its_admission_and_pure_data_parallel_top_under_the_roofli
     peak = cluster.gpu.peak("bf16") or 0.0
     req = PlanRequest(spec=get_spec("1.3b"), cluster=cluster, global_batch=64, seq=4096,
                       compute=Throughput(mfu=0.4, peak_flops=peak, source="t", assumed=True),
-                      strategies=("ddp", "fsdp"), recompute=("none",), dtype="bf16-mixed",
+                      strategies=("ddp", "fsdp"), recompute=("none",), dtype="bf16-compute",
                       optimizer="adamw", implementation=Implementation())  # fmt: skip
     roof = Roofline(gemm=0.54, attention=0.53, ring_attention=0.22, memory=1.0, contention=0.5,
                     gemm_width=2048, gemm_width_half=1325)  # fmt: skip
@@ -428,7 +428,7 @@ def test_cli_roofline_option_fits_on_the_results_and_says_so(
     from tests.test_plan import run_cli
 
     args = ["plan", "--model", "1.3b", "--gpus", "2xH200", "--gpus-per-node", "2",
-            "--global-batch", "4", "--seq", "4096", "--dtype", "bf16-mixed", "--optimizer",
+            "--global-batch", "4", "--seq", "4096", "--dtype", "bf16-compute", "--optimizer",
             "adamw", "--results", str(tmp_path)]  # fmt: skip
     assert run_cli([*args, "--roofline", str(RESULTS), "--json"]) == 0
     js = json.loads(capsys.readouterr().out)

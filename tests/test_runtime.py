@@ -99,21 +99,56 @@ def test_deadline_backstop_kills_the_run() -> None:
 
 
 def test_bad_launch_config() -> None:
+    from parlab.runtime.launch import Nodes
+
     with pytest.raises(ValueError, match="nproc"):
         LaunchConfig(nproc=0)
     with pytest.raises(ValueError, match="rdzv-endpoint"):
-        LaunchConfig(nproc=2, nnodes="2")
-    cfg = LaunchConfig(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host0:29500")
-    args = cfg.torchrun_args()
+        Nodes(nnodes=2, node_rank=0)
+    with pytest.raises(ValueError, match="--node-rank"):
+        Nodes(nnodes=2, rdzv_endpoint="host0:29500")
+    with pytest.raises(ValueError, match="outside 0 to 1"):
+        Nodes(nnodes=2, node_rank=2, rdzv_endpoint="host0:29500")
+    with pytest.raises(ValueError, match="port 1 to 65535"):
+        Nodes(nnodes=2, node_rank=1, rdzv_endpoint="host0:99999")
+    with pytest.raises(ValueError, match="do not divide over --nnodes 2"):
+        LaunchConfig(nproc=3, nodes=Nodes(nnodes=2, node_rank=1, rdzv_endpoint="h:1"))
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        with pytest.raises(ValueError, match="finite number of seconds above 0"):
+            LaunchConfig(nproc=2, timeout_s=bad)
+    two = Nodes(nnodes=2, node_rank=1, rdzv_endpoint="host0:29500", rdzv_id="job7")
+    args = LaunchConfig(nproc=8, nodes=two).torchrun_args()  # 8 ranks over 2 nodes
     assert "--standalone" not in args
+    assert args[args.index("--nproc-per-node") + 1] == "4"
     assert args[args.index("--rdzv-endpoint") + 1] == "host0:29500"
     assert args[args.index("--node-rank") + 1] == "1"
+    assert args[args.index("--rdzv-id") + 1] == "job7"
     assert "--numa-binding" not in args
+    assert "--standalone" in LaunchConfig(nproc=2).torchrun_args()
     # torchrun's NUMA binding passes through; a mode torchrun does not have is refused first
     bound = LaunchConfig(nproc=2, numa_binding="node").torchrun_args()
     assert bound[bound.index("--numa-binding") + 1] == "node"
     with pytest.raises(ValueError, match="numa-binding 'near'"):
         LaunchConfig(nproc=2, numa_binding="near")
+
+
+def test_the_command_sets_the_nodes_of_every_launch_inside_it() -> None:
+    from parlab.runtime.launch import Nodes, current_nodes, on_nodes
+
+    two = Nodes(nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400")
+    assert not current_nodes().multi
+    with on_nodes(two):
+        assert LaunchConfig(nproc=4).per_node == 2
+        assert "--standalone" not in LaunchConfig(nproc=4).torchrun_args()
+    assert LaunchConfig(nproc=4).per_node == 4
+
+
+def test_default_timeout_suits_the_backend() -> None:
+    from parlab.runtime.launch import default_timeout_s
+
+    assert default_timeout_s(2, "gloo") == 60.0
+    assert default_timeout_s(2, "nccl") == 180.0
+    assert LaunchConfig(nproc=2).resolved_timeout("gloo") == 60.0
 
 
 def _sum_ranks(ctx, k: int) -> int:

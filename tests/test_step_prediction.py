@@ -55,7 +55,7 @@ def test_a_run_is_predicted_before_it_starts_from_its_configuration() -> None:
     accuracy table gives the measured run."""
     measured = read_document(STATE / "train-fsdp-8b-20261201T113856-61f60a.json")
     cfg = TrainConfig(strategy="fsdp", model="8b", nproc=1, steps=8, warmup=3, micro_batch=1,
-                      seq=512, dtype="bf16", recompute="full")  # fmt: skip
+                      seq=512, dtype="bf16-compute", recompute="full")  # fmt: skip
     made, note, gpu = predict_step(
         cfg, command="t", backend="nccl", environment=measured.environment, root=RESULTS
     )

@@ -321,10 +321,10 @@ def test_bf16_master_zero_equals_single_process_recipe(strategy: str) -> None:
     the losses equal one process running the same recipe over the same batch slices; then,
     with AdamW, every rank holds exactly the ledger's bf16-master state items and moves the
     ledger's bytes (bf16 on the wire)."""
-    cfg = cfg_for(strategy, 2, dtype="bf16-master")
+    cfg = cfg_for(strategy, 2, dtype="bf16-params")
     results = run_ranks(train_rank, 2, return_params=True, **cfg.to_json())
     check_equal(results, 2, reference_bf16_master(2), rtol=1e-5, atol=1e-7)
-    cfg = cfg_for(strategy, 2, dtype="bf16-master", optimizer="adamw", lr=1e-3)
+    cfg = cfg_for(strategy, 2, dtype="bf16-params", optimizer="adamw", lr=1e-3)
     results = run_ranks(train_rank, 2, **cfg.to_json())
     preds, _ = ledger_predictions(cfg, "gloo")
     for r in results:
@@ -335,8 +335,8 @@ def test_bf16_master_zero_equals_single_process_recipe(strategy: str) -> None:
 
 
 def test_bf16_master_is_refused_outside_zero12() -> None:
-    with pytest.raises(ValueError, match="zero1 or zero2"):
-        cfg_for("fsdp", 2, dtype="bf16-master")
+    with pytest.raises(ValueError, match="runs under zero1, zero2"):
+        cfg_for("fsdp", 2, dtype="bf16-params")
 
 
 def test_phase_times_cover_each_timed_step() -> None:

@@ -45,12 +45,12 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_av
 if [ "$NGPU" -ge 2 ]; then
   FULL=(-b 8 -e 8GiB -f 2 -w 5 -n 20)
   SMALL=(-b 8 -e 256KiB -f 2 -w 50 -n 500)
-  BF16=(-b 1MiB -e 4GiB -f 4 -w 5 -n 20 -d bfloat16)
+  BF16=(-b 1MiB -e 4GiB -f 4 -w 5 -n 20 -d bf16)
 else
   echo "no 2 GPUs here: dry run at tiny sizes on gloo CPU ranks (no --graph)"
   FULL=(-b 8 -e 256KiB -f 8 -w 1 -n 3)
   SMALL=(-b 8 -e 4KiB -f 8 -w 1 -n 5)
-  BF16=(-b 1KiB -e 64KiB -f 8 -w 1 -n 3 -d bfloat16)
+  BF16=(-b 1KiB -e 64KiB -f 8 -w 1 -n 3 -d bf16)
 fi
 P=("$PY" -m parlab)
 
@@ -117,9 +117,9 @@ CAL=$(newest 'collectives-calibration-*.json')
 CALOPT=()
 [ -n "$CAL" ] && CALOPT=(--calibration "$CAL")
 run t1-fsdp "${P[@]}" collectives --explain 1.3b --layout dp=2 --strategy fsdp --micro-batch 2 \
-  --seq 4096 "${CALOPT[@]}" --gpu H200 --results "$RES"
+  --seq 4096 "${CALOPT[@]}" --gpus H200 --results "$RES"
 run t1-tp "${P[@]}" collectives --explain 1.3b --layout tp=2 --micro-batch 2 --seq 4096 \
-  "${CALOPT[@]}" --gpu H200 --results "$RES"
+  "${CALOPT[@]}" --gpus H200 --results "$RES"
 echo "== parlab evidence done after $(( $(date +%s) - t0 )) s"
 
 # 7. the comparison with nccl-tests: first against the external reference figures, then (where

@@ -30,7 +30,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 if [ "$GPUS" -ge 1 ]; then
-  L8=llama3.1-8b L7=llama2-7b Q7=qwen2.5-7b DT=bf16 SEQ=1024
+  L8=llama3.1-8b L7=llama2-7b Q7=qwen2.5-7b DT=bf16-compute SEQ=1024
 else
   L8=small L7=small Q7=small DT=fp32 SEQ=64
 fi

@@ -19,7 +19,7 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_av
 if [ "$NGPU" -ge 2 ]; then
   SIZE=(--hidden 4096 --ffn-hidden 2048 --tokens 16384 --warmup 3 --iters 10)
   TRAIN=(--train-steps 10)
-  CAL=(-b 4MiB -e 512MiB -f 2 -d bfloat16 -w 5 -n 20)
+  CAL=(-b 4MiB -e 512MiB -f 2 -d bf16 -w 5 -n 20)
 else
   echo "no 2 GPUs here: dry run at tiny sizes on gloo CPU ranks"
   SIZE=(--hidden 64 --ffn-hidden 128 --tokens 256 --warmup 1 --iters 2)

@@ -31,7 +31,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 if [ "$GPUS" -ge 1 ]; then
-  M13=1.3b GPT2=gpt2-1.5b SMALL=gpt2-124m BIG=llama3.1-8b DT=bf16 S=4096 S2=8192 S1=1024
+  M13=1.3b GPT2=gpt2-1.5b SMALL=gpt2-124m BIG=llama3.1-8b DT=bf16-compute S=4096 S2=8192 S1=1024
 else
   M13=tiny GPT2=tiny SMALL=tiny BIG=small DT=fp32 S=64 S2=128 S1=32
 fi

@@ -26,14 +26,14 @@ trap '[ "${KEEP_TRACES:-0}" = 1 ] || rm -rf "$TR"' EXIT
 
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$NGPU" -ge 2 ]; then
-  BIG=(--model 1.3b --batch 2 --seq 4096 --nproc 2 --backend nccl)
-  TP=(--model 1.3b --batch 2 --seq 2048 --nproc 2 --backend nccl)
-  TRAIN=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 3 --timeout 90)
+  BIG=(--model 1.3b --micro-batch 2 --seq 4096 --nproc 2 --backend nccl)
+  TP=(--model 1.3b --micro-batch 2 --seq 2048 --nproc 2 --backend nccl)
+  TRAIN=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16-compute --warmup 3 --steps 3 --timeout 90)
   BUCKETS=1,25,250
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks"
-  BIG=(--model tiny --batch 2 --seq 64 --nproc 2 --backend gloo)
-  TP=(--model tiny --batch 2 --seq 64 --nproc 2 --backend gloo)
+  BIG=(--model tiny --micro-batch 2 --seq 64 --nproc 2 --backend gloo)
+  TP=(--model tiny --micro-batch 2 --seq 64 --nproc 2 --backend gloo)
   TRAIN=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 3 --steps 3 --timeout 60)
   BUCKETS=0.01,0.1,1
 fi

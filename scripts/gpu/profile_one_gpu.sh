@@ -26,10 +26,10 @@ trap 'rm -rf "$TR"' EXIT
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ -n "${RUNS:-}" ]; then
   IFS=';' read -r -a RUNS <<< "$RUNS"
-  DT=bf16
+  DT=bf16-compute
   [ "$NGPU" -ge 1 ] || DT=fp32
 elif [ "$NGPU" -ge 1 ]; then
-  RUNS=("fsdp gpt2-1.5b 8 1024" "fsdp 1.3b 2 4096" "ddp gpt2-1.5b 8 1024") DT=bf16
+  RUNS=("fsdp gpt2-1.5b 8 1024" "fsdp 1.3b 2 4096" "ddp gpt2-1.5b 8 1024") DT=bf16-compute
 else
   echo "no GPU here: dry run on the tiny model, one gloo CPU rank"
   RUNS=("fsdp tiny 8 64" "fsdp tiny 2 128" "ddp tiny 8 64") DT=fp32

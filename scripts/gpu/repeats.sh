@@ -29,7 +29,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 if [ "$GPUS" -ge 2 ]; then
-  PRESET=gpu GPT2=gpt2-1.5b M13=1.3b DT=bf16 SEQ=4096 SEQ2=1024 MB2=8
+  PRESET=gpu GPT2=gpt2-1.5b M13=1.3b DT=bf16-compute SEQ=4096 SEQ2=1024 MB2=8
 else
   PRESET=cpu GPT2=tiny M13=tiny DT=fp32 SEQ=64 SEQ2=64 MB2=2
 fi

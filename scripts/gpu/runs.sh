@@ -27,7 +27,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 if [ "$GPUS" -ge 1 ]; then
-  M13=1.3b M7=llama2-7b M8=8b Q7=qwen2.5-7b GPT2=gpt2-1.5b SMALL=gpt2-124m DT=bf16
+  M13=1.3b M7=llama2-7b M8=8b Q7=qwen2.5-7b GPT2=gpt2-1.5b SMALL=gpt2-124m DT=bf16-compute
   S=4096 S1=1024 S2=8192
   NP="${NPROC:-$GPUS}"
 else

@@ -35,7 +35,7 @@ timeout --kill-after=10 40 $PY benchmarks/serve_router.py --rate 500 --requests 
   --results "$OUT/results" 2>&1 | tee "$OUT/router_overhead.log" || rc=1
 if [ "${SERVING_TP:-1}" = 1 ]; then
   if [ "$PRESET" = gpu ]; then
-    TPARGS="--model 1.3b --dtype bfloat16 --max-batch 32 --max-len 4096"; N=32; RATE=8; IN=1024; OUTL=64
+    TPARGS="--model 1.3b --tensor-dtype bf16 --max-batch 32 --max-len 4096"; N=32; RATE=8; IN=1024; OUTL=64
   else
     TPARGS="--model tiny"; N=8; RATE=4; IN=64; OUTL=8
   fi

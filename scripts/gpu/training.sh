@@ -25,9 +25,9 @@ if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 LOG="$OUT/training.log"
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ "$NGPU" -ge 2 ]; then
-  BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
-  SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
-  THIRD=(--model gpt2-1.5b --nproc 2 --micro-batch 8 --seq 1024 --dtype bf16 --warmup 3 --steps 5 --timeout 90)
+  BIG=(--model 1.3b --nproc 2 --micro-batch 2 --seq 4096 --dtype bf16-compute --warmup 3 --steps 5 --timeout 90)
+  SECOND=(--model 8b --nproc 2 --micro-batch 1 --seq 4096 --dtype bf16-compute --warmup 3 --steps 5 --timeout 90)
+  THIRD=(--model gpt2-1.5b --nproc 2 --micro-batch 8 --seq 1024 --dtype bf16-compute --warmup 3 --steps 5 --timeout 90)
 else
   echo "no 2 GPUs here: dry run on the tiny model, 2 gloo CPU ranks" | tee -a "$LOG"
   BIG=(--model tiny --nproc 2 --micro-batch 2 --seq 64 --warmup 1 --steps 2 --timeout 60)
@@ -47,10 +47,10 @@ parlab() {
 for s in ${TRAIN_STRATEGIES:-ddp zero1 zero2 zero3 fsdp}; do
   parlab train --strategy "$s" "${BIG[@]}"
 done
-# TRAIN_MASTER="zero1 zero2": those ZeRO stages again with --dtype bf16-master (bf16 params and
+# TRAIN_MASTER="zero1 zero2": those ZeRO stages again with --dtype bf16-params (bf16 params and
 # grads, fp32 master shards: DeepSpeed's bf16 recipe), the same shape
 for s in ${TRAIN_MASTER:-}; do
-  parlab train --strategy "$s" "${BIG[@]/bf16/bf16-master}"
+  parlab train --strategy "$s" "${BIG[@]/bf16-compute/bf16-params}"
 done
 # TRAIN_DEEPSPEED="1 2 3": DeepSpeed's ZeRO stages (--strategy deepspeed-zeroK, bf16 params with
 # fp32 master partitions) at the same shape, where DeepSpeed imports (carried as wheels: .whl/)

@@ -18,9 +18,12 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import secrets
+import stat
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -316,12 +319,30 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def _non_finite(data: Any) -> str:
+    """The path (``metrics.x.value = inf``) of the first inf or nan in ``data``."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"{where} = {x}"
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}".lstrip("."), v) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(x))
+    return "a value"
+
+
 def write_result(doc: Document, results_dir: str | Path) -> Path:
     """Validate ``doc`` and write it to ``<results_dir>/<project>/<run_id>.json``."""
     data = doc.to_json()
-    text = json.dumps(data, indent=2, default=json_default, allow_nan=False)
-    validate(json.loads(text))
     path = Path(results_dir) / doc.project / f"{doc.run_id}.json"
+    try:
+        text = json.dumps(data, indent=2, default=json_default, allow_nan=False)
+    except ValueError:  # JSON has no inf or nan: say which field of which document
+        where = _non_finite(data)
+        raise ValueError(f"cannot write {path}: {where} is not a finite number") from None
+    validate(json.loads(text))
     atomic_write_text(path, text + "\n")
     return path
 
@@ -342,39 +363,139 @@ class Entry:
     doc: Document
 
 
-def read_document(path: str | Path) -> Document:
-    """Read one document; ``ValueError`` naming the file when it is not one."""
-    path = Path(path)
+class NotADocument(UsageError):
+    """A file given as a document that is not one (a reader skips it with this reason)."""
+
+
+MAX_DOCUMENT_BYTES = 64 * 2**20
+"""Readers skip a file larger than this (a document of the committed results is < 2 MiB)."""
+MAX_NESTING = 64
+"""Readers skip JSON nested deeper than this (a document nests about 12 deep)."""
+STALE_TEMP_S = 3600.0
+"""A hidden ``.*.tmp`` file this old is what an interrupted atomic write left: readers remove it."""
+NESTED_DEPTH = 4
+"""How deep ``read_results(nested=True)`` looks for results folders inside a results folder."""
+
+
+def _nesting(data: Any) -> int:
+    """How deeply ``data`` nests (iteratively: a deep document must not exhaust the stack)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        x, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > MAX_NESTING:
+            break
+        if isinstance(x, dict):
+            stack.extend((v, d + 1) for v in x.values())
+        elif isinstance(x, list):
+            stack.extend((v, d + 1) for v in x)
+    return deepest
+
+
+def _read_capped(path: Path) -> bytes:
+    """The bytes of a regular file of at most ``MAX_DOCUMENT_BYTES``; ``NotADocument`` for a FIFO,
+    a device, a folder, or a file too large (opened without blocking, checked on the open file)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read: {exc}") from None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise NotADocument(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotADocument(f"{path}: not a regular file (a FIFO, device or folder): not read")
+        if st.st_size > MAX_DOCUMENT_BYTES:
+            raise NotADocument(
+                f"{path}: {st.st_size / 2**20:.0f} MiB, larger than a document can be "
+                f"({MAX_DOCUMENT_BYTES // 2**20} MiB): not read"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_DOCUMENT_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def read_document(path: str | Path) -> Document:
+    """Read one document; ``NotADocument`` (a ``UsageError``) naming the file when it is not
+    one: not a regular file, too large, nested too deep, not JSON, not the schema."""
+    path = Path(path)
+    raw = _read_capped(path)
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise NotADocument(f"{path}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from None
+        raise NotADocument(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise NotADocument(f"{path}: JSON nested too deep to parse") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: foreign file (a JSON {type(data).__name__}, not a document)")
+        raise NotADocument(f"{path}: foreign file (a JSON {type(data).__name__}, not a document)")
+    if _nesting(data) > MAX_NESTING:
+        raise NotADocument(f"{path}: JSON nested more than {MAX_NESTING} deep: not a document")
     try:
         return Document.from_json(data)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    except ValueError as exc:
+        raise NotADocument(f"{path}: {exc}") from None
+    except (TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise NotADocument(f"{path}: malformed field ({type(exc).__name__}: {exc})") from None
 
 
-def read_results(results_dir: str | Path) -> tuple[list[Entry], list[Skipped]]:
-    """All documents under ``results_dir`` (sorted by creation) and the files skipped."""
+def _results_folders(root: Path, nested: bool) -> list[Path]:
+    """``root``'s project subfolders; ``nested``: also those of results folders inside it (a
+    doctor reproduction's ``case/`` and ``healthy/``), at most ``NESTED_DEPTH`` below."""
+    out = [root / p for p in PROJECTS if (root / p).is_dir()]
+    if not nested:
+        return out
+    for dirpath, dirnames, _ in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in PROJECTS)
+        if depth >= NESTED_DEPTH:
+            dirnames[:] = []
+        if depth > 0:
+            out += [Path(dirpath) / p for p in PROJECTS if (Path(dirpath) / p).is_dir()]
+    return out
+
+
+def _clean_stale_temp(folder: Path, skipped: list[Skipped]) -> None:
+    now = time.time()
+    for tmp in folder.glob(".*.tmp"):
+        try:
+            st = tmp.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TEMP_S:
+                tmp.unlink()
+                skipped.append(
+                    Skipped(tmp, f"removed: temp file of an interrupted write ({st.st_size} B)")
+                )
+        except OSError:
+            continue
+
+
+def read_results(
+    results_dir: str | Path, *, nested: bool = False
+) -> tuple[list[Entry], list[Skipped]]:
+    """The documents of a results folder (sorted by creation) and the files skipped, each
+    with its reason.
+
+    Reads the ``*.json`` files of the folder's project subfolders (``PAR-TRAINING-STATE/``,
+    ...) and nothing else (``nested``: those of results folders inside it too); opens regular
+    files only, each at most ``MAX_DOCUMENT_BYTES``, and removes the hidden temp files an
+    interrupted write left there more than ``STALE_TEMP_S`` ago."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UsageError(
-            f"results folder {root} does not exist: run a command first or pass --results DIR"
+            f"results folder {root} does not exist: run a command that writes documents first, "
+            "or give the folder they wrote"
         )
     entries: list[Entry] = []
     skipped: list[Skipped] = []
-    for path in sorted(root.rglob("*.json")):
-        if path.name.startswith("."):
-            continue
-        try:
-            entries.append(Entry(path, read_document(path)))
-        except ValueError as exc:
-            skipped.append(Skipped(path, str(exc).removeprefix(f"{path}: ")))
+    for folder in _results_folders(root, nested):
+        _clean_stale_temp(folder, skipped)
+        for path in sorted(folder.glob("*.json")):
+            if path.name.startswith("."):
+                continue
+            try:
+                entries.append(Entry(path, read_document(path)))
+            except NotADocument as exc:
+                skipped.append(Skipped(path, str(exc).removeprefix(f"{path}: ")))
     entries.sort(key=lambda e: (e.doc.created, e.doc.run_id))
     return entries, skipped
 

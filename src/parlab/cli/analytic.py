@@ -20,43 +20,59 @@ from rich.table import Table
 from parlab import contract
 from parlab.cli import app
 from parlab.cli.common import (
+    COUNT,
+    Choice,
     ResultsOption,
     console,
     print_json,
+    recipe_choice,
     reproduce_command,
     results_dir,
+    size,
     write,
 )
 from parlab.errors import UsageError
-from parlab.hardware.catalog import require
-from parlab.ledger import Ledger, predict
-from parlab.ledger.fit import FitResult, fit
+from parlab.hardware.catalog import GPUSpec, require
+from parlab.hardware.env import snapshot
+from parlab.ledger import OPTIMIZERS, Ledger, predict
+from parlab.ledger.activations import PP_SCHEDULES
+from parlab.ledger.fit import Candidate, FitResult, fit
+from parlab.ledger.predict import OFFLOADS, STRATEGIES
 from parlab.ledger.traffic import sync_points, traffic
 from parlab.models import get_spec
 from parlab.models.flops import forward_flops_per_token, training_flops_per_token
 from parlab.topology import Topology
-from parlab.units import format_bytes, parse_size
+from parlab.units import format_bytes, parse_cluster
 
 PROJECT = "PAR-TRAINING-STATE"
+RECOMPUTE = ("none", "selective", "full")
 
-
-def _size(text: str, field: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise UsageError(f"{field}: {exc}") from None
-
-
-def _positive(**values: int | None) -> None:
-    for name, v in values.items():
-        if v is not None and v < 1:
-            raise UsageError(f"--{name} {v}: give a whole number of at least 1")
+ModelArgument = typer.Argument(..., help="Catalog name (see parlab models) or a config.json path.")
+OptimizerOption = typer.Option("adamw", "--optimizer", click_type=Choice(OPTIMIZERS))
+RecomputeOption = typer.Option(
+    "none", "--recompute", click_type=Choice(RECOMPUTE), help="Activation checkpointing."
+)
+DtypeOption = typer.Option(
+    "bf16-compute",
+    "--dtype",
+    click_type=recipe_choice(),
+    help="Precision recipe (docs/cli.md): fp32; bf16-compute (fp32 states); bf16-params "
+    "(bf16 params and grads, fp32 master); bf16-all.",
+)
 
 
 def _environment() -> dict[str, Any]:
-    from parlab.hardware.env import snapshot
+    return snapshot(probe_links=False, light=True)  # light: no torch import, start-up < 1 s
 
-    return snapshot(probe_links=False)
+
+def gpu_type(text: str, *, world: int | None = None) -> tuple[int | None, GPUSpec]:
+    """``--gpus [COUNTx]GPU`` where the count may be left out; a count must equal ``world``."""
+    count, name = parse_cluster(text, "--gpus", count=False)
+    if world is not None and count is not None and count != world:
+        raise UsageError(
+            f"--gpus {text}: the layout has {world} ranks; give --gpus {world}x{name} or --gpus {name}"
+        )
+    return count, require(name)
 
 
 def ledger_table(led: Ledger, title: str) -> Table:
@@ -110,13 +126,15 @@ def fit_document(res: FitResult, *, command: str, workload: dict[str, Any]) -> c
         "gpu": res.gpu.name,
         "single_gpu_ledger": res.single.to_json(),
         "candidates_world_size": res.world_size,
+        "recommended": best.name if best else None,
         "candidates": [c.to_json() for c in res.best_per_family(12)],
     }
     notes = [
         f"fits = predicted peak + allocator_overhead ({format_bytes(res.overhead_bytes)}) "
         f"<= {format_bytes(res.capacity_bytes)} of one {res.gpu.name}",
         "candidates: the best layout of each family (strategy x axes used), ranked by blocking "
-        "bytes per step, then all bytes, then peak memory",
+        "bytes per micro-batch, then all bytes per step, then peak memory; the first is the "
+        "recommendation",
         *res.single.notes,
     ]
     return contract.Document(
@@ -135,9 +153,28 @@ def fit_document(res: FitResult, *, command: str, workload: dict[str, Any]) -> c
     )
 
 
+SORT_KEY = "blocking comm / micro-batch, then all comm / step, then peak / rank"
+COLUMNS = (
+    ("peak / rank", "the predicted peak memory of one GPU (fits: peak + overhead <= its memory)"),
+    ("states", "parameters, gradients, optimizer states (and fp32 master) one rank holds"),
+    ("activations", "what forward keeps for backward, per rank"),
+    ("blocking / micro-batch", "bytes of collectives compute must wait for, per micro-batch: "
+     "the sort key (pipeline layouts run more micro-batches per step)"),
+    ("all comm / step", "bytes of every collective per optimizer step (nccl-tests sizes), "
+     "overlapped or not"),
+    ("sync points", "blocking collectives per step: each is a point where every rank of a "
+     "group waits for the slowest one"),
+)  # fmt: skip
+
+
+def _sync_count(c: Candidate) -> int:
+    return sum(w.count_per_step for w in c.wire if w.blocking)
+
+
 def print_fit(res: FitResult, out: Console, *, top: int) -> None:
     spec = res.spec
     seq = res.single.knobs["seq_len"]
+    _print_verdict(res, out)
     out.print(
         f"{spec.name}: {spec.num_params() / 1e9:.2f}B parameters "
         f"({spec.num_active_params() / 1e9:.2f}B active), {spec.layers} layers, hidden {spec.hidden}, "
@@ -148,97 +185,118 @@ def print_fit(res: FitResult, out: Console, *, top: int) -> None:
         f"(6N + 12 L H Q T); forward {forward_flops_per_token(spec, seq):.3e}"
     )
     out.print(ledger_table(res.single, f"one {res.gpu.name} ({format_bytes(res.capacity_bytes)})"))
-    if res.single_fits:
-        out.print(f"[green]fits on one {res.gpu.name}[/green]")
-    else:
-        out.print(
-            f"[red]does not fit on one {res.gpu.name}[/red]: needs {format_bytes(res.single.peak_bytes)} "
-            f"of {format_bytes(res.capacity_bytes)}"
-        )
     if not res.candidates:
-        if not res.single_fits:
-            out.print(
-                f"no layout fits up to the searched world sizes ({res.considered} layouts tried): "
-                "try --recompute full, a smaller --batch/--seq, or more GPUs"
-            )
         return
     t = Table(
         title=f"split candidates that fit on {res.world_size} x {res.gpu.name} "
-        f"({res.considered} layouts evaluated; best of each family)",
+        f"({res.considered} layouts evaluated; the best of each family, sorted by {SORT_KEY})",
         title_justify="left",
     )
-    for c in ("candidate", "peak / rank", "states", "activations", "blocking comm / step",
-              "all comm / step", "sync points"):  # fmt: skip
-        t.add_column(c, justify="left" if c == "candidate" else "right")
+    t.add_column("#", justify="right")
+    t.add_column("candidate")
+    for name, _ in COLUMNS:
+        t.add_column(name, justify="right")
     shown = res.best_per_family(top)
-    for c in shown:
+    for i, c in enumerate(shown, 1):
         t.add_row(
+            f"{i}{' *' if i == 1 else ''}",
             c.name,
             format_bytes(c.ledger.peak_bytes),
             format_bytes(c.ledger.state_bytes()),
             format_bytes(c.ledger.value("activations")),
-            format_bytes(c.blocking_bytes),
+            format_bytes(c.blocking_per_microbatch),
             format_bytes(c.wire_bytes),
-            str(sum(w.count_per_step for w in c.wire if w.blocking)),
+            str(_sync_count(c)),
         )
     out.print(t)
+    out.print("* recommended; the columns:", markup=False)
+    for name, meaning in COLUMNS:
+        out.print(f"  {name}: {meaning}", markup=False)
     for c in shown[:3]:
         out.print(f"[b]{c.name}[/b] adds:")
         for w in c.wire:
             kind = "waits" if w.blocking else "overlaps"
             out.print(
                 f"  {w.collective} over {w.axis} ({w.group_size} ranks), {w.phase}: "
-                f"{w.count_per_step} x {format_bytes(w.payload_bytes)} per step [{kind}] - {w.note}"
+                f"{w.count_per_step} x {format_bytes(w.payload_bytes)} per step [{kind}] - {w.note}",
+                markup=False,
             )
+
+
+def _print_verdict(res: FitResult, out: Console) -> None:
+    """The answer first: fits or not, and the recommended split."""
+    need = res.single.peak_bytes + res.overhead_bytes
+    gpu = f"one {res.gpu.name} ({format_bytes(res.capacity_bytes)})"
+    if res.single_fits:
+        out.print(
+            f"[green]fits on {gpu}[/green]: needs {format_bytes(need)}, "
+            f"{format_bytes(res.capacity_bytes - need)} to spare"
+        )
+    else:
+        out.print(
+            f"[red]does not fit on {gpu}[/red]: needs {format_bytes(need)}, "
+            f"{format_bytes(need - res.capacity_bytes)} over"
+        )
+    if not res.candidates:
+        if not res.single_fits:
+            out.print(
+                f"no layout fits up to the searched world sizes ({res.considered} layouts tried): "
+                "try --recompute full, a smaller --micro-batch or --seq, or more GPUs (--max-gpus)"
+            )
+        return
+    best = res.candidates[0]
+    out.print(
+        f"recommended on {res.world_size} x {res.gpu.name}: [b]{best.name}[/b] -- peak "
+        f"{format_bytes(best.ledger.peak_bytes)} per GPU, the least communication compute waits "
+        f"for ({format_bytes(best.blocking_per_microbatch)} per micro-batch, "
+        f"{_sync_count(best)} sync points per step)"
+    )
 
 
 @app.command("fit")
 def fit_cmd(
-    model: str = typer.Argument(
-        ..., help="Catalog name (see parlab models) or a config.json path."
-    ),
-    gpu: str = typer.Option(
-        "H100", "--gpu", help="GPU from the hardware catalog (H100, H200, A100-80GB, ...)."
-    ),
-    gpus: int | None = typer.Option(
-        None, "--gpus", help="Search layouts at exactly this many GPUs."
+    model: str = ModelArgument,
+    gpus: str = typer.Option(
+        "H100",
+        "--gpus",
+        help="[COUNTx]GPU: a catalog GPU (H100, H200, A100-80GB, ...); with a count, search "
+        "layouts at exactly that many (8xH100), else up to --max-gpus.",
     ),
     max_gpus: int = typer.Option(
-        1024, "--max-gpus", help="Largest world size searched (powers of two)."
+        1024, "--max-gpus", click_type=COUNT, help="Largest world size searched (powers of two)."
     ),
     seq: int | None = typer.Option(
-        None, "--seq", help="Sequence length (default: min(max_seq, 4096))."
+        None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    batch: int = typer.Option(1, "--batch", help="Micro-batch size per rank."),
-    dtype: str = typer.Option(
-        "bf16-mixed", "--dtype", help="fp32, bf16-mixed, bf16-master or bf16."
+    micro_batch: int = typer.Option(
+        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
     ),
-    optimizer: str = typer.Option(
-        "adamw", "--optimizer", help="adamw, adamw-fused, sgd, sgd-momentum."
-    ),
-    recompute: str = typer.Option("none", "--recompute", help="none, selective or full."),
+    dtype: str = DtypeOption,
+    optimizer: str = OptimizerOption,
+    recompute: str = RecomputeOption,
     overhead: str = typer.Option(
         "1GiB", "--overhead", help="Allocator/framework overhead item per GPU."
     ),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="TP stays within a node."),
-    top: int = typer.Option(8, "--top", help="Candidates shown."),
+    gpus_per_node: int = typer.Option(
+        8, "--gpus-per-node", click_type=COUNT, help="TP stays within a node."
+    ),
+    top: int = typer.Option(8, "--top", click_type=COUNT, help="Candidates shown."),
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
     results: Path | None = ResultsOption,
 ) -> None:
-    """T0: the single-GPU memory breakdown, whether it fits, and the splits that would."""
-    _positive(gpus=gpus, batch=batch, seq=seq, top=top)
-    _positive(**{"max-gpus": max_gpus, "gpus-per-node": gpus_per_node})
+    """T0: whether a model fits on one GPU, its memory breakdown, and the splits that would fit,
+    sorted, with the one to use."""
     spec = get_spec(model)
-    gpu_spec = require(gpu)
-    overhead_b = _size(overhead, "--overhead")
+    count, gpu_spec = gpu_type(gpus)
+    overhead_b = size(overhead, "--overhead")
     res = fit(
-        spec, gpu=gpu_spec, gpus=gpus, max_gpus=max_gpus, micro_batch=batch, seq_len=seq,
+        spec, gpu=gpu_spec, gpus=count, max_gpus=max_gpus, micro_batch=micro_batch, seq_len=seq,
         dtype=dtype, optimizer=optimizer, recompute=recompute, overhead_bytes=overhead_b,
         gpus_per_node=gpus_per_node,
     )  # fmt: skip
     workload = {
         "model": spec.to_json(),
-        "micro_batch": batch,
+        "micro_batch": micro_batch,
         "seq_len": res.single.knobs["seq_len"],
         "dtype": res.single.knobs["dtype"],
         "optimizer": optimizer,
@@ -260,41 +318,37 @@ def _state_per_rank(led: Ledger) -> list[int]:
 
 @app.command("ledger")
 def ledger_cmd(
-    model: str = typer.Argument(
-        ..., help="Catalog name (see parlab models) or a config.json path."
-    ),
-    strategy: str = typer.Option(
-        "ddp", "--strategy", help="ddp, zero1, zero2, zero3, fsdp, fsdp-hybrid."
-    ),
-    dp: int = typer.Option(1, "--dp", help="Data-parallel degree."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (splits dp)."),
+    model: str = ModelArgument,
+    strategy: str = typer.Option("ddp", "--strategy", click_type=Choice(STRATEGIES)),
+    dp: int = typer.Option(1, "--dp", click_type=COUNT, help="Data-parallel degree."),
+    tp: int = typer.Option(1, "--tp", click_type=COUNT, help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", click_type=COUNT, help="Pipeline-parallel degree."),
+    cp: int = typer.Option(1, "--cp", click_type=COUNT, help="Context-parallel degree."),
+    ep: int = typer.Option(1, "--ep", click_type=COUNT, help="Expert-parallel degree (splits dp)."),
     shard_size: int | None = typer.Option(
-        None, "--shard-size", help="fsdp-hybrid: ranks per shard group."
+        None, "--shard-size", click_type=COUNT, help="fsdp-hybrid: ranks per shard group."
     ),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism with TP."),
     seq: int | None = typer.Option(
-        None, "--seq", help="Sequence length (default: min(max_seq, 4096))."
+        None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    batch: int = typer.Option(1, "--batch", help="Micro-batch size per rank."),
-    microbatches: int = typer.Option(
-        1, "--microbatches", help="Micro-batches per step (PP, or accumulation)."
+    micro_batch: int = typer.Option(
+        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
     ),
-    pp_schedule: str = typer.Option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved."),
-    virtual_stages: int = typer.Option(
-        1, "--virtual-stages", help="Chunks per rank (interleaved)."
+    micro_batches: int = typer.Option(
+        1, "--micro-batches", click_type=COUNT, help="Micro-batches per step (PP, or accumulation)."
     ),
-    dtype: str = typer.Option(
-        "bf16-mixed", "--dtype", help="fp32, bf16-mixed, bf16-master or bf16."
+    pp_schedule: str = typer.Option(
+        "1f1b", "--pp-schedule", click_type=Choice(PP_SCHEDULES), help="Pipeline schedule."
     ),
-    optimizer: str = typer.Option(
-        "adamw", "--optimizer", help="adamw, adamw-fused, sgd, sgd-momentum."
+    vpp: int = typer.Option(
+        1, "--vpp", click_type=COUNT, help="Virtual stages per pipeline rank (interleaved)."
     ),
-    recompute: str = typer.Option("none", "--recompute", help="none, selective or full."),
+    dtype: str = DtypeOption,
+    optimizer: str = OptimizerOption,
+    recompute: str = RecomputeOption,
     offload: str = typer.Option(
-        "none", "--offload", help="none, optimizer or params (CPU offload)."
+        "none", "--offload", click_type=Choice(OFFLOADS), help="CPU offload."
     ),
     overhead: str = typer.Option(
         "0", "--overhead", help="Allocator/framework overhead item per GPU."
@@ -302,26 +356,68 @@ def ledger_cmd(
     kv_replicate: bool = typer.Option(
         True, "--kv-replicate/--no-kv-replicate", help="Replicate KV heads when fewer than tp."
     ),
+    gpus: str | None = typer.Option(
+        None,
+        "--gpus",
+        help="[COUNTx]GPU: say whether the layout fits on these GPUs, and by how much "
+        "(H100, or 16xH100 where the layout has 16 ranks).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
     results: Path | None = ResultsOption,
 ) -> None:
-    """T2: one layout's full per-rank ledger and what it puts on the wire."""
-    _positive(batch=batch, seq=seq, microbatches=microbatches, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-    _positive(**{"virtual-stages": virtual_stages, "shard-size": shard_size})
+    """T2: one layout's per-rank memory by item, whether it fits on a GPU, and what it puts on
+    the wire."""
     spec = get_spec(model)
     topo = Topology.from_degrees(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-    overhead_b = _size(overhead, "--overhead")
+    gpu_spec = gpu_type(gpus, world=topo.world_size)[1] if gpus else None
+    overhead_b = size(overhead, "--overhead")
     led = predict(
-        spec, strategy=strategy, topology=topo, micro_batch=batch, seq_len=seq or min(spec.max_seq_len, 4096),
-        dtype=dtype, optimizer=optimizer, recompute=recompute, pp_schedule=pp_schedule,
-        microbatches=microbatches, virtual_stages=virtual_stages, sp=sp, shard_size=shard_size,
-        offload=offload, overhead_bytes=overhead_b, kv_replicate=kv_replicate,
+        spec, strategy=strategy, topology=topo, micro_batch=micro_batch,
+        seq_len=seq or min(spec.max_seq_len, 4096), dtype=dtype, optimizer=optimizer,
+        recompute=recompute, pp_schedule=pp_schedule, microbatches=micro_batches,
+        virtual_stages=vpp, sp=sp, shard_size=shard_size, offload=offload,
+        overhead_bytes=overhead_b, kv_replicate=kv_replicate,
     )  # fmt: skip
     k = led.knobs
     wire = traffic(
-        spec, topo, strategy, micro_batch=batch, seq_len=k["seq_len"], dtype=dtype,
-        microbatches=microbatches, sp=sp, shard_size=shard_size, virtual_stages=virtual_stages,
+        spec, topo, strategy, micro_batch=micro_batch, seq_len=k["seq_len"], dtype=dtype,
+        microbatches=micro_batches, sp=sp, shard_size=shard_size, virtual_stages=vpp,
     )  # fmt: skip
+    doc = ledger_document(spec, strategy, topo, led, wire, gpu_spec)
+    write(doc, results_dir(results), quiet=as_json)
+    if as_json:
+        print_json(doc.to_json())
+        return
+    if gpu_spec is not None:
+        console.print(fits_line(led, gpu_spec))
+    console.print(
+        f"{spec.name}, {strategy} over world {topo.world_size} "
+        f"(dp {dp}, tp {tp}, pp {pp}, cp {cp}, ep {ep}), micro-batch {micro_batch} x seq "
+        f"{k['seq_len']}, {k['dtype']}, {optimizer}, recompute {recompute}"
+    )
+    console.print(ledger_table(led, "per-rank ledger"))
+    print_wire(wire)
+
+
+def fits_line(led: Ledger, gpu: GPUSpec) -> str:
+    """Whether the layout's largest per-rank peak fits on ``gpu``, and by how much."""
+    peak, cap = led.peak_bytes, gpu.memory_bytes
+    where = f"one {gpu.name} ({format_bytes(cap)})"
+    if peak <= cap:
+        return (
+            f"[green]fits on {where}[/green]: peak {format_bytes(peak)} per rank, "
+            f"{format_bytes(cap - peak)} ({100 * (cap - peak) / cap:.0f} %) to spare"
+        )
+    return (
+        f"[red]does not fit on {where}[/red]: peak {format_bytes(peak)} per rank, "
+        f"{format_bytes(peak - cap)} ({100 * (peak - cap) / cap:.0f} %) over"
+    )
+
+
+def ledger_document(
+    spec: Any, strategy: str, topo: Topology, led: Ledger, wire: list, gpu: GPUSpec | None
+) -> contract.Document:
+    k = led.knobs
     metrics = {
         "peak_memory": contract.Metric(value=led.peak_bytes, unit="B", per_rank=led.per_rank()),
         "state_bytes": contract.Metric(
@@ -332,13 +428,20 @@ def ledger_cmd(
             value=sum(w.total_bytes for w in wire if w.blocking), unit="B"
         ),
     }
+    if gpu is not None:
+        metrics["gpu_memory"] = contract.Metric(value=gpu.memory_bytes, unit="B")
+        metrics["fits"] = contract.Metric(
+            value=int(led.peak_bytes <= gpu.memory_bytes), unit="bool"
+        )
+        metrics["headroom"] = contract.Metric(value=gpu.memory_bytes - led.peak_bytes, unit="B")
     for it in led.items:
         metrics[f"ledger_{it.name}"] = contract.Metric(
             value=it.bytes,
             unit="B",
             per_rank=led.per_rank(it.name) if topo.world_size <= 1024 else None,
         )
-    doc = contract.Document(
+    names = ("micro_batch", "seq_len", "microbatches", "dtype", "optimizer", "recompute")
+    return contract.Document(
         run_id=contract.new_run_id(f"ledger-{spec.name}-{strategy}"),
         created=contract.now_iso(),
         project=PROJECT,
@@ -347,23 +450,11 @@ def ledger_cmd(
         evidence_level="analytic",
         command=reproduce_command(),
         environment=_environment(),
-        workload={
-            "model": spec.to_json(),
-            **{
-                n: k[n]
-                for n in (
-                    "micro_batch",
-                    "seq_len",
-                    "microbatches",
-                    "dtype",
-                    "optimizer",
-                    "recompute",
-                )
-            },
-        },
+        workload={"model": spec.to_json(), **{n: k[n] for n in names}},
         layout={
             **topo.to_json(),
             "strategy": strategy,
+            "gpu": gpu.name if gpu is not None else None,
             "knobs": k,
             "ledger": led.to_json(),
             "wire": [w.to_json() for w in wire],
@@ -371,42 +462,24 @@ def ledger_cmd(
         metrics=metrics,
         notes=list(led.notes),
     )
-    write(doc, results_dir(results), quiet=as_json)
-    if as_json:
-        print_json(doc.to_json())
-        return
-    console.print(
-        f"{spec.name}, {strategy} over world {topo.world_size} "
-        f"(dp {dp}, tp {tp}, pp {pp}, cp {cp}, ep {ep}), micro-batch {batch} x seq {k['seq_len']}, "
-        f"{k['dtype']}, {optimizer}, recompute {recompute}"
-    )
-    console.print(ledger_table(led, "per-rank ledger"))
-    if wire:
-        t = Table(
-            title="on the wire per step (payload as nccl-tests counts it)", title_justify="left"
-        )
-        for c in (
-            "collective",
-            "axis",
-            "group",
-            "payload",
-            "count / step",
-            "total",
-            "phase",
-            "waits?",
-            "what",
-        ):
-            t.add_column(c)
-        for w in wire:
-            t.add_row(
-                w.collective, w.axis, str(w.group_size), format_bytes(w.payload_bytes),
-                str(w.count_per_step), format_bytes(w.total_bytes), w.phase,
-                "yes" if w.blocking else "overlaps", w.note,
-            )  # fmt: skip
-        console.print(t)
-        console.print(f"sync points: {len(sync_points(wire))} kinds of blocking collective")
-    else:
+
+
+def print_wire(wire: list) -> None:
+    if not wire:
         console.print("nothing on the wire (one rank)")
+        return
+    t = Table(title="on the wire per step (payload as nccl-tests counts it)", title_justify="left")
+    for c in ("collective", "axis", "group", "payload", "count / step", "total", "phase",
+              "waits?", "what"):  # fmt: skip
+        t.add_column(c)
+    for w in wire:
+        t.add_row(
+            w.collective, w.axis, str(w.group_size), format_bytes(w.payload_bytes),
+            str(w.count_per_step), format_bytes(w.total_bytes), w.phase,
+            "yes" if w.blocking else "overlaps", w.note,
+        )  # fmt: skip
+    console.print(t)
+    console.print(f"sync points: {len(sync_points(wire))} kinds of blocking collective")
 
 
 @app.command("models")
@@ -438,16 +511,16 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 
 
 def demo_step(results: Path, console: Console) -> None:
-    """T0 demo: ``parlab fit llama3.1-8b --gpu H100`` (analytic, milliseconds)."""
+    """T0 demo: ``parlab fit llama3.1-8b --gpus H100`` (analytic, milliseconds)."""
     spec = get_spec("llama3.1-8b")
     gpu = require("H100")
-    res = fit(spec, gpu=gpu, seq_len=4096, overhead_bytes=2**30)
+    res = fit(spec, gpu=gpu, seq_len=4096, overhead_bytes=2**30, dtype="bf16-compute")
     workload = {
-        "model": spec.to_json(), "micro_batch": 1, "seq_len": 4096, "dtype": "bf16-mixed",
+        "model": spec.to_json(), "micro_batch": 1, "seq_len": 4096, "dtype": "bf16-compute",
         "optimizer": "adamw", "recompute": "none", "overhead_bytes": 2**30,
     }  # fmt: skip
     doc = fit_document(
-        res, command=f"parlab fit llama3.1-8b --gpu H100 --seq 4096 --results {results}",
+        res, command=f"parlab fit llama3.1-8b --gpus H100 --seq 4096 --results {results}",
         workload=workload,
     )  # fmt: skip
     write(doc, results)

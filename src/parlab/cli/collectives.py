@@ -29,15 +29,32 @@ from rich.table import Table
 
 from parlab.cli import app
 from parlab.cli.common import (
+    COUNT,
+    Choice,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
     ResultsOption,
+    TimeoutOption,
     console,
     err_console,
+    nodes,
     print_json,
     reproduce_command,
     results_dir,
+    say,
+    say_error,
+    size,
+    tensor_dtype_choice,
+    with_nodes,
     write,
 )
-from parlab.units import format_bytes, parse_size
+from parlab.errors import UsageError
+from parlab.ledger.predict import STRATEGIES
+from parlab.runtime.launch import Nodes, on_nodes
+from parlab.units import format_bytes
 
 
 def _has_cuda() -> bool:
@@ -67,12 +84,18 @@ def collectives_cmd(
         "--maxbytes",
         help="Largest size (default 32MiB on GPUs as nccl-tests, 1MiB on CPU).",
     ),
-    stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="Multiply the size by this."),
-    dtype: str = typer.Option(
-        "float", "-d", "--dtype", help="float, half, bfloat16, double, int8, ..."
+    stepfactor: int = typer.Option(
+        2, "-f", "--stepfactor", click_type=COUNT, help="Multiply the size by this."
     ),
-    warmup: int = typer.Option(5, "-w", "--warmup-iters", help="Untimed iterations per size."),
-    iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
+    dtype: str = typer.Option(
+        "fp32", "-d", "--tensor-dtype", click_type=tensor_dtype_choice(), help="Element type."
+    ),
+    warmup: int = typer.Option(
+        5, "-w", "--warmup-iters", click_type=COUNT, help="Untimed iterations per size."
+    ),
+    iters: int = typer.Option(
+        20, "-n", "--iters", click_type=COUNT, help="Timed iterations per size."
+    ),
     inplace: bool = typer.Option(
         False, "--inplace/--out-of-place", help="In-place all_gather / reduce_scatter buffers."
     ),
@@ -88,12 +111,15 @@ def collectives_cmd(
     via: str = typer.Option(
         "torch",
         "--via",
+        click_type=Choice(("torch", "nccl")),
         help="Who issues the ops: torch (c10d, what training calls) or nccl (NCCL itself "
         "through ctypes; GPUs; no barrier). The difference is c10d's cost per call.",
     ),
-    nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
-    backend: str = typer.Option("auto", help="auto, nccl or gloo."),
-    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    nproc: int | None = typer.Option(
+        None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
+    ),
+    backend: str = typer.Option("auto", click_type=Choice(("auto", "nccl", "gloo"))),
+    timeout: float | None = TimeoutOption,
     fit: Path | None = typer.Option(
         None, "--fit", help="Fit alpha-beta to this sweep document (or the newest in a folder)."
     ),
@@ -102,33 +128,57 @@ def collectives_cmd(
     strategy: str | None = typer.Option(
         None,
         "--strategy",
-        help="With --explain: ddp, zero1, zero2, zero3, fsdp, fsdp-hybrid (default ddp).",
+        click_type=Choice(STRATEGIES),
+        help="With --explain: the data-parallel strategy (default ddp).",
     ),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="With --explain: sequences per rank."),
-    seq: int | None = typer.Option(None, "--seq", help="With --explain: sequence length."),
-    microbatches: int = typer.Option(
-        1, "--microbatches", help="With --explain: micro-batches per step (accumulation, PP)."
+    micro_batch: int = typer.Option(
+        1, "--micro-batch", click_type=COUNT, help="With --explain: sequences per rank."
+    ),
+    seq: int | None = typer.Option(
+        None, "--seq", click_type=COUNT, help="With --explain: sequence length."
+    ),
+    micro_batches: int = typer.Option(
+        1,
+        "--micro-batches",
+        click_type=COUNT,
+        help="With --explain: micro-batches per step (accumulation, PP).",
     ),
     sp: bool = typer.Option(False, "--sp", help="With --explain: sequence parallelism on tp."),
     shard_size: int | None = typer.Option(
-        None, "--shard-size", help="With --explain --strategy fsdp-hybrid: ranks per shard group."
+        None,
+        "--shard-size",
+        click_type=COUNT,
+        help="With --explain --strategy fsdp-hybrid: ranks per shard group.",
     ),
     calibration: Path | None = typer.Option(
         None, "--calibration", help="With --explain: calibration document or results folder."
     ),
-    gpu: str | None = typer.Option(
-        None, "--gpu", help="With --explain and no calibration: catalog GPU (default: this one)."
+    gpus: str | None = typer.Option(
+        None,
+        "--gpus",
+        help="With --explain and no calibration: [COUNTx]GPU from the catalog (default: this "
+        "machine's).",
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
     results: Path | None = ResultsOption,
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
 ) -> None:
     """T1: measure collectives (nccl-tests style), fit alpha-beta, or explain a layout's traffic."""
     if fit is not None and explain is not None:
-        raise ValueError("--fit and --explain are separate modes: give one of them")
+        raise UsageError("--fit and --explain are separate modes: give one of them")
     if fit is not None:
         _fit(fit, results, as_json)
         return
     if explain is not None:
+        gpu = None
+        if gpus is not None:
+            from parlab.units import parse_cluster
+
+            gpu = parse_cluster(gpus, "--gpus", count=False)[1]
         _explain(
             explain,
             layout,
@@ -139,30 +189,33 @@ def collectives_cmd(
             gpu,
             results,
             as_json,
-            microbatches=microbatches,
+            microbatches=micro_batches,
             sp=sp,
             shard_size=shard_size,
         )
         return
-    _sweep(
-        op=op,
-        minbytes=minbytes,
-        maxbytes=maxbytes,
-        stepfactor=stepfactor,
-        dtype=dtype,
-        warmup=warmup,
-        iters=iters,
-        inplace=inplace,
-        mesh=mesh,
-        axis=axis,
-        graph=graph,
-        via=via,
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        results=results,
-        as_json=as_json,
-    )
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+    with on_nodes(job):
+        _sweep(
+            op=op,
+            minbytes=minbytes,
+            maxbytes=maxbytes,
+            stepfactor=stepfactor,
+            dtype=dtype,
+            warmup=warmup,
+            iters=iters,
+            inplace=inplace,
+            mesh=mesh,
+            axis=axis,
+            graph=graph,
+            via=via,
+            nproc=nproc,
+            job=job,
+            backend=backend,
+            timeout=timeout,
+            results=results,
+            as_json=as_json,
+        )
 
 
 def _sweep(
@@ -180,35 +233,38 @@ def _sweep(
     graph: bool,
     via: str,
     nproc: int | None,
+    job: Nodes,
     backend: str,
-    timeout: float,
+    timeout: float | None,
     results: Path | None,
     as_json: bool,
 ) -> None:
     from parlab.comm import ops as O
     from parlab.comm.report import format_table
     from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep
+    from parlab.runtime.launch import default_timeout_s
 
-    n = nproc if nproc is not None else _default_nproc()
+    per_node = nproc if nproc is not None else _default_nproc()
+    n = per_node * job.nnodes
     if maxbytes is None:
-        on_gpus = backend != "gloo" and _default_nproc() >= n and _has_cuda()
+        on_gpus = backend != "gloo" and _default_nproc() >= per_node and _has_cuda()
         maxbytes = "32MiB" if on_gpus else "1MiB"
     spec = SweepSpec(
         ops=tuple(O.parse_ops(op)),
-        minbytes=parse_size(minbytes),
-        maxbytes=parse_size(maxbytes),
+        minbytes=size(minbytes, "-b"),
+        maxbytes=size(maxbytes, "-e"),
         stepfactor=stepfactor,
         dtype=dtype,
         warmup=warmup,
         iters=iters,
         inplace=inplace,
         graph=graph,
-        via=via.strip().lower(),
+        via=via,
         mesh=parse_mesh(mesh),
         axis=axis.strip().lower() if axis else None,
         nproc=n,
         backend=backend,
-        timeout_s=timeout,
+        timeout_s=timeout or default_timeout_s(per_node, backend),
     )
     resolve_backend(
         spec
@@ -229,22 +285,22 @@ def _sweep(
             progress.update(task, advance=1, description=f"{rec['op']} {format_bytes(rec['size'])}")
 
         outcome = run_sweep(spec, command=reproduce_command(), on_record=on_record)
-    doc = outcome.doc
+    doc = with_nodes(outcome.doc)
     path = write_sweep(doc, results_dir(results))
     if as_json:
         print_json(doc.to_json())
     else:
         console.print(format_table(doc), markup=False, highlight=False, soft_wrap=True)
-    err_console.print(f"wrote {path} ({doc.evidence_level}, {doc.role})")
+    say_error(f"wrote {path} ({doc.evidence_level}, {doc.role})")
     if outcome.interrupted:
-        err_console.print(f"interrupted: {len(outcome.records)} measurement(s) kept")
+        say_error(f"interrupted: {len(outcome.records)} measurement(s) kept")
         raise typer.Exit(130)
     if doc.status != "ok":
         msg = doc.failure.message if doc.failure else "?"
-        err_console.print(f"sweep failed ({doc.failure.kind if doc.failure else '?'}): {msg}")
+        say_error(f"sweep failed ({doc.failure.kind if doc.failure else '?'}): {msg}")
         raise typer.Exit(1)
     if doc.metric("wrong_total"):
-        err_console.print(f"{int(doc.metric('wrong_total') or 0)} wrong values")
+        say_error(f"{int(doc.metric('wrong_total') or 0)} wrong values")
         raise typer.Exit(1)
 
 
@@ -255,7 +311,7 @@ def _newest_sweep(folder: Path) -> Path:
     entries, _ = read_results(folder)
     sweeps = [e for e in entries if e.doc.workload.get("kind") == SWEEP_KIND]
     if not sweeps:
-        raise ValueError(f"no collectives sweep under {folder}: run 'parlab collectives' first")
+        raise UsageError(f"no collectives sweep under {folder}: run 'parlab collectives' first")
     # the planner predicts what training pays, through c10d: prefer --via torch sweeps
     torch_path = [e for e in sweeps if e.doc.workload["collectives"].get("via", "torch") == "torch"]
     return (torch_path or sweeps)[-1].path
@@ -311,7 +367,7 @@ def _fit(source: Path, results: Path | None, as_json: bool) -> None:
     console.print(
         f"link peak: {f'{link / 1e9:.1f} GB/s' if link else 'unknown'} ({body['link_bw_source']})"
     )
-    console.print(f"calibration: {path}")
+    say(f"calibration: {path}")
 
 
 def _explain(
@@ -332,7 +388,7 @@ def _explain(
     from parlab.comm.explain import explain_document, format_explain
 
     if not layout:
-        raise ValueError("--explain needs --layout (e.g. --layout dp=8,tp=2)")
+        raise UsageError("--explain needs --layout (e.g. --layout dp=8,tp=2)")
     doc = explain_document(
         model_name=model,
         layout=layout,
@@ -351,4 +407,4 @@ def _explain(
         print_json(doc.to_json())
         return
     format_explain(doc, console)
-    console.print(f"document: {path}")
+    say(f"document: {path}")

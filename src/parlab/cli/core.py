@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from parlab import contract
 from parlab.cli import app
 from parlab.cli.common import (
+    COUNT,
+    Choice,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
     ResultsOption,
+    TimeoutOption,
     console,
-    err_console,
+    nodes,
     print_json,
     reproduce_command,
     results_dir,
+    say,
+    say_error,
     write,
 )
+from parlab.runtime.launch import default_timeout_s, on_nodes
 from parlab.units import format_bytes, format_seconds
 
 
@@ -41,48 +54,107 @@ def format_metric(m: contract.Metric) -> str:
 @app.command("results")
 def results_cmd(
     folder: Path | None = typer.Argument(None, help="Results folder (default: ./parlab-results)."),
-    project: str | None = typer.Option(None, help="Only this project (e.g. PAR-COLLECTIVES)."),
-    role: str | None = typer.Option(
-        None, help="Only this role (baseline, candidate, failure, decision)."
+    project: str | None = typer.Option(
+        None, click_type=Choice(contract.PROJECTS), help="Only this project."
     ),
-    level: str | None = typer.Option(None, help="Only this evidence level (e.g. real-nccl)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    role: str | None = typer.Option(
+        None, click_type=Choice(contract.ROLES), help="Only this role."
+    ),
+    level: str | None = typer.Option(
+        None, click_type=Choice(contract.EVIDENCE_LEVELS), help="Only this evidence level."
+    ),
+    all_rows: bool = typer.Option(
+        False, "--all", help="Every document, one row each (default: a summary per project)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every document) instead."),
 ) -> None:
-    """The experiment asset table: every document in a results folder."""
+    """The experiment asset table: what a results folder holds, per project, or every document."""
     root = results_dir(folder)
-    entries, skipped = contract.read_results(root)
+    entries, skipped = contract.read_results(root, nested=True)
     entries = contract.filter_entries(entries, project=project, role=role, level=level)
     if as_json:
-        rows = []
-        for e in entries:
-            h = contract.headline(e.doc)
-            rows.append(
-                {
-                    "run_id": e.doc.run_id,
-                    "project": e.doc.project,
-                    "task": e.doc.task,
-                    "role": e.doc.role,
-                    "evidence_level": e.doc.evidence_level,
-                    "status": e.doc.status,
-                    "headline": {"name": h[0], **h[1].to_json()} if h else None,
-                    "created": e.doc.created,
-                    "path": str(e.path),
-                }
-            )
         print_json(
             {
-                "documents": rows,
+                "documents": [_row_json(e) for e in entries],
                 "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped],
             }
         )
         return
-    print_asset_table(root, entries, skipped)
+    if all_rows:
+        print_asset_table(root, entries, skipped)
+    else:
+        print_summary(root, entries, skipped)
+
+
+def _row_json(e: contract.Entry) -> dict:
+    h = contract.headline(e.doc)
+    return {
+        "run_id": e.doc.run_id,
+        "project": e.doc.project,
+        "task": e.doc.task,
+        "role": e.doc.role,
+        "evidence_level": e.doc.evidence_level,
+        "status": e.doc.status,
+        "headline": {"name": h[0], **h[1].to_json()} if h else None,
+        "created": e.doc.created,
+        "path": str(e.path),
+    }
+
+
+def print_summary(
+    root: Path, entries: list[contract.Entry], skipped: list[contract.Skipped]
+) -> None:
+    """One row per project: how many documents, of which roles and evidence, how many failed,
+    the newest, and the latest decision."""
+    table = Table(
+        title=f"parlab results: {escape(str(root))} -- {len(entries)} documents",
+        title_justify="left",
+    )
+    for col in ("project", "documents", "roles", "evidence", "failed", "newest",
+                "latest decision"):  # fmt: skip
+        table.add_column(col, overflow="fold", justify="right" if col == "documents" else "left")
+    by_project: dict[str, list[contract.Entry]] = {}
+    for e in entries:
+        by_project.setdefault(e.doc.project, []).append(e)
+    for name in contract.PROJECTS:
+        docs = [e.doc for e in by_project.get(name, [])]
+        if not docs:
+            continue
+        roles = Counter(d.role for d in docs)
+        levels = Counter(d.evidence_level for d in docs)
+        failed = [d for d in docs if d.status != "ok"]
+        decisions = [d for d in docs if d.decision is not None]
+        latest = decisions[-1].decision if decisions else None
+        table.add_row(
+            name,
+            str(len(docs)),
+            ", ".join(f"{r} {n}" for r, n in sorted(roles.items())),
+            ", ".join(f"{lv} {n}" for lv, n in levels.most_common()),
+            f"{len(failed)} ({', '.join(sorted({d.failure.kind for d in failed if d.failure}))})"
+            if failed
+            else "0",
+            docs[-1].created,
+            escape(latest.chosen or "none chosen") if latest else "-",
+        )
+    console.print(table)
+    if not entries:
+        console.print("no documents match")
+    console.print(
+        f"every document, one row each: parlab results {escape(str(root))} --all "
+        "(--project, --role, --level filter)"
+    )
+    _print_skipped(skipped)
+
+
+def _print_skipped(skipped: list[contract.Skipped]) -> None:
+    for s in skipped:
+        say_error(f"skipped {s.path}: {s.reason}")
 
 
 def print_asset_table(
     root: Path, entries: list[contract.Entry], skipped: list[contract.Skipped]
 ) -> None:
-    table = Table(title=f"parlab results: {root}", title_justify="left")
+    table = Table(title=f"parlab results: {escape(str(root))}", title_justify="left")
     for col in ("project", "task", "role", "evidence", "status", "headline", "created", "path"):
         table.add_column(col, overflow="fold")
     for e in entries:
@@ -99,35 +171,46 @@ def print_asset_table(
             e.doc.role,
             e.doc.evidence_level,
             status,
-            head,
+            escape(head),
             e.doc.created,
-            str(rel),
+            escape(str(rel)),
         )
     console.print(table)
     if not entries:
         console.print("no documents match")
-    for s in skipped:
-        err_console.print(f"skipped {s.path}: {s.reason}")
+    _print_skipped(skipped)
 
 
 @app.command("env")
 def env_cmd(
     results: Path | None = ResultsOption,
     nproc: int | None = typer.Option(
-        None, help="Ranks for the sanity all-reduce (default: every GPU, or 2 on CPU)."
+        None,
+        click_type=COUNT,
+        help="Ranks on this node for the sanity all-reduce (default: every GPU, or 2 on CPU).",
     ),
-    timeout: float = typer.Option(
-        60.0, help="Process-group timeout for the sanity all-reduce, seconds."
-    ),
+    timeout: float | None = TimeoutOption,
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
     as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
 ) -> None:
     """Environment precheck: versions, GPUs, interconnect, NCCL/TORCH variables, a checked all-reduce."""
+    from parlab.errors import UsageError
     from parlab.hardware.precheck import run_precheck
 
-    if nproc is not None and nproc < 1:
-        raise ValueError(f"--nproc {nproc} is below 1: give at least one rank")
-    doc = run_precheck(command=reproduce_command(), nproc=nproc, timeout_s=timeout)
-    path = write(doc, results_dir(results), quiet=as_json)
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+    if job.multi and nproc is None:
+        raise UsageError("on several nodes give --nproc (ranks on each node)")
+    with on_nodes(job):
+        doc = run_precheck(
+            command=reproduce_command(),
+            nproc=None if nproc is None else nproc * job.nnodes,
+            timeout_s=timeout or default_timeout_s(nproc or 1),
+        )
+        path = write(doc, results_dir(results), quiet=as_json)
     if as_json:
         print_json(doc.to_json())
     else:
@@ -139,12 +222,12 @@ def env_cmd(
 def print_env_summary(doc: contract.Document, path: Path) -> None:
     env = doc.environment
     sw, hw = env["software"], env["hardware"]
-    console.print(
+    say(
         f"python {sw['python']}  torch {sw['torch']}  CUDA {sw['cuda'] or '-'}  "
         f"NCCL {sw['nccl'] or '-'}  parlab {sw['parlab']}"
     )
     cpu = hw["cpu"]
-    console.print(
+    say(
         f"CPU: {cpu['count']} cores ({cpu.get('model') or 'unknown model'}); hosts: {hw['host_count']}"
     )
     if not hw["gpus"]:
@@ -158,7 +241,7 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
         for i, g in enumerate(hw["gpus"]):
             t.add_row(
                 str(i),
-                g["name"],
+                escape(g["name"]),
                 format_bytes(g["memory_bytes"]),
                 g.get("compute_capability") or "-",
             )
@@ -191,7 +274,7 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
                 f"(source: {inter.get('per_link_bw_source')})"
             )
     variables = env.get("variables") or {}
-    console.print(
+    say(
         "NCCL/TORCH variables: "
         + (", ".join(f"{k}={v}" for k, v in variables.items()) or "none set")
     )
@@ -205,9 +288,9 @@ def print_env_summary(doc: contract.Document, path: Path) -> None:
         )
     elif doc.failure:
         console.print(
-            f"[red]sanity all-reduce failed[/red] ({doc.failure.kind}): {doc.failure.message}"
+            f"[red]sanity all-reduce failed[/red] ({doc.failure.kind}): {escape(doc.failure.message)}"
         )
-    console.print(f"document: {path}")
+    say(f"document: {path}")
 
 
 @app.command("demo")
@@ -224,7 +307,7 @@ def demo_cmd(
     print_asset_table(root, entries, skipped)
     report = root / "report" / "report.html"
     if report.exists():
-        console.print(f"report: {report} (Markdown beside it: {report.with_suffix('.md').name})")
+        say(f"report: {report} (Markdown beside it: {report.with_suffix('.md').name})")
     if failed:
-        err_console.print(f"{failed} demo step(s) failed")
+        say_error(f"{failed} demo step(s) failed")
         raise typer.Exit(1)

@@ -16,54 +16,10 @@ from parlab.errors import UsageError
 
 
 def print_diagnosis(diag: Any, *, show_help: bool = True) -> None:
-    """The findings of ``parlab.doctor.diagnose``, grouped by case, or 'nothing found'."""
-    from parlab.doctor.cases import BY_ID, CASES
+    """The findings of ``parlab.doctor.diagnose``, ranked first, then grouped by case."""
+    from parlab.doctor.render import print_diagnosis as render
 
-    console.print(
-        f"parlab doctor: {escape(str(diag.results))} -- {diag.documents} documents, "
-        f"{diag.cases_checked} cases checked"
-    )
-    for s in diag.skipped:
-        console.print(f"  skipped (not a document): {escape(s)}")
-    found = diag.cases_found()
-    if not found:
-        console.print(
-            f"nothing found: none of the {diag.cases_checked} cases shows in these "
-            f"{diag.documents} documents"
-        )
-        return
-    for cid in found:
-        case = BY_ID[cid]
-        console.rule(f"{cid}: {case.title}")
-        table = Table(show_lines=False, expand=False)
-        for col in ("strength", "evidence", "document", "what the fields say"):
-            table.add_column(col, overflow="fold")
-        rows = [f for f in diag.findings if f.case == cid]
-        for f in rows:
-            table.add_row(f.strength, f.evidence_level, escape(f.document), escape(f.summary))
-        console.print(table)
-        for f in rows:
-            console.print(f"  fields ({escape(f.document.rsplit('/', 1)[-1])}):")
-            for fld in f.fields:
-                console.print(f"    {escape(fld)}")
-        if show_help:
-            console.print(f"  [bold]why[/bold]: {escape(case.explanation)}")
-            console.print(f"  [bold]try[/bold]: {escape(case.try_)}")
-            if case.reproduce != "none":
-                console.print(
-                    f"  [bold]reproduce[/bold]: parlab doctor --reproduce {cid} "
-                    f"({case.reproduce}: {escape(case.reproduce_note)})"
-                )
-            if case.terms:
-                console.print(
-                    "  [bold]terms[/bold]: "
-                    + ", ".join(f"parlab explain {t!r}" for t in case.terms)
-                )
-    rest = [c.id for c in CASES if c.id not in found]
-    console.print(
-        f"found {len(found)} of {diag.cases_checked} cases ({len(diag.findings)} findings); "
-        f"not shown by these documents: {', '.join(rest) or 'none'}"
-    )
+    render(diag, console, show_help=show_help)
 
 
 def print_cases() -> None:

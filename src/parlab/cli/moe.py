@@ -7,34 +7,60 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from parlab.cli import app
-from parlab.cli.common import ResultsOption, console, err_console, reproduce_command, results_dir
+from parlab.cli.common import (
+    COUNT,
+    COUNT0,
+    NONNEGATIVE,
+    POSITIVE,
+    Choice,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
+    ResultsOption,
+    TimeoutOption,
+    console,
+    nodes,
+    recipe_choice,
+    reproduce_command,
+    results_dir,
+    say,
+    say_error,
+)
+from parlab.cli.project import project_app
+from parlab.errors import UsageError
+from parlab.runtime.launch import default_timeout_s, on_nodes
 
-try:  # the shared ``parlab project`` group, where it exists
-    from parlab.cli.project import project_app
-except ModuleNotFoundError as exc:
-    if exc.name != "parlab.cli.project":
-        raise
-    project_app = typer.Typer(
-        name="project",
-        help="The project runners (PAR-TRAINING-STATE, PAR-MODEL-INTERNAL, PAR-MOE-EXPERT, ...).",
-        no_args_is_help=True,
-    )
-    app.add_typer(project_app, name="project")
+MOE_DTYPES = {"auto": "auto", "fp32": "fp32", "bf16-all": "bf16"}
+"""``--dtype`` -> the MoE runner's name (the whole layer, its optimizer states too, in it)."""
 
 
 @project_app.command("moe")
 def moe_cmd(
-    ep: int = typer.Option(2, "--ep", help="Expert-parallel degree (ranks; default 2)."),
-    experts: int = typer.Option(8, "--experts", help="Routed experts E (a multiple of --ep)."),
-    topk: int = typer.Option(2, "--topk", help="Experts per token k (at most E)."),
+    ep: int = typer.Option(
+        2, "--ep", click_type=COUNT, help="Expert-parallel degree: the ranks of the job."
+    ),
+    experts: int = typer.Option(
+        8, "--experts", click_type=COUNT, help="Routed experts E (a multiple of --ep)."
+    ),
+    topk: int = typer.Option(
+        2, "--topk", click_type=COUNT, help="Experts per token k (at most E)."
+    ),
     capacity_factor: float = typer.Option(
-        1.25, "--capacity-factor", help="Capacity = ceil(k*T/E x factor) per expert per rank."
+        1.25,
+        "--capacity-factor",
+        click_type=POSITIVE,
+        help="Capacity = ceil(k*T/E x factor) per expert per rank.",
     ),
     drop: str = typer.Option(
-        "position", help="Overflow policy: position, probability, or none (dropless)."
+        "position",
+        click_type=Choice(("position", "probability", "none")),
+        help="Overflow policy (none: dropless).",
     ),
-    gating: str = typer.Option("softmax", help="Gating: softmax or sigmoid (DeepSeek-V3)."),
+    gating: str = typer.Option(
+        "softmax", click_type=Choice(("softmax", "sigmoid")), help="Gating (sigmoid: DeepSeek-V3)."
+    ),
     skew: list[str] | None = typer.Option(
         None,
         "--skew",
@@ -42,29 +68,48 @@ def moe_cmd(
     ),
     hot: str = typer.Option(
         "contiguous",
+        click_type=Choice(("contiguous", "spread")),
         help="Where Zipf's hot experts sit: contiguous (all on rank 0) or spread (round-robin).",
     ),
     sweep: str = typer.Option(
         "0.5,0.75,1,1.25,1.5,2", help="Capacity factors of the overflow sweep (comma-separated)."
     ),
-    hidden: int = typer.Option(256, help="Hidden size H."),
-    ffn_hidden: int = typer.Option(512, "--ffn-hidden", help="Expert FFN size F."),
-    tokens: int = typer.Option(2048, help="Tokens per rank per forward."),
+    hidden: int = typer.Option(256, click_type=COUNT, help="Hidden size H."),
+    ffn_hidden: int = typer.Option(
+        512, "--ffn-hidden", click_type=COUNT, help="Expert FFN size F."
+    ),
+    tokens: int = typer.Option(2048, click_type=COUNT, help="Tokens per rank per forward."),
     train_steps: int = typer.Option(
-        8, "--train-steps", help="Learned-routing training steps per balancing mode (0: skip)."
+        8,
+        "--train-steps",
+        click_type=COUNT0,
+        help="Learned-routing training steps per balancing mode (0: skip).",
     ),
     balance: str = typer.Option(
         "none,aux,bias", help="Balancing modes of the learned-routing workload: none, aux, bias."
     ),
-    aux_coeff: float = typer.Option(0.01, "--aux-coeff", help="Auxiliary-loss coefficient."),
-    bias_rate: float = typer.Option(0.01, "--bias-rate", help="Aux-loss-free bias update rate."),
-    dtype: str = typer.Option("auto", help="bf16, fp32, or auto (bf16 on GPUs, fp32 on CPU)."),
-    warmup: int = typer.Option(2, help="Untimed forwards per workload."),
-    iters: int = typer.Option(5, help="Timed forwards per workload (the median is reported)."),
+    aux_coeff: float = typer.Option(
+        0.01, "--aux-coeff", click_type=NONNEGATIVE, help="Auxiliary-loss coefficient."
+    ),
+    bias_rate: float = typer.Option(
+        0.01, "--bias-rate", click_type=NONNEGATIVE, help="Aux-loss-free bias update rate."
+    ),
+    dtype: str = typer.Option(
+        "auto",
+        click_type=recipe_choice(MOE_DTYPES),
+        help="Precision recipe (docs/cli.md): fp32, bf16-all, or auto (bf16-all on GPUs, fp32 "
+        "on CPU ranks).",
+    ),
+    warmup: int = typer.Option(2, click_type=COUNT0, help="Untimed forwards per workload."),
+    iters: int = typer.Option(
+        5, click_type=COUNT, help="Timed forwards per workload (the median is reported)."
+    ),
     naive: bool = typer.Option(True, "--naive/--no-naive", help="Also time the all-gather path."),
-    seed: int = typer.Option(0, help="Seed of weights, tokens and routing draws."),
-    backend: str = typer.Option("auto", help="auto, nccl or gloo."),
-    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    seed: int = typer.Option(
+        0, click_type=COUNT0, help="Seed of weights, tokens and routing draws."
+    ),
+    backend: str = typer.Option("auto", click_type=Choice(("auto", "nccl", "gloo"))),
+    timeout: float | None = TimeoutOption,
     calibration: Path | None = typer.Option(
         None,
         help="A `parlab collectives` document to compare with (default: the newest one in the "
@@ -73,6 +118,11 @@ def moe_cmd(
     plan: bool = typer.Option(
         False, "--plan", help="Print each workload's dispatch plan and stop (nothing launched)."
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
     results: Path | None = ResultsOption,
 ) -> None:
     """PAR-MOE-EXPERT (T4): EP all-to-all vs naive, load per expert/rank, overflow, slowest rank."""
@@ -96,13 +146,13 @@ def moe_cmd(
         balance=tuple(b.strip() for b in balance.split(",") if b.strip()),
         aux_coeff=aux_coeff,
         bias_rate=bias_rate,
-        dtype=dtype,
+        dtype=MOE_DTYPES[dtype],
         warmup=warmup,
         iters=iters,
         naive=naive,
         seed=seed,
         backend=backend,
-        timeout_s=timeout,
+        timeout_s=timeout or default_timeout_s(max(1, ep // nnodes), backend),
     )
     if plan:
         from parlab.parallel.expert_comm import format_plan
@@ -113,19 +163,20 @@ def moe_cmd(
             console.print(format_plan(grid), markup=False)
         return
     if calibration is not None and not calibration.is_file():
-        raise ValueError(f"--calibration {calibration}: no such file; give a collectives document")
+        raise UsageError(f"--calibration {calibration}: no such file; give a collectives document")
     root = results_dir(results)
-    outcome = run_moe_project(
-        cfg, results=root, command=reproduce_command(), calibration=calibration
-    )
+    with on_nodes(nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)):
+        outcome = run_moe_project(
+            cfg, results=root, command=reproduce_command(), calibration=calibration
+        )
     for p in outcome.paths:
-        err_console.print(f"wrote {p}")
+        say_error(f"wrote {p}")
     if not outcome.ok:
         f = outcome.documents[0].failure
-        err_console.print(f"moe run failed ({f.kind}, rank {f.rank}): {f.message}")
+        say_error(f"moe run failed ({f.kind}, rank {f.rank}): {f.message}")
         raise typer.Exit(1)
     print_summary(outcome.documents)
-    console.print(f"report: {outcome.report}")
+    say(f"report: {outcome.report}")
 
 
 def print_summary(docs: list) -> None:

@@ -10,8 +10,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from parlab.cli import app
-from parlab.cli.common import console, err_console, print_json, reproduce_command, results_dir
+from parlab.cli.common import (
+    COUNT,
+    Choice,
+    Number,
+    console,
+    err_console,
+    print_json,
+    recipe_choice,
+    reproduce_command,
+    results_dir,
+)
 from parlab.errors import UsageError
+from parlab.ledger.predict import OPTIMIZERS
 
 
 @app.command("report")
@@ -132,7 +143,9 @@ Examples:
 def plan_cmd(
     model: str = typer.Option(..., help="Catalog model (parlab.models) or a config.json path."),
     gpus: str | None = typer.Option(None, help="The cluster, COUNTxGPU (e.g. 64xH100)."),
-    gpus_per_node: int | None = typer.Option(None, help="GPUs per node (default: 8, or --env's)."),
+    gpus_per_node: int | None = typer.Option(
+        None, click_type=COUNT, help="GPUs per node (default: 8, or --env's)."
+    ),
     env: Path | None = typer.Option(
         None, help="An environment document (parlab env) as the cluster."
     ),
@@ -140,16 +153,16 @@ def plan_cmd(
         None, help="A collectives calibration (file or results folder) for intra-node links."
     ),
     inter_node_bw: float | None = typer.Option(
-        None, help="Inter-node bandwidth per GPU, GB/s (default: the catalog's NIC per GPU)."
+        None, click_type=Number(), help="Inter-node GB/s per GPU (default: the catalog's NIC)."
     ),
     global_batch: int | None = typer.Option(
-        None, help="Sequences per optimizer step (default: 4 Mi tokens / --seq)."
+        None, click_type=COUNT, help="Sequences per optimizer step (default: 4 Mi tokens / --seq)."
     ),
     seq: int | None = typer.Option(
-        None, help="Tokens per sequence (default: 4096, or the model's longest if shorter)."
+        None, click_type=COUNT, help="Tokens per sequence (default: 4096, or the model's longest)."
     ),
     mfu: float | None = typer.Option(
-        None, help="Time every FLOP at this MFU instead of the built-in compute model."
+        None, click_type=Number(), help="Time every FLOP at this MFU instead of the built-in model."
     ),
     measured: Path | None = typer.Option(
         None, help="A GPU training document whose measured MFU times every FLOP."
@@ -168,22 +181,34 @@ def plan_cmd(
     schedule: str = typer.Option(
         "1f1b,interleaved", help="Pipeline schedules to try (also gpipe, zbv)."
     ),
-    vpp: int | None = typer.Option(None, help="Virtual stages per rank (with --layout)."),
+    vpp: int | None = typer.Option(
+        None, click_type=COUNT, help="Virtual stages per rank (with --layout)."
+    ),
     tokens: float | None = typer.Option(
-        None, help="Training budget in tokens (e.g. 15e12): time to train, GPU-hours, energy."
+        None, click_type=Number(), help="Training budget in tokens (e.g. 15e12): time, GPU-hours."
     ),
     gpu_hour_price: float | None = typer.Option(
-        None, help="Price of one GPU-hour (any currency), for the cost of --tokens."
+        None, click_type=Number(), help="Price of one GPU-hour (any currency), for --tokens."
     ),
-    dtype: str = typer.Option("bf16-master", help="Ledger dtype policy."),
-    optimizer: str = typer.Option("adamw-fused", help="Ledger optimizer."),
-    overlap: float = typer.Option(1.0, help="Fraction of each window that hides its comm."),
-    memory_reserve: float = typer.Option(0.0, help="Fraction of GPU memory kept free."),
+    dtype: str = typer.Option(
+        "bf16-params",
+        click_type=recipe_choice(),
+        help="Precision recipe (docs/cli.md; default: bf16 params and grads, fp32 master).",
+    ),
+    optimizer: str = typer.Option(
+        "adamw-fused", click_type=Choice(OPTIMIZERS, flag="--optimizer"), help="Optimizer."
+    ),
+    overlap: float = typer.Option(
+        1.0, click_type=Number(closed=True), help="Fraction of each window that hides comm."
+    ),
+    memory_reserve: float = typer.Option(
+        0.0, click_type=Number(closed=True), help="Fraction of GPU memory kept free."
+    ),
     max_exposed_comm: float | None = typer.Option(
-        None, help="Reject candidates whose exposed comm exceeds this fraction of the step."
+        None, click_type=Number(), help="Reject candidates whose exposed comm exceeds this share."
     ),
     project: str | None = typer.Option(None, help="Project of the document (default: by top)."),
-    top: int = typer.Option(10, help="Rows of the ranking table."),
+    top: int = typer.Option(10, click_type=COUNT, help="Rows of the ranking table."),
     results: Path | None = typer.Option(None, "--results", help="Results folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     strategies: str | None = typer.Option(None, hidden=True),

@@ -149,7 +149,7 @@ def run_plan(o: dict[str, Any]) -> None:
     doc = plan_document(
         result,
         command=reproduce_command(),
-        environment=snapshot(probe_links=False, probe_gpus=False),
+        environment=snapshot(probe_links=False, light=True),
         project=o["project"],
         rests_on=rests_on,
         summary=summary,
@@ -201,7 +201,7 @@ def print_plan(
     fmt = band.fmt if band is not None else (lambda x: f"{x:,.3g}")
     t = Table(title=f"top {min(top, len(result.ranked))} of {len(result.ranked)} admitted")
     for col in ("#", "candidate", "step s", "compute", "exposed comm", "bubble", "tokens/s/GPU",
-                "MFU %", "peak GB", "headroom GB"):  # fmt: skip
+                "MFU %", "peak GiB", "headroom GiB"):  # fmt: skip
         t.add_column(col, overflow="fold")
     front = {id(v) for v in result.pareto}
     ties = {id(v) for v in summary.ties}
@@ -211,7 +211,7 @@ def print_plan(
         t.add_row(
             f"{i}{mark}", v.cand.name, fmt(e.step_s), fmt(e.compute_s), fmt(e.comm_exposed_s),
             fmt(e.bubble_s), fmt(v.tokens_per_s_per_gpu), f"{100 * (v.mfu or 0):.0f}",
-            f"{v.peak_bytes / 1e9:.0f}", f"{v.headroom_bytes / 1e9:.0f}",
+            f"{v.peak_bytes / 2**30:.0f}", f"{v.headroom_bytes / 2**30:.0f}",
         )  # fmt: skip
     console.print(t)
     console.print(
@@ -244,7 +244,7 @@ def _print_checked(result: PlanResult, v: Verdict, summary: Summary) -> None:
         console.print(escape(
             f"Your layout: {v.cand.name} is admitted, rank {rank} of {len(result.ranked)}: "
             f"{fmt(v.tokens_per_s_per_gpu)} tokens/s per GPU, {100 * (v.mfu or 0):.0f} % MFU, "
-            f"peak {v.peak_bytes / 1e9:.0f} GB"
+            f"peak {v.peak_bytes / 2**30:.0f} GiB"
         ))  # fmt: skip
     else:
         speed = (

@@ -26,14 +26,26 @@ from rich.table import Table
 
 from parlab.cli import app
 from parlab.cli.common import (
+    COUNT,
+    POSITIVE,
+    SECONDS,
+    Choice,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
     ResultsOption,
+    TimeoutOption,
     console,
-    err_console,
+    nodes,
     print_json,
     reproduce_command,
     results_dir,
+    say_error,
 )
 from parlab.errors import UsageError
+from parlab.runtime.launch import Nodes, default_timeout_s, on_nodes
 from parlab.units import format_bytes, format_seconds
 
 profile_app = typer.Typer(
@@ -120,21 +132,25 @@ def analyze_cmd(
 ) -> None:
     """Analyse a folder of per-rank Chrome traces (one per rank, any torch.profiler output)."""
     from parlab.profile.report import profile_folder
+    from parlab.profile.trace_reader import TraceFormatError
 
-    o = profile_folder(
-        trace_dir,
-        results=results_dir(results),
-        command=reproduce_command(),
-        project=project,
-        label=label,
-        timeline_step=timeline_step,
-    )
+    try:
+        o = profile_folder(
+            trace_dir,
+            results=results_dir(results),
+            command=reproduce_command(),
+            project=project,
+            label=label,
+            timeline_step=timeline_step,
+        )
+    except TraceFormatError as exc:
+        raise UsageError(str(exc)) from None
     if as_json:
         print_json(o.doc.to_json())
         return
     print_outcomes([o])
     for p in o.run.problems:
-        err_console.print(f"warning: {p.message}")
+        say_error(f"warning: {p.message}")
 
 
 def _profile_env(
@@ -159,14 +175,21 @@ def _profile_env(
 )
 def run_cmd(
     ctx: typer.Context,
-    nproc: int = typer.Option(2, help="Ranks for a script (torchrun --nproc-per-node)."),
+    nproc: int = typer.Option(
+        2, click_type=COUNT, help="Ranks on this node for a script (torchrun --nproc-per-node)."
+    ),
     schedule: str = ScheduleOption,
     trace_dir: Path | None = TraceDirOption,
     results: Path | None = ResultsOption,
     project: str | None = typer.Option(None, help="Project of the profiled run."),
     timeout: float = typer.Option(
-        1800.0, help="Wall-clock limit for the profiled command, seconds."
+        1800.0, click_type=SECONDS, help="Wall-clock limit for the profiled command, seconds."
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """Profile a command: ``parlab profile run --nproc 2 -- train.py ARGS`` or ``-- parlab train ...``."""
     from parlab.contract import new_run_id
@@ -178,26 +201,17 @@ def run_cmd(
         raise UsageError(
             "nothing to profile: give a command after --, e.g. -- train.py or -- parlab train"
         )
-    parse_schedule(schedule)
-    if nproc < 1:
-        raise UsageError(f"--nproc {nproc} is below 1: run at least one rank")
+    try:
+        parse_schedule(schedule)
+    except ValueError as exc:
+        raise UsageError(f"--schedule: {exc}") from None
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     root = results_dir(results)
     run_id = new_run_id("profile-run")
     tdir = trace_dir or root / "profile-traces" / run_id
-    if cmd[0].endswith(".py"):
-        if not Path(cmd[0]).is_file():
-            raise UsageError(f"script {cmd[0]} does not exist: give the path of a torchrun script")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        argv += ["--nproc-per-node", str(nproc), "--max-restarts", "0"]
-        argv += ["-m", "parlab.profile.runner", *cmd]
-    elif cmd[0] == "parlab":
-        argv = [sys.executable, "-m", "parlab", *cmd[1:]]
-    else:
-        raise UsageError(
-            f"cannot profile {cmd[0]!r}: give a torchrun script (script.py ARGS) or a parlab command"
-        )
+    argv = _profiled_argv(cmd, nproc, job)
     tdir.mkdir(parents=True, exist_ok=True)
-    err_console.print(f"profiling: {' '.join(argv)}  (traces -> {tdir})")
+    say_error(f"profiling: {' '.join(argv)}  (traces -> {tdir})")
     try:
         rc = subprocess.run(
             argv, env=_profile_env(tdir, schedule, run_id, project), timeout=timeout
@@ -207,14 +221,13 @@ def run_cmd(
             f"the profiled command passed --timeout {timeout:.0f} s and was stopped"
         ) from None
     if rc != 0:
-        err_console.print(f"the profiled command exited with status {rc}; analysing what it wrote")
+        say_error(f"the profiled command exited with status {rc}; analysing what it wrote")
     if not any(tdir.glob("*.json*")):
         # it ran, so this is not bad input (exit 2 means nothing was launched): exit 1
-        err_console.print(
+        say_error(
             f"parlab: error: the command wrote no trace in {tdir}: a parlab command must profile "
             "its loop with parlab.profile.capture.maybe_profile, and a script must run at least "
-            f"wait+warmup+active optimizer steps ({schedule})",
-            markup=False,
+            f"wait+warmup+active optimizer steps ({schedule})"
         )
         raise typer.Exit(1)
     o = profile_folder(
@@ -225,26 +238,53 @@ def run_cmd(
         raise typer.Exit(1)
 
 
+def _profiled_argv(cmd: list[str], nproc: int, job: Nodes) -> list[str]:
+    """torchrun over a script, or a parlab command (which launches its own ranks: on several
+    nodes it gets the launch flags)."""
+    if cmd[0].endswith(".py"):
+        if not Path(cmd[0]).is_file():
+            raise UsageError(f"script {cmd[0]} does not exist: give the path of a torchrun script")
+        argv = [sys.executable, "-m", "torch.distributed.run", *job.torchrun_args()]
+        argv += ["--nproc-per-node", str(nproc), "--max-restarts", "0"]
+        return [*argv, "-m", "parlab.profile.runner", *cmd]
+    if cmd[0] == "parlab":
+        flags: list[str] = []
+        if job.multi:
+            flags = ["--nnodes", str(job.nnodes), "--node-rank", str(job.node_rank)]
+            flags += ["--rdzv-endpoint", str(job.rdzv_endpoint), "--rdzv-backend"]
+            flags += [job.rdzv_backend, "--rdzv-id", job.rdzv_id]
+        return [sys.executable, "-m", "parlab", *cmd[1:], *flags]
+    raise UsageError(
+        f"cannot profile {cmd[0]!r}: give a torchrun script (script.py ARGS) or a parlab command"
+    )
+
+
 # ---------------------------------------------------------------------------
 # presets
 
 
 def run_preset(
-    preset: str, kwargs: dict[str, Any], *, quiet: bool = False, **opts: Any
+    preset: str, kwargs: dict[str, Any], *, job: Nodes, quiet: bool = False, **opts: Any
 ) -> list[Any]:
-    """Run a preset sweep (``parlab.profile.sweep``), print it, exit 1 if the run failed."""
+    """Run a preset sweep (``parlab.profile.sweep``) on the job's nodes, print it, exit 1 if the
+    run failed."""
     from parlab.profile.sweep import run_sweep
 
-    res = run_sweep(preset, kwargs, **opts)
+    if opts.get("timeout") is None:
+        opts["timeout"] = default_timeout_s(opts.get("nproc") or 1, opts.get("backend", "auto"))
+    if opts.get("nproc") is not None:
+        opts["nproc"] *= job.nnodes
+    elif job.multi:
+        raise UsageError("on several nodes give --nproc (ranks on each node)")
+    with on_nodes(job):
+        res = run_sweep(preset, kwargs, **opts)
     if res.failure is not None:
         f = res.failure
-        err_console.print(
-            f"profile preset {preset} failed ({f.kind}, rank {f.rank}): {f.message}", markup=False
-        )
-        err_console.print(f"wrote {res.failure_path} (failure document)", markup=False)
+        say_error(f"profile preset {preset} failed ({f.kind}, rank {f.rank}): {f.message}")
+        say_error(f"wrote {res.failure_path} (failure document)")
         raise typer.Exit(1)
     if res.sweep_png is not None:
-        err_console.print(f"sweep plot: {res.sweep_png}", markup=False)
+        say_error(f"sweep plot: {res.sweep_png}")
     if not quiet:
         print_outcomes(res.outcomes)
     return res.outcomes
@@ -267,17 +307,22 @@ def _check_shape(model: str, batch: int, seq: int) -> None:
 
     spec = get_spec(model)
     if batch < 1 or seq < 2:
-        raise UsageError(f"--batch {batch} / --seq {seq}: need batch >= 1 and seq >= 2")
+        raise UsageError(f"--micro-batch {batch} / --seq {seq}: need micro-batch >= 1, seq >= 2")
     if seq > spec.max_seq_len:
         raise UsageError(f"--seq {seq} is longer than {model}'s max_seq_len {spec.max_seq_len}")
 
 
 ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
-BatchOption = typer.Option(2, help="Micro-batch per rank.")
-SeqOption = typer.Option(64, help="Sequence length.")
-NprocOption = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU).")
-BackendOption = typer.Option("auto", help="auto (NCCL on GPUs, else gloo), nccl or gloo.")
-TimeoutOption = typer.Option(300.0, help="Process-group timeout, seconds.")
+BatchOption = typer.Option(
+    2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
+)
+SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
+NprocOption = typer.Option(
+    None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
+)
+BackendOption = typer.Option(
+    "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
+)
 
 
 @profile_app.command("ddp-buckets")
@@ -289,9 +334,14 @@ def ddp_buckets_cmd(
     nproc: int | None = NprocOption,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
-    timeout: float = TimeoutOption,
+    timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
     results: Path | None = ResultsOption,
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """DDP bucket-size sweep: exposed communication against bucket_cap_mb (torch DDP, reference model)."""
     _check_shape(model, batch, seq)
@@ -301,6 +351,7 @@ def ddp_buckets_cmd(
         nproc=nproc,
         backend=backend,
         timeout=timeout,
+        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
         results=results_dir(results),
         trace_dir=trace_dir,
         schedule=schedule,
@@ -312,16 +363,21 @@ def ddp_buckets_cmd(
 
 @profile_app.command("ddp")
 def ddp_cmd(
-    bucket_mb: float = typer.Option(25.0, help="DDP bucket_cap_mb."),
+    bucket_mb: float = typer.Option(25.0, click_type=POSITIVE, help="DDP bucket_cap_mb."),
     model: str = ModelOption,
     batch: int = BatchOption,
     seq: int = SeqOption,
     nproc: int | None = NprocOption,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
-    timeout: float = TimeoutOption,
+    timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
     results: Path | None = ResultsOption,
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """Profile one DDP run of the reference model."""
     _check_shape(model, batch, seq)
@@ -336,6 +392,7 @@ def ddp_cmd(
         nproc=nproc,
         backend=backend,
         timeout=timeout,
+        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
         results=results_dir(results),
         trace_dir=trace_dir,
         schedule=schedule,
@@ -365,9 +422,14 @@ def fsdp_cmd(
     nproc: int | None = NprocOption,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
-    timeout: float = TimeoutOption,
+    timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
     results: Path | None = ResultsOption,
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """FSDP2 with and without explicit prefetch and reshard_after_forward."""
     _check_shape(model, batch, seq)
@@ -381,6 +443,7 @@ def fsdp_cmd(
         nproc=nproc,
         backend=backend,
         timeout=timeout,
+        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
         results=results_dir(results),
         trace_dir=trace_dir,
         schedule=schedule,
@@ -398,23 +461,31 @@ def tp_cmd(
     nproc: int | None = NprocOption,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
-    timeout: float = TimeoutOption,
+    timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
     results: Path | None = ResultsOption,
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """Tensor parallelism over all ranks, without and with sequence parallelism."""
     _check_shape(model, batch, seq)
     from parlab.profile.sweep import default_nproc
 
     n = nproc or default_nproc()
-    if seq % n:
-        raise UsageError(f"--seq {seq} must divide by the {n} TP ranks for sequence parallelism")
+    if seq % (n * nnodes):
+        raise UsageError(
+            f"--seq {seq} must divide by the {n * nnodes} TP ranks for sequence parallelism"
+        )
     run_preset(
         "tp",
         {"model": model, "batch": batch, "seq": seq, "sequence_parallel": [False, True]},
         nproc=n,
         backend=backend,
         timeout=timeout,
+        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
         results=results_dir(results),
         trace_dir=trace_dir,
         schedule=schedule,

@@ -12,14 +12,22 @@ import typer
 
 from parlab.cli import app
 from parlab.cli.common import (
+    PORT,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
     ResultsOption,
     console,
     err_console,
     print_json,
     reproduce_command,
     results_dir,
+    tensor_dtype_choice,
     write,
 )
+from parlab.dtypes import SERVING_DTYPES, TORCH_NAMES
 from parlab.errors import UsageError
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks against running servers.")
@@ -65,6 +73,15 @@ def _dataset(
     raise UsageError(f"--dataset {kind!r} is not one of synthetic, shared-prefix, jsonl")
 
 
+def _slo(items: list[str] | None):  # type: ignore[no-untyped-def]
+    from parlab.serve.metrics import Slo
+
+    try:
+        return Slo.parse(items or [])
+    except ValueError as exc:
+        raise UsageError(f"--goodput: {exc}") from None
+
+
 @bench_app.command("serve")
 def bench_serve_cmd(
     base_url: str = typer.Option("http://127.0.0.1:8000", help="Server or router URL."),
@@ -107,7 +124,7 @@ def bench_serve_cmd(
     """Load generator: vLLM/SGLang-defined TTFT, TPOT, ITL, E2E, throughput, goodput."""
     from parlab.contract import atomic_write_text, new_run_id
     from parlab.serve import bench
-    from parlab.serve.metrics import Slo, vllm_result_json
+    from parlab.serve.metrics import vllm_result_json
 
     if role not in ("baseline", "candidate"):
         raise UsageError(f"--role {role!r}: use baseline or candidate")
@@ -115,6 +132,8 @@ def bench_serve_cmd(
         pcts = tuple(float(p) for p in percentiles.split(",") if p.strip())
     except ValueError:
         raise UsageError(f"--percentiles {percentiles!r}: write numbers like 50,90,99") from None
+    if not pcts or not all(0 < p <= 100 for p in pcts):
+        raise UsageError(f"--percentiles {percentiles!r}: give values in (0, 100], like 50,90,99")
     cfg = bench.BenchConfig(
         base_url=base_url,
         api=api,
@@ -128,7 +147,7 @@ def bench_serve_cmd(
         request_timeout_s=request_timeout,
         max_duration_s=max_duration,
         percentiles=pcts,
-        slo=Slo.parse(goodput or []),
+        slo=_slo(goodput),
         allow_remote=allow_remote,
         progress=progress,
         client=client,
@@ -138,7 +157,7 @@ def bench_serve_cmd(
         k, sep, v = item.partition("=")
         if not sep or not k:
             raise UsageError(f"--layout {item!r}: write KEY=VALUE")
-        lay[k] = int(v) if v.isdigit() else v
+        lay[k] = int(v) if v.isascii() and v.isdigit() else v
     ds = _dataset(
         dataset,
         dataset_path,
@@ -203,13 +222,20 @@ def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None 
         + (f", goodput {s['request_goodput']:.1f} req/s" if s.get("request_goodput") else "")
         + (f", cache hit {s['cache_hit_rate']:.1%}" if s.get("cache_hit_rate") is not None else "")
     )
-    t = Table(title="latency (ms)", title_justify="left")
+    none = s["completed"] == 0
+    if none:
+        top = next(iter(errors), "no error recorded")
+        err_console.print(
+            f"every request failed ({s['failed']} of {s['failed']}): {top}",
+            markup=False,
+        )
+    t = Table(title="latency (ms)" + (": none measured" if none else ""), title_justify="left")
     t.add_column("metric")
     cols = [k.split("_")[0] for k in s if k.endswith("_ttft_ms")]
     for c in cols:
         t.add_column(c, justify="right")
     for m in ("ttft", "tpot", "itl", "e2el"):
-        t.add_row(m.upper(), *(f"{s[f'{c}_{m}_ms']:.2f}" for c in cols))
+        t.add_row(m.upper(), *("-" if none else f"{s[f'{c}_{m}_ms']:.2f}" for c in cols))
     console.print(t)
     if lag:
         console.print(
@@ -217,7 +243,7 @@ def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None 
             f"max {lag['max']:.3f} ms"
         )
     for e, n in list(errors.items())[:10]:
-        err_console.print(f"failed x{n}: {e}")
+        err_console.print(f"failed x{n}: {e}", markup=False)
 
 
 @serve_app.command("replica")
@@ -229,9 +255,11 @@ def replica_cmd(
         "(canned answers of --stub-output-len chunks).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8000, help="Port (0: a free one, printed)."),
+    port: int = typer.Option(8000, click_type=PORT, help="Port (0: a free one, printed)."),
     device: str = typer.Option("cpu", help="cpu or cuda:N."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    dtype: str = typer.Option(
+        "fp32", "--tensor-dtype", click_type=tensor_dtype_choice(SERVING_DTYPES), help="Weights."
+    ),
     max_batch: int = typer.Option(16, help="KV slots (requests decoding at once)."),
     max_len: int = typer.Option(2048, help="Longest prompt + output, tokens."),
     prefix_cache: bool = typer.Option(True, help="Reuse KV of cached prompt prefixes."),
@@ -255,8 +283,21 @@ def replica_cmd(
         help="With CUDA graphs, prefills as captured graphs too (one per padded prompt "
         "length and key length).",
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
+    from parlab.cli.common import nodes
+
+    dtype = TORCH_NAMES[dtype]
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+    if job.multi and tp <= 1:
+        raise UsageError(
+            "--nnodes and the rendezvous flags are for a tensor-parallel replica: --tp"
+        )
     if tp > 1:
         if cuda_graphs:
             raise UsageError("--cuda-graphs needs --tp 1: tensor-parallel replicas decode eagerly")
@@ -280,6 +321,7 @@ def replica_cmd(
             },
             LaunchConfig(
                 nproc=tp,
+                nodes=job,
                 backend="auto",
                 timeout_s=300,
                 deadline_s=(duration or 24 * 3600.0) + 300,
@@ -287,7 +329,9 @@ def replica_cmd(
         )
         if not res.ok:
             assert res.failure is not None
-            err_console.print(f"tensor-parallel replica failed: {res.failure.message}")
+            err_console.print(
+                f"tensor-parallel replica failed: {res.failure.message}", markup=False
+            )
             raise typer.Exit(1)
         print_json(res.results[0])
         return
@@ -346,7 +390,7 @@ def router_cmd(
         help="round_robin, random, least_outstanding, power_of_two or cache_aware.",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8000, help="Port (0: a free one, printed)."),
+    port: int = typer.Option(8000, click_type=PORT, help="Port (0: a free one, printed)."),
     cache_threshold: float = typer.Option(0.5, help="cache_aware: matched fraction to follow."),
     balance_abs: int = typer.Option(32, help="cache_aware: load gap counted as uneven."),
     balance_rel: float = typer.Option(1.0001, help="cache_aware: load ratio counted as uneven."),
@@ -392,21 +436,24 @@ def router_cmd(
 def kv_transfer_cmd(
     model: str = typer.Option("tiny", help="Model whose KV layout is sent."),
     tokens: str = typer.Option("16,64,256,1024", help="Request lengths, tokens."),
-    dtype: str = typer.Option("bfloat16", help="KV dtype."),
+    dtype: str = typer.Option(
+        "bf16", "--tensor-dtype", click_type=tensor_dtype_choice(SERVING_DTYPES), help="KV dtype."
+    ),
     iters: int = typer.Option(10, help="Timed transfers per size."),
     timeout: float = typer.Option(120.0, help="Process-group timeout, s."),
     results: Path | None = ResultsOption,
 ) -> None:
     """KV-cache transfer (NCCL send/recv on GPUs, gloo on CPU) against request length."""
     from parlab.projects.serving import kv_transfer_document
+    from parlab.units import parse_count
 
-    toks = [int(t) for t in tokens.split(",") if t.strip()]
+    toks = [parse_count(t, "--tokens") for t in tokens.split(",") if t.strip()]
     if not toks or min(toks) < 1:
         raise UsageError(f"--tokens {tokens!r}: give positive lengths like 16,256,4096")
     doc = kv_transfer_document(
         model=model,
         tokens=toks,
-        dtype=dtype,
+        dtype=TORCH_NAMES[dtype],
         iters=iters,
         timeout_s=timeout,
         command=reproduce_command(),

@@ -9,15 +9,37 @@ from rich.table import Table
 
 from parlab.cli import app
 from parlab.cli.common import (
+    COUNT,
+    COUNT0,
+    POSITIVE,
+    Choice,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
     ResultsOption,
+    TimeoutOption,
     console,
-    err_console,
+    nodes,
+    recipe_choice,
     reproduce_command,
     results_dir,
+    say,
+    say_error,
+    size,
     write,
 )
 from parlab.cli.project import project_app
-from parlab.units import format_bytes, parse_size
+from parlab.runtime.launch import NUMA_BINDINGS, default_timeout_s, on_nodes
+from parlab.units import format_bytes
+
+STRATEGY_CHOICES = (
+    "ddp", "ddp-bucket", "ddp-naive", "zero1", "zero1-naive", "zero2", "zero2-naive", "zero3",
+    "zero3-naive", "fsdp", "fsdp-hybrid", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
+)  # fmt: skip
+"""``parlab.projects.training_state.STRATEGIES`` (that module imports torch: named here, checked
+equal by the tests, so ``--help`` stays fast)."""
 
 
 def _fmt(v: float, unit: str) -> str:
@@ -29,13 +51,13 @@ def _print_run(doc: object, path: Path) -> None:
 
     assert isinstance(doc, Document)
     if doc.failure is not None:
-        err_console.print(
-            f"[red]{doc.layout['strategy']} failed ({doc.failure.kind})[/red]: {doc.failure.message}"
-        )
+        f = doc.failure
+        rank = "" if f.rank is None else f", rank {f.rank}"
+        say_error(f"{doc.layout['strategy']} failed ({f.kind}{rank}): {f.message}")
         p = doc.predictions.get("peak_memory")
         if p is not None and p.value is not None:
-            err_console.print(f"ledger predicted a peak of {format_bytes(p.value)} per rank")
-        err_console.print(f"document: {path}")
+            say_error(f"ledger predicted a peak of {format_bytes(p.value)} per rank")
+        say_error(f"document: {path}")
         return
     t = Table(
         title=f"{doc.layout['strategy']} on {doc.layout['world_size']} ranks ({doc.evidence_level})"
@@ -68,7 +90,7 @@ def _print_run(doc: object, path: Path) -> None:
                 f"{probe['predicted_step_s']:.3f} s"
             )
         console.print(line)
-    console.print(f"document: {path}")
+    say(f"document: {path}")
 
 
 def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
@@ -102,51 +124,69 @@ def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
 def train_cmd(
     strategy: str = typer.Option(
         ...,
-        help="ddp | zero1 | zero2 | zero3 | fsdp | fsdp-hybrid (also ddp-bucket, *-naive); "
+        click_type=Choice(STRATEGY_CHOICES),
+        help="torch's ddp, fsdp, fsdp-hybrid; parlab's zero1|2|3 (and *-naive, ddp-bucket); "
         "deepspeed-zero1|2|3 where DeepSpeed is installed.",
     ),
     model: str = typer.Option("tiny", help="Model preset (tiny, small, 1.3b, 8b, ...)."),
-    nproc: int = typer.Option(2, help="Ranks: GPUs, or gloo CPU processes without GPUs."),
-    steps: int = typer.Option(5, help="Timed steps."),
+    nproc: int = typer.Option(
+        2, click_type=COUNT, help="Ranks on this node: GPUs, or gloo CPU processes without GPUs."
+    ),
+    steps: int = typer.Option(5, click_type=COUNT, help="Timed steps."),
     warmup: int = typer.Option(
-        2, help="Untimed steps first (one metered step follows the timed ones)."
+        2, click_type=COUNT, help="Untimed steps first (one metered step follows the timed ones)."
     ),
-    micro_batch: int = typer.Option(2, "--micro-batch", help="Sequences per rank per step."),
+    micro_batch: int = typer.Option(
+        2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
+    ),
     global_batch: int | None = typer.Option(
-        None, "--global-batch", help="Sequences per step over all ranks (nproc must divide it)."
+        None,
+        "--global-batch",
+        click_type=COUNT,
+        help="Sequences per step over all ranks (the world size must divide it).",
     ),
-    seq: int = typer.Option(128, help="Tokens per sequence."),
+    seq: int = typer.Option(128, click_type=COUNT, help="Tokens per sequence."),
     dtype: str = typer.Option(
         "fp32",
-        help="fp32; bf16 (bf16 compute, states stay fp32; deepspeed-zero*: DeepSpeed's bf16, "
-        "with fp32 master partitions); bf16-master (zero1/zero2: bf16 params and grads, fp32 "
-        "master shards, as DeepSpeed's bf16).",
+        click_type=recipe_choice(("fp32", "bf16-compute", "bf16-params")),
+        help="Precision recipe (docs/cli.md): fp32; bf16-compute (bf16 compute, fp32 states); "
+        "bf16-params (zero1, zero2: bf16 params and grads, fp32 master shards; deepspeed-zero*: "
+        "DeepSpeed's bf16).",
     ),
-    recompute: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
+    recompute: str = typer.Option(
+        "none", click_type=Choice(("none", "selective", "full")), help="Activation checkpointing."
+    ),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile each block."),
-    optimizer: str = typer.Option("adamw", help="adamw (fused on CUDA) or sgd."),
-    lr: float = typer.Option(1e-3, help="Learning rate."),
+    optimizer: str = typer.Option(
+        "adamw", click_type=Choice(("adamw", "sgd")), help="adamw (fused on CUDA) or sgd."
+    ),
+    lr: float = typer.Option(1e-3, click_type=POSITIVE, help="Learning rate."),
     reshard: bool = typer.Option(
         True, "--reshard/--no-reshard", help="FSDP: free gathered params after forward."
     ),
     hybrid_shard: int | None = typer.Option(
-        None, "--hybrid-shard", help="fsdp-hybrid: ranks per shard group (default nproc/2)."
+        None,
+        "--hybrid-shard",
+        click_type=COUNT,
+        help="fsdp-hybrid: ranks per shard group (default nproc/2).",
     ),
     memory_cap: str | None = typer.Option(
         None, "--memory-cap", help="Per-rank memory limit (e.g. 2MiB): past it the run is an OOM."
     ),
     data: str | None = typer.Option(None, help="A local text file to train on (byte tokens)."),
-    seed: int = typer.Option(0, help="Seed of weights and data."),
-    timeout: float = typer.Option(300.0, help="Process-group timeout, seconds."),
+    seed: int = typer.Option(0, click_type=COUNT0, help="Seed of weights and data."),
+    timeout: float | None = TimeoutOption,
     numa_binding: str | None = typer.Option(
         None,
         "--numa-binding",
-        help="GPU runs: bind each rank to the CPUs near its GPU (torchrun's --numa-binding: "
-        "node, socket, exclusive, core-complex). CPU ranks are never bound.",
+        click_type=Choice(NUMA_BINDINGS),
+        help="GPU runs: bind each rank to the CPUs near its GPU (torchrun's --numa-binding). "
+        "CPU ranks are never bound.",
     ),
     manual_gc: int = typer.Option(
         50,
         "--manual-gc",
+        click_type=COUNT0,
         help="N: Python's automatic garbage collection off while training, a young-generation "
         "collection every N steps instead (torchtitan's gc_freq, default 50); 0: automatic "
         "(its full collections pause the host mid-step).",
@@ -161,11 +201,17 @@ def train_cmd(
     host_probe: int = typer.Option(
         0,
         "--host-probe",
+        click_type=COUNT0,
         help="T: before the warm-up, a few steps of the same model on one sequence of T tokens "
         "per rank in the run's own processes (the host's step on this machine); with "
         "--roofline, the step it predicts: max(the GPU's time, the probe's) "
         "(workload.host_probe). They train the model too.",
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
     results: Path | None = ResultsOption,
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
@@ -176,33 +222,35 @@ def train_cmd(
         raise UsageError(
             f"--roofline {roofline}: not a folder; give the results folder the GPU runs wrote"
         )
-
-    cfg = TrainConfig(
-        strategy=strategy,
-        model=model,
-        nproc=nproc,
-        steps=steps,
-        warmup=warmup,
-        micro_batch=micro_batch,
-        global_batch=global_batch,
-        seq=seq,
-        dtype=dtype,
-        recompute=recompute,
-        compile=compile_,
-        optimizer=optimizer,
-        lr=lr,
-        reshard_after_forward=reshard,
-        hybrid_shard=hybrid_shard,
-        memory_cap=parse_size(memory_cap) if memory_cap else None,
-        data=data,
-        seed=seed,
-        timeout_s=timeout,
-        numa_binding=numa_binding,
-        manual_gc=manual_gc,
-        host_probe=host_probe,
-    )
-    doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
-    path = write(doc, results_dir(results))
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+    world = nproc * job.nnodes
+    with on_nodes(job):
+        cfg = TrainConfig(
+            strategy=strategy,
+            model=model,
+            nproc=world,
+            steps=steps,
+            warmup=warmup,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            seq=seq,
+            dtype=dtype,
+            recompute=recompute,
+            compile=compile_,
+            optimizer=optimizer,
+            lr=lr,
+            reshard_after_forward=reshard,
+            hybrid_shard=hybrid_shard,
+            memory_cap=size(memory_cap, "--memory-cap") if memory_cap else None,
+            data=data,
+            seed=seed,
+            timeout_s=timeout or default_timeout_s(nproc),
+            numa_binding=numa_binding,
+            manual_gc=manual_gc,
+            host_probe=host_probe,
+        )
+        doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
+        path = write(doc, results_dir(results))
     _print_run(doc, path)
     if doc.failure is not None:
         raise typer.Exit(1)
@@ -212,26 +260,39 @@ def train_cmd(
 def training_state_cmd(
     results: Path | None = ResultsOption,
     model: str | None = typer.Option(None, help="Model (default: 1.3b on GPUs, tiny on CPU)."),
-    nproc: int | None = typer.Option(None, help="Ranks (default: every GPU, or 2 on CPU)."),
-    steps: int | None = typer.Option(None, help="Timed steps per run."),
-    seq: int | None = typer.Option(None, help="Tokens per sequence."),
-    only: list[str] | None = typer.Option(None, help="Only these strategies."),
+    nproc: int | None = typer.Option(
+        None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
+    ),
+    steps: int | None = typer.Option(None, click_type=COUNT, help="Timed steps per run."),
+    seq: int | None = typer.Option(None, click_type=COUNT, help="Tokens per sequence."),
+    only: list[str] | None = typer.Option(None, help="Only these strategies (repeat)."),
     report_only: bool = typer.Option(
         False, "--report-only", help="Only render the report from the documents already there."
     ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
 ) -> None:
     """The comparison set (DDP, ZeRO-1/2/3, FSDP) at CPU or GPU size, then the report."""
     from parlab.projects.training_state import run_project
 
-    paths = run_project(
-        results_dir(results),
-        model=model,
-        nproc=nproc,
-        steps=steps,
-        seq=seq,
-        only=only,
-        report_only=report_only,
-        console=console,
-    )
+    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+    if job.multi and nproc is None:
+        from parlab.errors import UsageError
+
+        raise UsageError("on several nodes give --nproc (ranks on each node)")
+    with on_nodes(job):
+        paths = run_project(
+            results_dir(results),
+            model=model,
+            nproc=None if nproc is None else nproc * job.nnodes,
+            steps=steps,
+            seq=seq,
+            only=only,
+            report_only=report_only,
+            console=console,
+        )
     for name, p in paths.items():
-        console.print(f"{name}: {p}")
+        say(f"{name}: {p}")

@@ -10,7 +10,7 @@ re-derives a payload. Each row gets a predicted time per call and per step:
   through the ring coefficients of ``parlab.comm.model``), labelled with the
   calibration's run id and evidence level;
 - else from the catalog's intra-node link bandwidth of the GPU (this
-  machine's, or ``--gpu``): a bandwidth-only lower bound (no latency term),
+  machine's, or ``--gpus``): a bandwidth-only lower bound (no latency term),
   labelled ``catalog-link``; every axis is assumed to sit on that link (one
   node);
 - else unknown, never guessed.
@@ -36,7 +36,7 @@ from parlab.errors import UsageError
 from parlab.hardware import catalog
 from parlab.hardware import env as env_mod
 from parlab.topology import Topology
-from parlab.units import format_bytes, format_seconds
+from parlab.units import format_bytes, format_seconds, parse_degrees
 
 OP_OF = {
     "all-reduce": "all_reduce",
@@ -52,25 +52,15 @@ LAYOUT_AXES = ("pp", "dp", "cp", "tp", "ep")
 
 
 def parse_layout(text: str) -> Topology:
-    """``dp=8,tp=2`` (axes pp, dp, cp, tp, ep) -> a ``Topology``."""
-    degrees: dict[str, int] = {}
-    for part in text.split(","):
-        name, eq, value = part.strip().partition("=")
-        name = name.strip().lower()
-        if not eq or name not in LAYOUT_AXES or not value.strip().isdigit():
-            raise UsageError(
-                f"cannot parse layout part {part.strip()!r}: write axis=degree pairs like "
-                f"dp=8,tp=2 with axes from {', '.join(LAYOUT_AXES)}"
-            )
-        degrees[name] = int(value)
-    return Topology.from_degrees(**degrees)
+    """``dp=8,tp=2`` (axes pp, dp, cp, tp, ep) -> a ``Topology`` (``parlab.units.parse_degrees``)."""
+    return Topology.from_degrees(**parse_degrees(text, LAYOUT_AXES, "--layout"))
 
 
 def _catalog_link(gpu: str | None) -> tuple[model.Link | None, str]:
     if gpu is None:
         gpus = env_mod.snapshot(probe_links=False)["hardware"]["gpus"]
         if not gpus:
-            return None, "no GPU here and no --gpu: time unknown"
+            return None, "no GPU here and no --gpus: time unknown"
         gpu = gpus[0]["name"]
     spec = catalog.lookup(gpu)
     if spec is None:
@@ -124,7 +114,7 @@ def explain_document(
     if micro_batch < 1:
         raise UsageError(f"--micro-batch {micro_batch} must be at least 1")
     if microbatches < 1:
-        raise UsageError(f"--microbatches {microbatches} must be at least 1")
+        raise UsageError(f"--micro-batches {microbatches} must be at least 1")
     items = traffic(
         spec,
         topo,

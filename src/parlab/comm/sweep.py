@@ -50,6 +50,7 @@ from parlab.errors import UsageError
 from parlab.hardware import env as env_mod
 from parlab.runtime.launch import LaunchConfig, launch
 from parlab.topology import AXES, Topology
+from parlab.units import parse_degrees
 
 ENTRY = "parlab.comm.bench:sweep_rank"
 GRAPH_ENV = (("NCCL_GRAPH_MIXING_SUPPORT", "0"),)
@@ -80,20 +81,8 @@ def rank_env(graph: bool, environ: dict[str, str] | None = None) -> tuple[tuple[
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
-    """``dp=2,tp=4`` -> ``{"dp": 2, "tp": 4}``."""
-    if not text:
-        return None
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        name, eq, value = part.strip().partition("=")
-        name = name.strip().lower()
-        if not eq or name not in AXES or not value.strip().isdigit():
-            raise UsageError(
-                f"cannot parse mesh part {part.strip()!r}: write axis=degree pairs "
-                f"like dp=2,tp=4 with axes from {', '.join(AXES)}"
-            )
-        out[name] = int(value)
-    return out
+    """``dp=2,tp=4`` -> ``{"dp": 2, "tp": 4}`` (``parlab.units.parse_degrees``)."""
+    return parse_degrees(text, AXES, "--mesh", "dp=2,tp=4") if text else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,9 +55,9 @@ def load(results: Path) -> tuple[list[Doc], list[str]]:
     """The documents under ``results`` and the files skipped; ``UsageError`` if none."""
     results = Path(results)
     if not results.is_dir():
-        raise UsageError(f"results folder {results} does not exist: pass a folder that parlab "
+        raise UsageError(f"results folder {results} does not exist: give a folder that parlab "
                          "commands wrote (e.g. results/ or parlab-results/)")  # fmt: skip
-    entries, skipped = read_results(results)
+    entries, skipped = read_results(results, nested=True)
     if not entries:
         what = f"{len(skipped)} foreign file(s)" if skipped else "nothing"
         raise UsageError(
@@ -89,6 +89,6 @@ def diagnose(results: Path, *, cases: list[str] | None = None) -> Diagnosis:
 
 def demo_step(results: Path, console: Any) -> None:
     """``parlab demo``: the doctor over the demo's results folder (reads only; writes nothing)."""
-    from parlab.cli.doctor import print_diagnosis
+    from parlab.doctor.render import print_diagnosis  # render imports this module
 
-    print_diagnosis(diagnose(results), show_help=False)
+    print_diagnosis(diagnose(results), console, show_help=False)

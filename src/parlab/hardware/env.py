@@ -38,20 +38,53 @@ _VAR_PREFIXES = (
 )
 
 
-def software() -> dict[str, Any]:
-    if "torch" not in sys.modules:  # an analytic command: versions without importing torch
-        from importlib import metadata
+def _light_software() -> dict[str, Any]:
+    """Versions from the installed packages' metadata, without importing torch (a second of
+    start-up the analytic commands do not need); CUDA and NCCL are then unknown."""
+    from importlib import metadata
 
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            version = metadata.version("torch")
-        return {
-            "python": platform.python_version(),
-            "torch": locals().get("version"),
-            "cuda": None,
-            "nccl": None,
-            "parlab": parlab.__version__,
-            "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
-        }
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cuda": None,
+        "nccl": None,
+        "parlab": parlab.__version__,
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+    }
+
+
+def _light_gpus() -> list[dict[str, Any]]:
+    """The GPUs as ``nvidia-smi`` lists them (none where it is absent), without torch."""
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,memory.total,compute_cap",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    gpus_: list[dict[str, Any]] = []
+    for line in (out or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4 or not parts[0].isdecimal() or not parts[2].isdecimal():
+            continue
+        spec = catalog.lookup(parts[1])
+        gpus_.append(
+            {
+                "index": int(parts[0]),
+                "name": parts[1],
+                "memory_bytes": int(parts[2]) * 2**20,
+                "compute_capability": parts[3] or None,
+                "catalog": spec.name if spec else None,
+            }
+        )
+    return gpus_
+
+
+def software() -> dict[str, Any]:
     import torch
 
     nccl = None
@@ -232,11 +265,13 @@ def interconnect(gpu_list: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-@functools.lru_cache(maxsize=2)
-def snapshot(probe_links: bool = True, probe_gpus: bool = True) -> dict[str, Any]:
-    """The ``environment`` field of a contract document; ``probe_gpus=False`` (analytic
-    commands) lists no GPU and imports no torch."""
-    gpu_list = gpus() if probe_gpus else []
+@functools.lru_cache(maxsize=4)
+def snapshot(probe_links: bool = True, light: bool = False) -> dict[str, Any]:
+    """The ``environment`` field of a contract document. ``light``: without importing torch
+    (unless it already is), for the analytic commands -- versions from package metadata,
+    GPUs from ``nvidia-smi``."""
+    light = light and "torch" not in sys.modules
+    gpu_list = _light_gpus() if light else gpus()
     hw: dict[str, Any] = {
         "gpus": [
             {k: g[k] for k in ("name", "memory_bytes", "compute_capability")} for g in gpu_list
@@ -250,7 +285,7 @@ def snapshot(probe_links: bool = True, probe_gpus: bool = True) -> dict[str, Any
     }
     return {
         "hardware": hw,
-        "software": software(),
+        "software": _light_software() if light else software(),
         "variables": variables(),
         "argv": list(sys.argv),
     }

@@ -20,16 +20,16 @@ item               bytes per rank (P: parameters this rank's stage holds after T
                    on (ddp: P; zero*: the shards; fsdp: the dim-0 shards). SGD: none;
                    sgd-momentum: 1. Adam's ``step`` scalars are not counted (host scalars
                    in torch's default AdamW; parlab's meters skip them too).
-``master_params``  fp32 master copy where the dtype policy keeps one (``bf16-master``),
+``master_params``  fp32 master copy where the dtype policy keeps one (``bf16-params``),
                    sharded like the optimizer states.
 ``master_grads``   its fp32 gradient: the reduced gradient cast for the optimizer step
-                   (``bf16-master``; optimizer phase only), sharded like the master.
+                   (``bf16-params``; optimizer phase only), sharded like the master.
 =================  =========================================================================
 
 N is the shard count: ``dp`` (``fsdp-hybrid``: ``shard_size``); routed experts
 (ep > 1) shard over ``N / ep``.
 
-Activations follow the dtype policy: under ``bf16-mixed`` DDP/ZeRO-1/2 run
+Activations follow the dtype policy: under ``bf16-compute`` DDP/ZeRO-1/2 run
 autocast over fp32 parameters (fp32 residual stream, a bf16 copy per linear
 input); ZeRO-3 and FSDP gather their parameters in bf16 and run the whole
 forward in it (bf16 residual, no casts), as FSDP2's ``param_dtype`` does.
@@ -170,6 +170,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from parlab.dtypes import check_recipe
 from parlab.errors import UsageError
 from parlab.ledger import activations as act
 from parlab.ledger.sharding import (
@@ -219,18 +220,18 @@ POLICIES: dict[str, DtypePolicy] = {
     ),
     # fp32 params are the master copy; bf16 compute (autocast, or FSDP2's param_dtype=bf16
     # with reduce_dtype=fp32): the common torch recipe.
-    "bf16-mixed": DtypePolicy(
-        name="bf16-mixed", param_bytes=4, grad_bytes=4, master_bytes=0, state_bytes=4,
+    "bf16-compute": DtypePolicy(
+        name="bf16-compute", param_bytes=4, grad_bytes=4, master_bytes=0, state_bytes=4,
         compute_bytes=2, residual_bytes=4, autocast=True,
     ),
     # bf16 params and grads with a separate fp32 master (Megatron / DeepSpeed): 2+2+4+8.
-    "bf16-master": DtypePolicy(
-        name="bf16-master", param_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4,
+    "bf16-params": DtypePolicy(
+        name="bf16-params", param_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4,
         compute_bytes=2, residual_bytes=2, autocast=False,
     ),
     # everything bf16, AdamW states too (torch's AdamW allocates them in the param dtype).
-    "bf16": DtypePolicy(
-        name="bf16", param_bytes=2, grad_bytes=2, master_bytes=0, state_bytes=2,
+    "bf16-all": DtypePolicy(
+        name="bf16-all", param_bytes=2, grad_bytes=2, master_bytes=0, state_bytes=2,
         compute_bytes=2, residual_bytes=2, autocast=False,
     ),
 }  # fmt: skip
@@ -267,13 +268,20 @@ def models_compiled(
 
 
 def dtype_policy(name: str | DtypePolicy) -> DtypePolicy:
-    """The named policy (``fp32``, ``bf16-mixed``, ``bf16-master``, ``bf16``)."""
+    """The named recipe (``parlab.dtypes.RECIPES``: ``fp32``, ``bf16-compute``, ``bf16-params``,
+    ``bf16-all``); a retired name is ``UsageError`` naming the new one.
+
+    ``LEDGER_SPELLINGS`` (the ledger's own names before ``docs/cli.md``) still resolve while
+    ``parlab.plan`` passes them; every command's ``--dtype`` refuses them at parse time."""
     if isinstance(name, DtypePolicy):
         return name
-    key = {"mixed": "bf16-mixed", "amp": "bf16-mixed", "float32": "fp32"}.get(name, name)
+    key = LEDGER_SPELLINGS.get(name, name)
     if key not in POLICIES:
-        raise UsageError(f"dtype = {name!r}: use one of {', '.join(POLICIES)}")
+        check_recipe(name)  # the one line naming the new spelling
     return POLICIES[key]
+
+
+LEDGER_SPELLINGS = {"bf16-mixed": "bf16-compute", "bf16-master": "bf16-params", "bf16": "bf16-all"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -938,8 +946,8 @@ _FORMULA = {
     "params": "held parameter elements x param bytes (ZeRO: padded flat units; FSDP: dim-0 shards)",
     "grads": "gradient elements x grad bytes (zero1: full flat; zero2/3, fsdp: shards)",
     "optimizer": "optimizer states per element x state bytes, on what the optimizer steps",
-    "master_params": "fp32 master copy of what the optimizer steps (bf16-master)",
-    "master_grads": "fp32 copy of the reduced gradient the master is stepped with (bf16-master)",
+    "master_params": "fp32 master copy of what the optimizer steps (bf16-params)",
+    "master_grads": "fp32 copy of the reduced gradient the master is stepped with (bf16-params)",
     "ddp_buckets": "DDP gradient buckets (dp > 1): a copy of every gradient (bucket_view=False)",
     "ddp_old_buckets": "torch DDP over NCCL: first-iteration buckets held by the process group "
     "through the second iteration's forward/backward (P x grad bytes)",

@@ -12,6 +12,7 @@ naming it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,43 @@ def _read(path: str | Path) -> tuple[dict[str, Any], Path]:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise UsageError(f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (UnicodeDecodeError, RecursionError):
+        raise UsageError(f"{p} is not a JSON config (not UTF-8, or nested too deep)") from None
     if not isinstance(data, dict):
         raise UsageError(f"{p} holds a JSON {type(data).__name__}, not a config object")
     return data, p
+
+
+NUMERIC = (
+    "n_embd", "vocab_size", "n_layer", "n_head", "n_inner", "layer_norm_epsilon", "n_positions",
+    "num_attention_heads", "hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim",
+    "rms_norm_eps", "rope_theta", "max_position_embeddings", "intermediate_size",
+    "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_experts", "decoder_sparse_step", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "routed_scaling_factor",
+)  # fmt: skip
+"""The fields read as numbers: each must be one (a list, an object or text is refused)."""
+WHOLE = ("layer_norm_epsilon", "rms_norm_eps", "rope_theta", "routed_scaling_factor")
+"""... and all of them but these must be whole numbers."""
+
+
+def _check_numbers(cfg: dict[str, Any], where: Path) -> None:
+    """``UsageError`` naming the first numeric field that is not a finite number (a whole one
+    where a count or size is meant), before anything converts it."""
+    for field in NUMERIC:
+        v = cfg.get(field)
+        if v is None:
+            continue
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if ok and field not in WHOLE:
+            ok = float(v).is_integer() and abs(v) < 2**63
+        if not ok:
+            what = "a number" if field in WHOLE else "a whole number"
+            raise UsageError(
+                f"{where}: {field} = {str(v)[:40]!r} is a {type(v).__name__}, not {what}: fix "
+                "the config"
+            )
 
 
 def _need(cfg: dict[str, Any], field: str, where: Path) -> Any:
@@ -45,6 +80,7 @@ def _need(cfg: dict[str, Any], field: str, where: Path) -> Any:
 def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     """The spec described by a Hugging Face ``config.json``."""
     cfg, where = _read(path)
+    _check_numbers(cfg, where)
     kind = str(cfg.get("model_type", "")).lower()
     label = name or cfg.get("_name_or_path") or where.parent.name or kind or "hf-model"
     src = f"Hugging Face config {where}"

@@ -22,6 +22,7 @@ from parlab.plan.planner import PlanResult, Verdict
 from parlab.plan.summary import Summary
 
 EXAMPLES_PER_KIND = 5
+GIB = 2**30
 NEXT_ADMITTED = 9
 
 
@@ -108,24 +109,24 @@ def pareto_png(result: PlanResult, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
-    xs = [v.peak_bytes / 1e9 for v in result.ranked if v.peak_bytes is not None]
+    xs = [v.peak_bytes / GIB for v in result.ranked if v.peak_bytes is not None]
     ys = [v.tokens_per_s_per_gpu for v in result.ranked]
     ax.scatter(xs, ys, s=8, color="#9ca3af", label=f"admitted ({len(xs)})")
-    fx = [v.peak_bytes / 1e9 for v in result.pareto if v.peak_bytes is not None]
+    fx = [v.peak_bytes / GIB for v in result.pareto if v.peak_bytes is not None]
     fy = [v.tokens_per_s_per_gpu for v in result.pareto]
     ax.plot(fx, fy, "o-", color="#6b7280", ms=4, label=f"Pareto front ({len(fx)})")
     if result.top is not None and result.top.peak_bytes is not None:
         ax.scatter(
-            [result.top.peak_bytes / 1e9],
+            [result.top.peak_bytes / GIB],
             [result.top.tokens_per_s_per_gpu],
             s=60,
             color="#b91c1c",
             zorder=3,
             label=f"top: {result.top.cand.name}",
         )
-    usable = result.request.usable_memory / 1e9
+    usable = result.request.usable_memory / GIB
     ax.axvline(usable, ls="--", color="#b91c1c", lw=1)
-    ax.set_xlabel("predicted peak memory per GPU (GB)")
+    ax.set_xlabel("predicted peak memory per GPU (GiB)")
     ax.set_ylabel("predicted tokens/s per GPU")
     req = result.request
     ax.set_title(
@@ -188,7 +189,7 @@ def plan_document(
                     "candidate": v.cand.name,
                     "kind": "slower",
                     "reason": f"predicted {v.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-                    f"({100 * rel:+.1f} %), peak {v.peak_bytes / 1e9:.1f} GB",  # type: ignore[operator]
+                    f"({100 * rel:+.1f} %), peak {v.peak_bytes / GIB:.1f} GiB",  # type: ignore[operator]
                 }
             )
     seen: dict[str, int] = {}
@@ -206,8 +207,8 @@ def plan_document(
         reason = (
             f"highest predicted tokens/s per GPU of {len(result.ranked)} admitted candidates "
             f"({len(result.rejected)} rejected): {top.tokens_per_s_per_gpu:,.0f} tokens/s, "
-            f"MFU {100 * (top.mfu or 0):.1f} %, peak {top.peak_bytes / 1e9:.1f} GB "  # type: ignore[operator]
-            f"of {req.usable_memory / 1e9:.1f} GB"
+            f"MFU {100 * (top.mfu or 0):.1f} %, peak {top.peak_bytes / GIB:.1f} GiB "  # type: ignore[operator]
+            f"of {req.usable_memory / GIB:.1f} GiB"
         )
         layout = {
             "world_size": world,

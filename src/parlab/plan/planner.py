@@ -95,7 +95,7 @@ class PlanRequest:
     """Recompute modes to try."""
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     """Pipeline schedules to try (when pp > 1)."""
-    dtype: str = "bf16-master"
+    dtype: str = "bf16-params"
     """The ledger's dtype policy (default: bf16 parameters and gradients, float32 master weights
     and optimizer states, as Megatron's distributed optimizer and Llama 3 keep them)."""
     optimizer: str = "adamw-fused"
@@ -221,7 +221,7 @@ class PlanResult:
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
+    return f"{x / 2**30:.2f} GiB"
 
 
 def _stage_floor(ledger: Any) -> float:

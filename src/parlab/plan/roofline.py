@@ -451,7 +451,7 @@ def work(
     strategy: str = "ddp",
     recompute: str = "none",
     sp: bool = False,
-    dtype: str = "bf16-mixed",
+    dtype: str = "bf16-compute",
     impl: Implementation | None = None,
     layers: float | None = None,
     head: bool = True,

@@ -15,6 +15,7 @@ from parlab.plan.planner import PlanResult, Verdict
 from parlab.plan.precision import Band, band_for, nodes_crossed, overlaps, simplicity
 
 TIES_SHOWN = 5
+GIB = 2**30
 
 
 @dataclass(kw_only=True)
@@ -84,8 +85,8 @@ def _answers(
     pm = f" +/- {100 * band.rel:.0f} %" if band is not None else " (no error band measured)"
     fits = (
         f"Fits: {top.cand.name} holds {req.spec.name} on {c.count} x {c.gpu.name} at "
-        f"{top.peak_bytes / 1e9:.0f} GB per GPU on its fullest stage, {top.headroom_bytes / 1e9:.0f}"
-        f" GB under the {req.usable_memory / 1e9:.0f} GB usable."
+        f"{top.peak_bytes / GIB:.0f} GiB per GPU on its fullest stage, "
+        f"{top.headroom_bytes / GIB:.0f} GiB under the {req.usable_memory / GIB:.0f} GiB usable."
     )
     mfu = f", {100 * top.mfu:.0f} % MFU" if top.mfu else ""
     fast = (
@@ -125,8 +126,8 @@ def _apart(v: Verdict, top: Verdict, gpus_per_node: int) -> str:
     """What tells ``v`` apart from ``top``: memory headroom, nodes crossed, simplicity."""
     out = []
     dh = (v.headroom_bytes or 0) - (top.headroom_bytes or 0)
-    if abs(dh) >= 1e9:
-        out.append(f"{dh / 1e9:+.0f} GB headroom")
+    if abs(dh) >= GIB:
+        out.append(f"{dh / GIB:+.0f} GiB headroom")
     dn = nodes_crossed(v.cand, gpus_per_node) - nodes_crossed(top.cand, gpus_per_node)
     if dn:
         out.append(f"{'more' if dn > 0 else 'fewer'} axes across nodes ({dn:+d})")

@@ -52,7 +52,7 @@ def predict_wire(
 
     if preset == "fsdp" and not knobs.get("reshard_after_forward", True):
         return {}, "no prediction: the wire table models FSDP with reshard_after_forward only"
-    dtype = "bf16-mixed" if gpu else "fp32"
+    dtype = "bf16-compute" if gpu else "fp32"
     kw: dict[str, Any] = {"micro_batch": batch, "seq_len": seq, "dtype": dtype}
     if preset in ("ddp", "ddp-buckets"):
         topo, strategy = Topology(world_size=nproc, dp=nproc), "ddp"

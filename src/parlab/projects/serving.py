@@ -33,6 +33,7 @@ from typing import Any
 from rich.console import Console
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.dtypes import TENSOR_DTYPE_OF
 
 PROJECT = "PAR-DISTRIBUTED-INFERENCE"
 ALL_POLICIES = ("round_robin", "random", "least_outstanding", "power_of_two", "cache_aware")
@@ -758,8 +759,8 @@ def run_project(
                         p.model,
                         "--device",
                         dev,
-                        "--dtype",
-                        p.dtype,
+                        "--tensor-dtype",
+                        TENSOR_DTYPE_OF[p.dtype],
                         "--max-batch",
                         str(p.max_batch),
                         "--max-len",
@@ -820,7 +821,8 @@ def run_project(
             dtype=p.dtype,
             iters=5,
             timeout_s=120,
-            command=f"parlab serve kv-transfer --model {p.model} --dtype {p.dtype} "
+            command=f"parlab serve kv-transfer --model {p.model} --tensor-dtype "
+            f"{TENSOR_DTYPE_OF[p.dtype]} "
             f"--tokens {','.join(map(str, p.kv_tokens))} --iters 5",
         )
         write(kv, root, quiet=True)

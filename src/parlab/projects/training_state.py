@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.dtypes import check_recipe, document_dtype
 from parlab.errors import UsageError
 from parlab.ledger.predict import DtypePolicy
 from parlab.models.reference import norm_kernel
@@ -68,15 +69,16 @@ STRATEGIES = (
 """``ddp``/``fsdp``/``fsdp-hybrid``: torch's paths; ``deepspeed-zero*``: DeepSpeed's (optional);
 the others: parlab's mechanisms."""
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-master": torch.bfloat16}
-"""``--dtype`` -> compute dtype. ``bf16``: bf16 compute over fp32 parameters (autocast; FSDP:
-FSDP2's param_dtype). ``bf16-master``: bf16 parameters and gradients with an fp32 master
-shard the optimizer steps (parlab's ZeRO-1/2; DeepSpeed's bf16 recipe)."""
-MASTER_STRATEGIES = ("zero1", "zero2")
+DTYPES = {"fp32": torch.float32, "bf16-compute": torch.bfloat16, "bf16-params": torch.bfloat16}
+"""``--dtype`` (``parlab.dtypes``) -> compute dtype. ``bf16-compute``: bf16 compute over fp32
+parameters (autocast; FSDP: FSDP2's param_dtype). ``bf16-params``: bf16 parameters and
+gradients with an fp32 master shard the optimizer steps (parlab's ZeRO-1/2; DeepSpeed's bf16
+recipe, the only bf16 DeepSpeed runs)."""
+MASTER_STRATEGIES = ("zero1", "zero2", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
 OPTIMIZERS = ("adamw", "sgd")
 STATE_ITEMS = ("params", "grads", "optimizer")
 MASTER_ITEMS = ("master_params", "master_grads")
-"""The state items a ``bf16-master`` run adds (the ledger's items of the same names)."""
+"""The state items a ``bf16-params`` run adds (the ledger's items of the same names)."""
 FP32_MASTER = DtypePolicy(
     name="fp32-master", param_bytes=4, grad_bytes=4, master_bytes=4, state_bytes=4,
     compute_bytes=4, residual_bytes=4, autocast=False,
@@ -84,7 +86,7 @@ FP32_MASTER = DtypePolicy(
 """The ledger's policy for DeepSpeed's ZeRO in fp32: an fp32 master partition cloned beside the
 fp32 parameters (seen on gloo CPU ranks in all three stages)."""
 DEEPSPEED_NOTES = [
-    "deepspeed: ledger zero1/2/3 with DeepSpeed's master partition (bf16-master, or fp32 "
+    "deepspeed: ledger zero1/2/3 with DeepSpeed's master partition (bf16-params, or fp32 "
     "params with an fp32 master) and its gradient bucket as the ledger's explicit "
     "allocator_overhead (reduce_bucket_size elements); stage 1 reduces in buckets during "
     "backward and keeps only this rank's gradient partition, where the ledger's zero1 keeps "
@@ -123,8 +125,8 @@ class TrainConfig:
     seq: int = 128
     """Tokens per sequence."""
     dtype: str = "fp32"
-    """``fp32``, ``bf16`` (bf16 compute; parameters, gradients, optimizer state stay fp32) or
-    ``bf16-master`` (ZeRO-1/2: bf16 parameters and gradients, fp32 master shards)."""
+    """``fp32``, ``bf16-compute`` (bf16 compute; parameters, gradients, optimizer state stay
+    fp32) or ``bf16-params`` (ZeRO-1/2: bf16 parameters and gradients, fp32 master shards)."""
     recompute: str = "none"
     """Activation checkpointing per block: ``none``, ``selective`` or ``full``."""
     compile: bool = False
@@ -191,12 +193,15 @@ class TrainConfig:
             raise UsageError(
                 f"global batch {self.global_batch} gives a rank nothing: use >= {self.dp}"
             )
-        if self.dtype not in DTYPES:
-            raise UsageError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.dtype == "bf16-master" and self.strategy not in MASTER_STRATEGIES:
+        check_recipe(self.dtype, DTYPES)
+        if self.dtype == "bf16-params" and self.strategy not in MASTER_STRATEGIES:
             raise UsageError(
-                f"--dtype bf16-master is parlab's ZeRO-1/2 recipe (bf16 parameters, fp32 master "
-                f"shards), not {self.strategy}'s: use --strategy zero1 or zero2, or --dtype bf16"
+                f"--dtype bf16-params (bf16 parameters, fp32 master shards) runs under zero1, "
+                f"zero2 and deepspeed-zero*, not {self.strategy}: use --dtype bf16-compute"
+            )
+        if self.dtype == "bf16-compute" and self.strategy.startswith("deepspeed"):
+            raise UsageError(
+                "DeepSpeed's bf16 keeps bf16 parameters with an fp32 master: --dtype bf16-params"
             )
         if self.recompute not in RECOMPUTE:
             raise UsageError(f"--recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
@@ -312,7 +317,7 @@ def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module
             stage=int(name[4]),
             naive=name.endswith("-naive"),
             compute_dtype=compute if compute != torch.float32 else None,
-            param_dtype=compute if cfg["dtype"] == "bf16-master" else None,
+            param_dtype=compute if cfg["dtype"] == "bf16-params" else None,
         )
     if name == "fsdp":
         mesh = Topology(world_size=ctx.world_size, dp=ctx.world_size).build_mesh(ctx.device.type)
@@ -359,7 +364,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         torch.autocast(dev.type, dtype=compute)
         if compute != torch.float32
         and not cfg["strategy"].startswith(("fsdp", "deepspeed"))
-        and cfg["dtype"] != "bf16-master"
+        and cfg["dtype"] != "bf16-params"
         else contextlib.nullcontext()
     )
     losses: list[torch.Tensor] = []
@@ -537,12 +542,12 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     topo = Topology(world_size=cfg.nproc, dp=cfg.dp)
     strategy = ledger_strategy(cfg.strategy)
     shard = cfg.shard_size if strategy == "fsdp-hybrid" else None
-    dtype: Any = {"fp32": "fp32", "bf16-master": "bf16-master"}.get(cfg.dtype, "bf16-mixed")
+    dtype: Any = cfg.dtype  # the ledger's recipes are train's (parlab.dtypes)
     deepspeed = cfg.strategy.startswith("deepspeed")
     if deepspeed:
         # DeepSpeed's ZeRO keeps an fp32 master partition apart from the parameters: bf16
-        # parameters and gradients with it (bf16-master), or, in fp32, a second fp32 copy
-        dtype = "bf16-master" if cfg.dtype == "bf16" else FP32_MASTER
+        # parameters and gradients with it (bf16-params), or, in fp32, a second fp32 copy
+        dtype = "bf16-params" if cfg.dtype == "bf16-params" else FP32_MASTER
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
     eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
@@ -574,13 +579,13 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         norm_kernel=kernel,
         # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
         # alive through backward (stages 1/2) or for good (stage 3)
-        overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16" else 4) if deepspeed else 0,
+        overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16-params" else 4) if deepspeed else 0,
         **common,
     )
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
-        for item in STATE_ITEMS + (MASTER_ITEMS if cfg.dtype == "bf16-master" or deepspeed else ())
+        for item in STATE_ITEMS + (MASTER_ITEMS if cfg.dtype == "bf16-params" or deepspeed else ())
     }
     preds["peak_memory"] = Prediction(value=led.peak_bytes, unit="B", model=model)
     notes = [f"ledger peak phase: {led.peak_phase[0]}"]
@@ -623,7 +628,9 @@ def _deepspeed_knobs(cfg: TrainConfig) -> dict[str, Any]:
     """DeepSpeed's version and the config the run passed to ``deepspeed.initialize``."""
     from parlab.parallel.deepspeed import deepspeed_version, ds_config
 
-    config = ds_config(int(cfg.strategy[-1]), cfg.per_rank_batch, cfg.dp, bf16=cfg.dtype == "bf16")
+    config = ds_config(
+        int(cfg.strategy[-1]), cfg.per_rank_batch, cfg.dp, bf16=cfg.dtype == "bf16-params"
+    )
     return {"version": deepspeed_version(), "config": config}
 
 
@@ -932,7 +939,7 @@ def comparison_configs(
             "warmup": 3,
             "micro_batch": 2,
             "seq": seq or 4096,
-            "dtype": "bf16",
+            "dtype": "bf16-compute",
         }
         names = GPU_SET
     else:
@@ -959,8 +966,8 @@ def run_label(doc: Document) -> str:
         extra += f"+{knobs['recompute']}-recompute"
     if not knobs.get("reshard_after_forward", True) and "fsdp" in doc.layout["strategy"]:
         extra += "+no-reshard"
-    if knobs.get("dtype") == "bf16-master":
-        extra += "+bf16-master"
+    if document_dtype(doc) == "bf16-params" and not doc.layout["strategy"].startswith("deepspeed"):
+        extra += "+bf16-params"
     return f"{doc.layout['strategy']}{extra} {doc.workload.get('preset', '')}".strip()
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parlab.contract import atomic_write_text, now_iso, read_results
+from parlab.errors import UsageError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     root = Path(results_dir)
     entries, skipped = read_results(root)
     out = Path(out_dir) if out_dir is not None else root / "report"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
     rep = build_blocks(entries, skipped, root=root, out_dir=out, generated=now_iso())
     html_path = out / "report.html"

@@ -1,33 +1,50 @@
-"""Run a function on N ranks through torchrun (``torch.distributed.run``).
+"""Run a function on N ranks through torchrun (``torch.distributed.run``), on one node or many.
 
 parlab writes no launcher of its own: ``launch`` starts
-``python -m torch.distributed.run`` with the user's flags, which starts
+``python -m torch.distributed.run`` with torchrun's flags, which starts
 ``parlab.runtime.worker`` on every rank. One node uses ``--standalone`` (a
 free port, so runs never collide); several nodes pass ``--nnodes``,
-``--node-rank``, ``--rdzv-endpoint`` and ``--rdzv-backend`` through.
+``--node-rank``, ``--rdzv-endpoint``, ``--rdzv-backend`` and ``--rdzv-id``
+through (``Nodes``). A command sets its nodes once (``on_nodes``); every launch
+inside it runs on them, so project code never threads them by hand.
 
-Failure handling, so that nothing hangs:
-- every process group has a timeout (default 5 min): a collective whose peer
-  never arrives raises on the waiting ranks, which write an error file and
-  exit; torchrun then stops the rest;
-- a rank that raises (or runs out of memory) does the same at once;
+Failure handling, so that nothing hangs and nothing outlives the launcher:
+- every process group has a timeout (``default_timeout_s``: 60 s on gloo, 180 s
+  on NCCL): a collective whose peer never arrives raises on the waiting ranks,
+  which write an error file and exit;
+- once a rank has reported an error, the others get ``ERROR_GRACE_S`` to report
+  theirs, then every rank is killed (a stopped or hung rank too: torchrun alone
+  would wait 30 s more);
 - a wall-clock deadline (``deadline_s``) is the backstop: past it the whole
   process tree is killed and the failure is a ``timeout``;
-- Ctrl-C sends SIGINT, then SIGTERM, then SIGKILL to every rank.
+- Ctrl-C or SIGTERM stops every rank;
+- a watchdog process (``python -m parlab.runtime.launch --watch``) holds a pipe from
+  the launcher: if the launcher dies, even by SIGKILL, it kills torchrun and the
+  ranks (each rank runs in its own session, so the watchdog finds them by the spec
+  path on their command line) and removes the run's temp folder.
 
-The result is a ``LaunchResult``: every rank's return value (rank order), or
-a contract ``Failure`` naming the kind, the rank and the message.
+The result is a ``LaunchResult``: every rank's return value (rank order), or a
+contract ``Failure`` naming the kind, the rank and the message. A rank killed by a
+signal (SIGKILL, the kernel's OOM killer) is named from torchrun's failure report.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import contextvars
 import json
+import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +52,14 @@ from typing import Any
 from parlab.contract import Failure
 from parlab.errors import UsageError
 
-DEFAULT_TIMEOUT_S = 300.0
+GLOO_TIMEOUT_S = 60.0
+NCCL_TIMEOUT_S = 180.0
+ERROR_GRACE_S = 3.0
+"""Seconds the other ranks get to report their own errors after the first one."""
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 """torchrun's ``--numa-binding`` modes (``torch.numa.binding.AffinityMode``): GPU ranks only."""
+RDZV_BACKENDS = ("c10d", "static")
+_ENDPOINT_RE = re.compile(r"^\[?([A-Za-z0-9._:-]+?)\]?:([0-9]{1,5})$")
 
 
 def check_numa_binding(mode: str | None) -> None:
@@ -47,25 +69,114 @@ def check_numa_binding(mode: str | None) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Nodes:
+    """The nodes of one job (torchrun's multi-node flags)."""
+
+    nnodes: int = 1
+    """Nodes in the job (torchrun ``--nnodes``)."""
+    node_rank: int | None = None
+    """This node's rank (torchrun ``--node-rank``); required with more than one node."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` every node joins (torchrun ``--rdzv-endpoint``)."""
+    rdzv_backend: str = "c10d"
+    """Rendezvous backend (torchrun ``--rdzv-backend``: ``c10d`` or ``static``)."""
+    rdzv_id: str = "parlab"
+    """Job id shared by all nodes (torchrun ``--rdzv-id``)."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes {self.nnodes} is below 1: a job has at least one node")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise UsageError(
+                f"--rdzv-backend {self.rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.rdzv_id):
+            raise UsageError(f"--rdzv-id {self.rdzv_id!r}: use letters, digits, '.', '_', '-'")
+        if self.rdzv_endpoint is not None:
+            m = _ENDPOINT_RE.match(self.rdzv_endpoint)
+            if not m or not 1 <= int(m.group(2)) <= 65535:
+                raise UsageError(
+                    f"--rdzv-endpoint {self.rdzv_endpoint!r}: write HOST:PORT, port 1 to 65535"
+                )
+        if self.nnodes > 1:
+            if not self.rdzv_endpoint:
+                raise UsageError(
+                    f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by all nodes"
+                )
+            if self.node_rank is None:
+                raise UsageError(
+                    f"--nnodes {self.nnodes} needs --node-rank R (0 to {self.nnodes - 1}) on "
+                    "each node"
+                )
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(
+                f"--node-rank {self.node_rank} is outside 0 to {self.nnodes - 1} (--nnodes "
+                f"{self.nnodes})"
+            )
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+    def torchrun_args(self) -> list[str]:
+        if not self.multi:
+            return ["--standalone"]
+        args = ["--nnodes", str(self.nnodes), "--rdzv-backend", self.rdzv_backend]
+        args += ["--rdzv-endpoint", str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id]
+        if self.node_rank is not None:
+            args += ["--node-rank", str(self.node_rank)]
+        return args
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "rdzv_endpoint": self.rdzv_endpoint,
+            "rdzv_backend": self.rdzv_backend,
+            "rdzv_id": self.rdzv_id,
+        }
+
+
+ONE_NODE = Nodes()
+_NODES: contextvars.ContextVar[Nodes | None] = contextvars.ContextVar("parlab_nodes", default=None)
+
+
+@contextlib.contextmanager
+def on_nodes(nodes: Nodes) -> Iterator[Nodes]:
+    """Every ``launch`` inside runs on ``nodes`` (unless its config names its own)."""
+    token = _NODES.set(nodes)
+    try:
+        yield nodes
+    finally:
+        _NODES.reset(token)
+
+
+def current_nodes() -> Nodes:
+    """The nodes the running command launches on (one node unless ``on_nodes`` set them)."""
+    return _NODES.get() or ONE_NODE
+
+
+def default_timeout_s(nproc: int = 1, backend: str = "auto") -> float:
+    """The process-group timeout a run of ``nproc`` ranks per node gets unless it names one:
+    60 s on gloo, 180 s on NCCL (its first collectives build communicators; compiled runs
+    compile before them)."""
+    if backend == "auto":
+        backend = LaunchConfig(nproc=nproc, nodes=ONE_NODE, timeout_s=1.0).resolved_backend()
+    return NCCL_TIMEOUT_S if backend == "nccl" else GLOO_TIMEOUT_S
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How to start the ranks (torchrun's flags, and parlab's timeouts)."""
 
     nproc: int = 1
-    """Ranks per node (torchrun ``--nproc-per-node``)."""
-    nnodes: str = "1"
-    """Nodes, or a range ``MIN:MAX`` (torchrun ``--nnodes``)."""
-    node_rank: int | None = None
-    """This node's rank (torchrun ``--node-rank``); multi-node only."""
-    rdzv_endpoint: str | None = None
-    """``host:port`` of the rendezvous (torchrun ``--rdzv-endpoint``); multi-node only."""
-    rdzv_backend: str = "c10d"
-    """Rendezvous backend (torchrun ``--rdzv-backend``)."""
-    rdzv_id: str | None = None
-    """Job id shared by all nodes (torchrun ``--rdzv-id``)."""
+    """Ranks in the job; each node runs ``nproc / nnodes`` (torchrun ``--nproc-per-node``)."""
+    nodes: Nodes | None = None
+    """The job's nodes; None: ``current_nodes()`` (one node unless the command set them)."""
     backend: str = "auto"
     """``nccl``, ``gloo``, or ``auto``: NCCL when there is a GPU per local rank, else gloo."""
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    """Process-group timeout: a collective waiting longer than this fails the run."""
+    timeout_s: float | None = None
+    """Process-group timeout: a collective waiting longer fails the run (None: the default)."""
     deadline_s: float | None = None
     """Wall-clock limit for the whole run; None: timeout_s x 2 + 120 s."""
     env_defaults: tuple[tuple[str, str], ...] = ()
@@ -76,37 +187,46 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
-            raise UsageError(f"--nproc {self.nproc} is below 1: run at least one rank per node")
-        if self.timeout_s <= 0:
-            raise UsageError(f"--timeout {self.timeout_s} must be positive (seconds)")
+            raise UsageError(f"--nproc {self.nproc} is below 1: run at least one rank")
+        for name in ("timeout_s", "deadline_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                flag = "--timeout" if name == "timeout_s" else "deadline"
+                raise UsageError(f"{flag} {v} must be a finite number of seconds above 0")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise UsageError(f"backend {self.backend!r} is not one of auto, nccl, gloo")
         check_numa_binding(self.numa_binding)
-        multi = self.nnodes not in ("1", "1:1")
-        if multi and not self.rdzv_endpoint:
-            raise UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT shared by all nodes")
+        n = self.job_nodes.nnodes
+        if self.nproc % n:
+            raise UsageError(f"{self.nproc} ranks do not divide over --nnodes {n}")
+
+    @property
+    def job_nodes(self) -> Nodes:
+        return self.nodes if self.nodes is not None else current_nodes()
+
+    @property
+    def per_node(self) -> int:
+        return self.nproc // self.job_nodes.nnodes
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        import torch
+        import torch  # lazy: the analytic commands never launch
 
         return (
             "nccl"
-            if torch.cuda.is_available() and torch.cuda.device_count() >= self.nproc
+            if torch.cuda.is_available() and torch.cuda.device_count() >= self.per_node
             else "gloo"
         )
 
+    def resolved_timeout(self, backend: str) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return NCCL_TIMEOUT_S if backend == "nccl" else GLOO_TIMEOUT_S
+
     def torchrun_args(self) -> list[str]:
-        args = ["--nproc-per-node", str(self.nproc), "--max-restarts", "0"]
-        if self.nnodes in ("1", "1:1"):
-            args.append("--standalone")
-        else:
-            args += ["--nnodes", self.nnodes, "--rdzv-backend", self.rdzv_backend]
-            args += ["--rdzv-endpoint", str(self.rdzv_endpoint)]
-            args += ["--rdzv-id", self.rdzv_id or "parlab"]
-            if self.node_rank is not None:
-                args += ["--node-rank", str(self.node_rank)]
+        args = ["--nproc-per-node", str(self.per_node), "--max-restarts", "0"]
+        args += self.job_nodes.torchrun_args()
         if self.numa_binding is not None:
             args += ["--numa-binding", self.numa_binding]
         return args
@@ -118,11 +238,13 @@ class LaunchResult:
 
     ok: bool
     results: list[Any] = field(default_factory=list)
-    """Each rank's return value, in rank order (from rank 0's gather)."""
+    """Each rank's return value, in rank order (every node gets all of them)."""
     failure: Failure | None = None
     wall_s: float = 0.0
     errors: list[dict[str, Any]] = field(default_factory=list)
     """Every error file the ranks wrote (rank, kind, message, traceback)."""
+    node_rank: int | None = None
+    """The node rank the rendezvous gave this node (torchrun's ``GROUP_RANK``)."""
 
 
 def _fatal_signals(out_dir: Path) -> list[dict[str, Any]]:
@@ -156,14 +278,56 @@ def _fatal_signals(out_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _failure_from(errors: list[dict[str, Any]], world: int, returncode: int | None) -> Failure:
+_REPORTED_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_failures(log: str) -> dict[int, int]:
+    """Rank -> exit code, from torchrun's failure report (its ``Failures:`` and
+    ``Root Cause`` blocks: ``rank : 1 (local_rank: 1)`` then ``exitcode : -9``)."""
+    return {int(m.group(1)): int(m.group(2)) for m in _REPORTED_RE.finditer(log)}
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _killed_by_signal(errors: list[dict[str, Any]], exits: dict[int, int]) -> Failure | None:
+    """A rank that died of a signal without a word (no error file, no fault log): it is the
+    cause; its peers' errors ('connection closed by peer') are the consequence."""
+    reported = {e["rank"] for e in errors}
+    for rank, code in sorted(exits.items()):
+        # torchrun ends the survivors of a failure with SIGTERM: not a cause while another
+        # rank reported an error
+        if code == -signal.SIGTERM and errors:
+            continue
+        if code < 0 and rank not in reported:
+            name = _signal_name(code)
+            hint = " (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+            return Failure(
+                kind="crash",
+                message=f"rank {rank} was killed by {name}{hint}; torchrun saw exit code {code}",
+                rank=rank,
+            )
+    return None
+
+
+def _failure_from(
+    errors: list[dict[str, Any]], world: int, returncode: int | None, exits: dict[int, int]
+) -> Failure:
+    signalled = _killed_by_signal(errors, exits)
+    if signalled is not None:
+        return signalled
     if not errors:
         reason = "was killed" if returncode is not None and returncode < 0 else "exited"
+        failed = ", ".join(f"rank {r} exit code {c}" for r, c in sorted(exits.items()))
         return Failure(
             kind="crash",
-            message=f"torchrun {reason} with status {returncode} and no rank reported an error "
-            "(a rank may have died from a signal: check the log above)",
-            rank=None,
+            message=f"torchrun {reason} with status {returncode} and no rank reported an error"
+            + (f" (torchrun saw {failed})" if failed else ""),
+            rank=min(exits) if exits else None,
         )
     errors = sorted(errors, key=lambda e: e["time"])
     first_real = next((e for e in errors if e["kind"] != "timeout"), None)
@@ -185,23 +349,47 @@ def _failure_from(errors: list[dict[str, Any]], world: int, returncode: int | No
     return Failure(kind="timeout", message=first["message"], rank=first["rank"])
 
 
-def _kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+def _ranks_of(spec_path: str) -> list[int]:
+    """Pids of the rank processes of one run: their command line holds its spec path (each
+    rank runs in its own session, out of reach of a signal to torchrun's group)."""
+    needle = spec_path.encode()
+    pids = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        pids.append(int(name))
+            except OSError:
+                continue
+    return pids
+
+
+def _signal_all(torchrun_pid: int, spec_path: str, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(torchrun_pid, sig)
+    for pid in _ranks_of(spec_path):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], spec_path: str, grace_s: float = 2.0) -> None:
+    """SIGTERM torchrun and every rank, then SIGKILL what is left (a stopped rank included)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_all(proc.pid, spec_path, sig)
         try:
             proc.wait(timeout=grace_s)
-            return
         except subprocess.TimeoutExpired:
             continue
+        if sig == signal.SIGTERM and _ranks_of(spec_path):
+            continue
+        return
 
 
 def _forward_sigterm() -> Any:
     """Turn SIGTERM into KeyboardInterrupt while the ranks run; return the undo."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -210,6 +398,87 @@ def _forward_sigterm() -> Any:
 
     previous = signal.signal(signal.SIGTERM, on_term)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _tee(stream: Any, tail: collections.deque[str]) -> threading.Thread:
+    """Copy torchrun's stderr to ours, keeping its last lines for the failure report."""
+
+    def run() -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            tail.append(line)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        stream.close()
+
+    t = threading.Thread(target=run, name="parlab-torchrun-stderr", daemon=True)
+    t.start()
+    return t
+
+
+def _start_watchdog(torchrun_pid: int, tmp: str, spec_path: str) -> subprocess.Popen[bytes]:
+    """The process that cleans up if this one dies (see the module docstring)."""
+    cmd = [sys.executable, "-m", "parlab.runtime.launch", "--watch", str(torchrun_pid), tmp]
+    cmd.append(spec_path)
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env, start_new_session=True)
+
+
+def _stop_watchdog(dog: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        assert dog.stdin is not None
+        dog.stdin.write(b"done\n")
+        dog.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        dog.wait(timeout=5)
+
+
+def _watch(torchrun_pid: int, tmp: str, spec_path: str) -> None:
+    """Block until the launcher closes our stdin; unless it said ``done``, it died: end the
+    run (torchrun's group, then every rank by its spec path) and remove its temp folder."""
+    said = sys.stdin.buffer.read()
+    if b"done" in said:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_all(torchrun_pid, spec_path, sig)
+        time.sleep(1.0)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], out_dir: Path, spec_path: str, deadline: float
+) -> tuple[bool, float]:
+    """Wait for torchrun; end the run early once a rank has reported an error and the others
+    had ``ERROR_GRACE_S`` to report theirs. Returns (timed out, when the kill started)."""
+    start = time.monotonic()
+    first_error: float | None = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > deadline:
+            killed_at = time.time()
+            _kill_tree(proc, spec_path)
+            return True, killed_at
+        if first_error is None and any(out_dir.glob("error-rank*.json")):
+            first_error = now
+        if first_error is not None and now - first_error > ERROR_GRACE_S:
+            killed_at = time.time()
+            _kill_tree(proc, spec_path)
+            return False, killed_at
+        time.sleep(0.1)
+    return False, float("inf")
+
+
+def _read_errors(out_dir: Path) -> list[dict[str, Any]]:
+    errors = []
+    for p in sorted(out_dir.glob("error-rank*.json")):
+        try:
+            errors.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return errors + _fatal_signals(out_dir)
 
 
 def launch(
@@ -222,20 +491,17 @@ def launch(
     """
     config = config or LaunchConfig()
     backend = config.resolved_backend()
-    world = config.nproc * (int(config.nnodes.split(":")[-1]) if config.nnodes else 1)
-    deadline = config.deadline_s or config.timeout_s * 2 + 120
-    with tempfile.TemporaryDirectory(prefix="parlab-run-") as tmp:
-        spec = {
-            "entry": entry,
-            "kwargs": kwargs or {},
-            "backend": backend,
-            "timeout_s": config.timeout_s,
-            "out_dir": tmp,
-        }
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
+    timeout_s = config.resolved_timeout(backend)
+    deadline = config.deadline_s or timeout_s * 2 + 120
+    tmp = tempfile.mkdtemp(prefix="parlab-run-")
+    out_dir = Path(tmp)
+    try:
+        spec = {"entry": entry, "kwargs": kwargs or {}, "backend": backend}
+        spec |= {"timeout_s": timeout_s, "out_dir": tmp}
+        spec_path = str(out_dir / "spec.json")
+        Path(spec_path).write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "torch.distributed.run", *config.torchrun_args()]
-        cmd += ["-m", "parlab.runtime.worker", str(spec_path)]
+        cmd += ["-m", "parlab.runtime.worker", spec_path]
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
@@ -243,47 +509,59 @@ def launch(
         for key, value in config.env_defaults:
             env.setdefault(key, value)
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        timed_out = False
-        killed_at = float("inf")
-        # The ranks run in their own session (so Ctrl-C reaches them only through us):
-        # a SIGTERM to this process must take them down too, or they outlive it
-        # holding GPU memory.
+        # The ranks run in their own sessions (so Ctrl-C reaches them only through us):
+        # SIGTERM to this process must take them down too, or they outlive it holding GPUs.
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        dog = _start_watchdog(proc.pid, tmp, spec_path)
+        tail: collections.deque[str] = collections.deque(maxlen=400)
+        reader = _tee(proc.stderr, tail)
         restore = _forward_sigterm()
         try:
-            try:
-                proc.wait(timeout=deadline)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                killed_at = time.time()
-                _kill_tree(proc)
+            timed_out, killed_at = _wait(proc, out_dir, spec_path, deadline)
         except KeyboardInterrupt:
-            _kill_tree(proc)
+            _kill_tree(proc, spec_path)
             raise
         finally:
             restore()
-        wall = time.perf_counter() - start
-        errors = []
-        for p in sorted(Path(tmp).glob("error-rank*.json")):
-            try:
-                errors.append(json.loads(p.read_text()))
-            except (OSError, json.JSONDecodeError):
-                continue
-        errors += _fatal_signals(Path(tmp))
-        result_path = Path(tmp) / "result.json"
-        if proc.returncode == 0 and result_path.exists() and not timed_out:
-            results = json.loads(result_path.read_text())["results"]
-            return LaunchResult(ok=True, results=results, wall_s=wall)
-        if timed_out:
-            failure = Failure(
-                kind="timeout",
-                message=f"the run passed its {deadline:.0f} s deadline and was stopped",
-                rank=None,
-            )
-            # errors raised before the kill explain it; those the kill caused do not
-            earlier = [e for e in errors if e.get("time", 0) < killed_at]
-            if earlier:
-                failure = _failure_from(earlier, world, proc.returncode)
-        else:
-            failure = _failure_from(errors, world, proc.returncode)
-        return LaunchResult(ok=False, failure=failure, wall_s=wall, errors=errors)
+            reader.join(timeout=5)
+            _stop_watchdog(dog)
+        return _outcome(proc.returncode, out_dir, config, "".join(tail), timed_out, killed_at,
+                        wall=time.perf_counter() - start, deadline=deadline)  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _outcome(
+    returncode: int | None,
+    out_dir: Path,
+    config: LaunchConfig,
+    log: str,
+    timed_out: bool,
+    killed_at: float,
+    *,
+    wall: float,
+    deadline: float,
+) -> LaunchResult:
+    errors = _read_errors(out_dir)
+    result_path = out_dir / "result.json"
+    if returncode == 0 and result_path.exists() and not timed_out:
+        body = json.loads(result_path.read_text())
+        return LaunchResult(
+            ok=True, results=body["results"], wall_s=wall, node_rank=body.get("group_rank")
+        )
+    # errors raised before a kill explain it; those the kill caused do not
+    earlier = [e for e in errors if e.get("time", 0) < killed_at]
+    exits = {} if killed_at != float("inf") else torchrun_failures(log)
+    if timed_out and not earlier:
+        failure = Failure(
+            kind="timeout",
+            message=f"the run passed its {deadline:.0f} s deadline and was stopped",
+            rank=None,
+        )
+    else:
+        failure = _failure_from(earlier, config.nproc, returncode, exits)
+    return LaunchResult(ok=False, failure=failure, wall_s=wall, errors=errors)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
+    _watch(int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -3,7 +3,8 @@
 It reads a JSON spec (entry point ``module:function`` and its keyword
 arguments), joins the process group (NCCL on GPUs, gloo on CPU) with the
 run's timeout, calls ``function(ctx, **kwargs)``, gathers every rank's return
-value to rank 0, and rank 0 writes them to ``<out_dir>/result.json``. A rank
+value to rank 0 (on several nodes: to every node's local rank 0), which writes them to
+``<out_dir>/result.json``. A rank
 that raises writes ``<out_dir>/error-rank<R>.json`` (kind, one-line message,
 traceback) and exits non-zero at once, so torchrun stops the others.
 
@@ -73,12 +74,18 @@ def main(spec_path: str) -> int:
         )
         fn = resolve(spec["entry"])
         result = fn(ctx, **spec.get("kwargs", {}))
-        gathered: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
-        if rank == 0:
+        # several nodes: each node's launcher writes its own document, so every node's
+        # local rank 0 gets every rank's result
+        multi_node = world > local_world
+        gathered: list[Any] | None = [None] * world if rank == 0 or multi_node else None
+        if multi_node:
+            dist.all_gather_object(gathered, result)
+        else:
+            dist.gather_object(result, gathered, dst=0)
+        if (local_rank if multi_node else rank) == 0:
+            body = {"results": gathered, "group_rank": int(os.environ.get("GROUP_RANK", "0"))}
             atomic_write_text(
-                os.path.join(out_dir, "result.json"),
-                json.dumps({"results": gathered}, default=json_default),
+                os.path.join(out_dir, "result.json"), json.dumps(body, default=json_default)
             )
         dist.barrier()
         dist.destroy_process_group()

@@ -597,8 +597,12 @@ def to_document(
     from parlab.contract import Document, Failure, Metric, new_run_id, now_iso
     from parlab.hardware.env import snapshot
 
+    none_done = result.summary["completed"] == 0  # no latency was measured: unknown, not 0 ms
     metrics = {
-        k: Metric(value=(float(v) if v is not None else None), unit=_unit(k))
+        k: Metric(
+            value=None if v is None or (none_done and k.endswith("_ms")) else float(v),
+            unit=_unit(k),
+        )
         for k, v in result.summary.items()
     }
     metrics["dispatch_lag_p99_ms"] = Metric(value=result.dispatch_lag_ms["p99"], unit="ms")

@@ -109,7 +109,7 @@ def shared_prefix(
     ``prompts_per_group`` unique questions of ``question_len``; shuffled."""
     for name, v in (
         ("--num-groups", num_groups),
-        ("--prompts-per-group", prompts_per_group),
+        ("--num-prompts / --num-groups", prompts_per_group),
         ("--prefix-len", prefix_len),
         ("--question-len", question_len),
         ("--output-len", output_len),

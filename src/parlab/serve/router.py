@@ -89,7 +89,7 @@ class RouterConfig:
         for u in self.replicas:
             check_target(u, allow_remote=self.allow_remote)
         if self.health_interval_s <= 0 or self.health_failures < 1:
-            raise UsageError("--health-interval must be positive and --health-failures >= 1")
+            raise UsageError("--health-interval must be positive and health_failures >= 1")
 
 
 @dataclass
