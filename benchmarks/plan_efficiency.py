@@ -18,7 +18,7 @@ from pathlib import Path
 
 from parlab import contract
 from parlab.plan.compute import GpuEfficiency
-from parlab.plan.fit.efficiency_fit import _by_prefix, _gemm_rows, fit_all, shipped
+from parlab.plan.fit.efficiency_fit import fit_all, gemm_rows, probe_documents, shipped
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "parlab" / "plan" / "efficiency.json"
 
@@ -40,13 +40,13 @@ def main() -> None:
         print(f"{name:<12}" + "".join(f"{fig.get(c, 0):>20.4g}" for c in cols))
         print(f"{'':<12}rests on: {fig['rests_on']}")
     entries, _ = contract.read_results(root)
-    docs = _by_prefix(entries, "PAR-TRAINING-STATE", "gemm-shapes")
+    docs = probe_documents(entries, "PAR-TRAINING-STATE", "gemm-shapes")
     for name, fig in table["gpus"].items():
         mine = [d for d in docs if d.workload["calibration"]["device"].endswith(name)]
         if not mine:
             continue
         eff = GpuEfficiency(gpu=name, **fig)
-        rows = _gemm_rows(mine)
+        rows = gemm_rows(mine)
         aligned = [r for r in rows if all(int(x) % 8 == 0 for x in r[:3])]
         errs = [abs(eff.gemm(*r[:3]) / r[3] - 1) for r in aligned]
         print(

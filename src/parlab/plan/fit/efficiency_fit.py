@@ -96,7 +96,7 @@ def public_a100() -> dict[str, Any]:
     }
 
 
-def _gemm_rows(docs: list[Any]) -> list[tuple[float, float, float, float]]:
+def gemm_rows(docs: list[Any]) -> list[tuple[float, float, float, float]]:
     """(rows, inner, cols, efficiency) of every GEMM pass the v3 probes timed."""
     seen: dict[tuple[int, int, int, str], float] = {}
     for d in docs:
@@ -217,7 +217,7 @@ def _contention(root: Path) -> float:
     return roof.contention
 
 
-def _by_prefix(entries: list[Any], project: str, prefix: str) -> list[Any]:
+def probe_documents(entries: list[Any], project: str, prefix: str) -> list[Any]:
     return [
         e.doc
         for e in entries
@@ -231,9 +231,9 @@ def _by_prefix(entries: list[Any], project: str, prefix: str) -> list[Any]:
 def fit_all(root: Path) -> dict[str, Any]:
     """The efficiency table for every GPU the probes under ``root`` measured, and its kin."""
     entries, _ = contract.read_results(root)
-    shapes = _by_prefix(entries, "PAR-TRAINING-STATE", "gemm-shapes")
-    work = _by_prefix(entries, "PAR-TRAINING-STATE", "param-work")
-    sweeps = _by_prefix(entries, "PAR-COLLECTIVES", "collectives-2")
+    shapes = probe_documents(entries, "PAR-TRAINING-STATE", "gemm-shapes")
+    work = probe_documents(entries, "PAR-TRAINING-STATE", "param-work")
+    sweeps = probe_documents(entries, "PAR-COLLECTIVES", "collectives-2")
     gpus: dict[str, Any] = {}
     devices = sorted({d.workload["calibration"]["device"] for d in shapes})
     for device in devices:
@@ -241,7 +241,7 @@ def fit_all(root: Path) -> dict[str, Any]:
         assert spec is not None, device
         mine = [d for d in shapes if d.workload["calibration"]["device"] == device]
         runs = sorted(d.run_id for d in mine)
-        fig = {**fit_gemm(_gemm_rows(mine)), **fit_attention(_attention_rows(mine))}
+        fig = {**fit_gemm(gemm_rows(mine)), **fit_attention(_attention_rows(mine))}
         if spec.name in ("H200", "H100-SXM"):  # sustained, not the probe's short bursts
             fig["gemm_ceiling"] = min(fig["gemm_ceiling"], H100_GEMM_BEST)
         same = [d for d in work if d.workload["calibration"]["device"] == device]
