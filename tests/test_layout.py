@@ -7,7 +7,7 @@ import json
 import pytest
 
 from parlab.cli import main
-from parlab.layout import LayoutError, ModelShape, describe, model_shape
+from parlab.layout import LayoutError, ModelShape, constraints, describe, model_shape
 
 L8B = ModelShape(name="8b", layers=32, heads=32, kv_heads=8, hidden=4096, ffn=14336, vocab=128256)
 
@@ -43,7 +43,6 @@ def test_interleaved_stages() -> None:
     ("degrees", "kw", "rule"),
     [
         ({"tp": 3, "dp": 1}, {}, "heads % tp == 0"),
-        ({"tp": 16}, {}, "kv_heads vs tp"),
         ({"pp": 33}, {}, "layers >= pp*vpp (a layer per chunk)"),
         ({"cp": 2}, {"seq": 1002}, "seq % (2*cp) == 0"),
         ({"tp": 2, "dp": 4}, {}, "world == pp*dp*cp*tp"),
@@ -71,7 +70,14 @@ def test_cli_json_and_bad_layout_exit_2(capsys: pytest.CaptureFixture[str]) -> N
     data = json.loads(capsys.readouterr().out)
     assert data["valid"] and data["mesh"] == {"pp": 2, "dp": 2, "cp": 1, "tp": 4, "ep": 1}
     with pytest.raises(SystemExit) as bad:
-        main(["layout", "--world", "16", "--tp", "16", "--model", "llama3.1-8b"])
+        main(["layout", "--world", "24", "--tp", "24", "--model", "llama3.1-8b"])
     assert bad.value.code == 2
     err = capsys.readouterr().err
-    assert "kv_heads vs tp" in err and "8 KV heads" in err
+    assert "heads % tp == 0" in err and "heads = 32 is not divisible by tp = 24" in err
+
+
+def test_fewer_kv_heads_than_tp_ranks_keep_one_replicated_kv_head_each() -> None:
+    shape = model_shape("llama3.1-8b")  # 8 KV heads
+    rows = constraints(world=16, degrees={"tp": 16}, shape=shape)
+    kv = next(r for r in rows if r.name == "kv_heads vs tp")
+    assert kv.ok and "one replicated KV head per rank" in kv.detail

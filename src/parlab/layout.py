@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parlab.errors import UsageError
-from parlab.ledger.sharding import chunk_sizes
+from parlab.ledger.sharding import chunk_sizes, tp_rules
 from parlab.topology import AXES, Topology
 
 WHY_ORDER = (
@@ -133,41 +133,10 @@ def constraints(
         f"{pp}*{dp}*{cp}*{tp} = {prod} vs world {world}"
         + ("" if prod == world else f": choose degrees whose product is {world}"),
     )
-    add(
-        "heads % tp == 0",
-        shape.heads % tp == 0,
-        f"{shape.heads} heads over tp {tp}"
-        + (
-            f": {shape.heads // tp} per rank"
-            if shape.heads % tp == 0
-            else ": each rank must hold whole heads"
-        ),
-    )
-    if shape.kv_heads % tp == 0:
-        add("kv_heads vs tp", True, f"{shape.kv_heads} KV heads: {shape.kv_heads // tp} per rank")
-    else:
-        add(
-            "kv_heads vs tp",
-            False,
-            f"{shape.kv_heads} KV heads do not split over tp {tp}: "
-            f"choose tp dividing {shape.kv_heads} (parlab does not replicate KV heads)",
-        )
-    add(
-        "ffn % tp == 0",
-        shape.ffn % tp == 0,
-        f"FFN {shape.ffn} over tp {tp}"
-        + (f": {shape.ffn // tp} columns per rank" if shape.ffn % tp == 0 else ""),
-    )
-    add(
-        "vocab % tp == 0",
-        shape.vocab % tp == 0,
-        f"vocab {shape.vocab} over tp {tp}"
-        + (
-            f": {shape.vocab // tp} rows per rank"
-            if shape.vocab % tp == 0
-            else ": the vocab-parallel embedding needs equal rows per rank"
-        ),
-    )
+    for rule, why in tp_rules(
+        tp=tp, heads=shape.heads, kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=shape.vocab
+    ):
+        add(rule, not why, why or f"splits over tp {tp}: {_per_rank(rule, shape, tp)}")
     split = split_text(shape.layers, pp, vpp)
     add(
         "layers >= pp*vpp (a layer per chunk)",
@@ -226,6 +195,18 @@ def _span(total: int, parts: int, i: int) -> tuple[int, int]:
 def cp_chunks(cp: int, index: int, *, load_balance: bool = True) -> list[int]:
     """The sequence chunks CP rank ``index`` holds: ``[i, 2cp-1-i]`` of ``2cp``, or ``[i]`` of ``cp``."""
     return [index, 2 * cp - 1 - index] if load_balance else [index]
+
+
+def _per_rank(rule: str, shape: ModelShape, tp: int) -> str:
+    """What each rank keeps under one tensor-parallel rule."""
+    if rule.startswith("heads"):
+        return f"{shape.heads // tp} query heads per rank"
+    if rule.startswith("kv"):
+        kv = shape.kv_heads
+        return f"{kv // tp} KV heads per rank" if kv >= tp else "one replicated KV head per rank"
+    if rule.startswith("ffn"):
+        return f"{shape.ffn // tp} FFN columns per rank"
+    return f"{shape.vocab // tp} vocabulary rows per rank"
 
 
 def stage_layers(layers: int, pp: int, vpp: int = 1) -> list[range]:

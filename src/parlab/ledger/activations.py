@@ -330,6 +330,14 @@ def schedule_name(name: str) -> str:
     return key
 
 
+def bubble_fraction(pp: int, microbatches: int, virtual: int = 1) -> float:
+    """The pipeline bubble of ``pp`` equal stages: idle time over busy time, ``(p - 1) / (v m)``
+    for ``m`` micro-batches and ``v`` interleaved chunks per rank (GPipe and 1F1B alike; the
+    fraction of the step is ``b / (1 + b)``). The one definition: the planner, the schedules'
+    simulator, the model-internal project and the doctor call it."""
+    return (pp - 1) / (max(1, virtual) * max(1, microbatches)) if pp > 1 else 0.0
+
+
 def in_flight(schedule: str, pp: int, stage: int, microbatches: int, virtual: int = 1) -> float:
     """Micro-batches of the whole stage whose activations are alive at once on pipeline rank ``stage``.
 

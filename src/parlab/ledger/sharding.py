@@ -99,37 +99,60 @@ def dim0_chunk_numel(shape: tuple[int, ...], shards: int, index: int) -> int:
     return rows * math.prod(shape[1:])
 
 
+def tp_rules(
+    *,
+    tp: int,
+    heads: int,
+    kv_heads: int | None,
+    ffn: int,
+    vocab: int,
+    expert_ffn: int | None = None,
+    kv_replicate: bool = True,
+) -> list[tuple[str, str]]:
+    """The tensor-parallel rules, one ``(rule, "" or why it fails)`` each: whole query heads
+    per rank; KV heads split, or (``kv_replicate``, fewer KV heads than ranks) one replicated
+    per rank; FFN columns, expert FFN columns and vocabulary rows split evenly. ``kv_heads``
+    None: MLA (no KV heads to split). The one home of these rules: the ledger
+    (``check_tp``) and the layout's constraint table (``parlab.layout.constraints``) ask it."""
+    out = [("heads % tp == 0", "" if heads % tp == 0 else
+            f"heads = {heads} is not divisible by tp = {tp}: choose a tp dividing it")]  # fmt: skip
+    if kv_heads is not None:
+        why = ""
+        if kv_heads < tp:
+            if not kv_replicate:
+                why = f"kv_heads = {kv_heads} is fewer than tp = {tp}: allow KV-head replication or lower tp"
+            elif tp % kv_heads:
+                why = f"tp = {tp} is not a multiple of kv_heads = {kv_heads}: cannot replicate"
+        elif kv_heads % tp:
+            why = f"kv_heads = {kv_heads} is not divisible by tp = {tp}"
+        out.append(("kv_heads vs tp", why))
+    for rule, value, name in (
+        ("ffn % tp == 0", ffn, "ffn_hidden"),
+        ("expert ffn % tp == 0", expert_ffn, "moe.expert_ffn_hidden"),
+        ("vocab % tp == 0", vocab, "vocab_size"),
+    ):
+        if value is not None:
+            why = f"{name} = {value} is not divisible by tp = {tp}" if value % tp else ""
+            out.append(
+                (rule, why + (": pad the vocabulary" if why and name == "vocab_size" else ""))
+            )
+    return out
+
+
 def check_tp(spec: ModelSpec, tp: int, *, kv_replicate: bool = True) -> None:
-    """``UsageError`` naming the field when ``spec`` cannot be split over ``tp`` ranks."""
+    """``UsageError`` naming the field when ``spec`` cannot be split over ``tp`` ranks
+    (``tp_rules``)."""
     if tp == 1:
         return
-    if spec.heads % tp:
-        raise UsageError(
-            f"heads = {spec.heads} is not divisible by tp = {tp}: choose a tp dividing it"
-        )
-    if spec.mla is None:
-        kv = spec.n_kv_heads
-        if kv < tp:
-            if not kv_replicate:
-                raise UsageError(
-                    f"kv_heads = {kv} is fewer than tp = {tp}: allow KV-head replication or lower tp"
-                )
-            if tp % kv:
-                raise UsageError(
-                    f"tp = {tp} is not a multiple of kv_heads = {kv}: cannot replicate"
-                )
-        elif kv % tp:
-            raise UsageError(f"kv_heads = {kv} is not divisible by tp = {tp}")
-    if spec.ffn_hidden % tp:
-        raise UsageError(f"ffn_hidden = {spec.ffn_hidden} is not divisible by tp = {tp}")
-    if spec.moe is not None and spec.moe.expert_ffn_hidden % tp:
-        raise UsageError(
-            f"moe.expert_ffn_hidden = {spec.moe.expert_ffn_hidden} is not divisible by tp = {tp}"
-        )
-    if spec.vocab_size % tp:
-        raise UsageError(
-            f"vocab_size = {spec.vocab_size} is not divisible by tp = {tp}: pad the vocabulary"
-        )
+    rules = tp_rules(
+        tp=tp, heads=spec.heads, kv_heads=None if spec.mla is not None else spec.n_kv_heads,
+        ffn=spec.ffn_hidden, vocab=spec.vocab_size,
+        expert_ffn=spec.moe.expert_ffn_hidden if spec.moe is not None else None,
+        kv_replicate=kv_replicate,
+    )  # fmt: skip
+    for _, why in rules:
+        if why:
+            raise UsageError(why)
 
 
 @lru_cache(maxsize=4096)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parlab.comm.model import collective_time, hierarchical_time
+from parlab.ledger.activations import bubble_fraction
 from parlab.models.spec import ModelSpec
 from parlab.plan.roofline import ComputeParts, Work
 from parlab.plan.space import Candidate, Cluster
@@ -316,11 +317,14 @@ def _stage_time(
 
 def pipeline_bubble(piped: list[tuple[float, int]], microbatches: int, vpp: int) -> float:
     """Idle seconds a pipeline adds to its slowest stage: ``(sum T - max T) / (v m)`` over the
-    stages' per-step work ``T`` (``(T, how many stages)`` pairs); ``(p - 1) T / (v m)`` for
-    equal stages (the module docstring)."""
-    total = sum(t * n for t, n in piped)
-    slowest = max(t for t, _ in piped)
-    return max(0.0, total - slowest) / (max(1, vpp) * max(1, microbatches))
+    stages' per-step work ``T`` (``(T, how many stages)`` pairs): the bubble fraction
+    (``parlab.ledger.activations.bubble_fraction``) of the other stages' mean work, so
+    ``(p - 1) T / (v m)`` for equal stages (the module docstring)."""
+    pp = sum(n for _, n in piped)
+    if pp < 2:
+        return 0.0
+    others = (sum(t * n for t, n in piped) - max(t for t, _ in piped)) / (pp - 1)
+    return max(0.0, others) * bubble_fraction(pp, microbatches, vpp)
 
 
 def estimate(
