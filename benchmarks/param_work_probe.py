@@ -22,25 +22,11 @@ What is timed, over ``--params`` float32 parameters held as ``--shape`` tensors 
 - ``accumulate``: a float32 gradient added into the kept one (``grad += g``, autograd's
   AccumulateGrad when the gradient exists: DDP's bucket views), 12 B;
 - ``scale``: the float32 gradients divided in place (``grad.div_(world)``, DDP's reducer on a
-  bucket view before its all-reduce), 8 B;
-- ``chunk_cat``: the float32 gradients copied into flat buffers by ``torch._chunk_cat`` with one
-  chunk, ``--unit`` tensors a call (default 16: 268 million parameters of 4096 x 4096, about a
-  7B's block, or 67 million of 2048 x 2048, about the 1.3B's), FSDP2's reduce-scatter copy-in of
-  one unit on one rank, 8 B.
+  bucket view before its all-reduce), 8 B.
 
-Each kind's host seconds as well: the wall time of the call itself, the GPU's work not waited
-for (``perf_counter`` around the call alone). Some of this work costs the host time in
-proportion to its bytes, not only per call: on CUDA, ``_chunk_cat`` builds its kernel's
-block-to-tensor table on the CPU, one entry per 2 KiB of each rank's chunk, and copies it to
-the GPU (a profile of FSDP on one rank of Llama-3.1 8B: a host-to-device copy before each
-block's reduce-scatter, the GPU idle about 2 ms before it), and fused AdamW packs the addresses
-of each ~64 Ki-element chunk of every tensor into its launches. A host-bound step pays it
-(``parlab.plan.fit.host``: ``host_per_param_s``). The copy-in's host time per byte depends on the
-call: one call over 2 billion parameters cost the host 3.7 ms per GB
-(``results/PAR-TRAINING-STATE/param-work-20261201T111951-c3899a.json``), calls of 16 tensors
-of 2048 x 2048 1.8 ms per GB and of 16 of 4096 x 4096 5.5-7
-(``results/PAR-TRAINING-STATE/param-work-20261201T1125*``); hence the unit, and
-``parlab.plan.fit.host`` prices the copy-in by the few-token host step instead.
+The probe's earlier documents (``results/PAR-TRAINING-STATE/param-work-20261201T11*``) also
+carry each kind's host seconds and a ``chunk_cat`` kind (FSDP2's reduce-scatter copy-in), made
+for a host-time model since removed; readers skip them.
 
 Each: ``--warmup`` untimed calls, then ``--repeats`` samples between two CUDA events
 (``perf_counter`` on the CPU), the median; bandwidth = bytes / seconds, and its fraction of the
@@ -73,37 +59,9 @@ from parlab.plan.roofline import DDP_BUCKET_PASSES
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
-BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, **DDP_BUCKET_PASSES, "chunk_cat": 8}
+BYTES_PER_PARAM = {"adamw": 28, "cast": 6, "grad_cast": 6, **DDP_BUCKET_PASSES}
 """What each kind moves per float32 parameter: the roofline's counts (fused AdamW's 28 B,
-``CAST_BYTES_PER_PARAM`` split between the two casts, ``DDP_BUCKET_PASSES``) and the copy-in's
-float32 read and write."""
-
-
-def host_seconds(fn: Any, dev: torch.device, *, warmup: int, repeats: int) -> float:
-    """The median wall time of one call on the host, the GPU's work not waited for (the device
-    synchronized before each call and after it, outside the timing)."""
-    import time
-
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    return statistics.median(samples)
-
-
-def copy_in(ws: list[torch.nn.Parameter], unit: int) -> None:
-    """FSDP2's reduce-scatter copy-in of every ``unit`` tensors' gradients in turn, each buffer
-    freed before the next is made (the allocator hands the next call the same block, as FSDP's
-    units reuse theirs)."""
-    for i in range(0, len(ws), unit):
-        torch._chunk_cat([w.grad for w in ws[i : i + unit]], 0, 1)
+``CAST_BYTES_PER_PARAM`` split between the two casts, ``DDP_BUCKET_PASSES``)."""
 
 
 def probe(
@@ -113,10 +71,9 @@ def probe(
     *,
     warmup: int,
     repeats: int,
-    unit: int = 16,
 ) -> dict[str, Any]:
-    """Seconds (median), host seconds (median) and bytes of each kind over ``params``
-    parameters (rounded down to whole ``shape`` tensors, at least one)."""
+    """Seconds (median) and bytes of each kind over ``params`` parameters (rounded down to
+    whole ``shape`` tensors, at least one)."""
     per = shape[0] * shape[1]
     n = max(1, params // per)
     ws = [torch.nn.Parameter(torch.randn(shape, device=dev)) for _ in range(n)]
@@ -134,19 +91,13 @@ def probe(
         "zero_grad": lambda: opt.zero_grad(set_to_none=False),
         "accumulate": lambda: [w.grad.add_(g32) for w in ws],
         "scale": lambda: [w.grad.div_(1.0) for w in ws],
-        "chunk_cat": lambda: copy_in(ws, unit),
     }
     out = {}
     with torch.no_grad():
         for kind, fn in kinds.items():
             t = statistics.median(time_gemm(fn, dev, warmup=warmup, repeats=repeats, inner=1))
-            host = host_seconds(fn, dev, warmup=1, repeats=repeats)
-            out[kind] = {
-                "seconds": t,
-                "bytes": float(BYTES_PER_PARAM[kind] * n * per),
-                "host_seconds": host,
-            }
-    return {"params": n * per, "tensors": n, "kinds": out, "chunk_cat_unit": unit}
+            out[kind] = {"seconds": t, "bytes": float(BYTES_PER_PARAM[kind] * n * per)}
+    return {"params": n * per, "tensors": n, "kinds": out}
 
 
 def calibration(
@@ -156,11 +107,10 @@ def calibration(
     kinds = {}
     for kind, m in measured["kinds"].items():
         bw = m["bytes"] / m["seconds"]
-        kinds[kind] = {**m, "bytes_per_s": bw, "of_hbm": bw / hbm_bw if hbm_bw else None,
-                       "host_s_per_param": m["host_seconds"] / measured["params"]}  # fmt: skip
+        kinds[kind] = {**m, "bytes_per_s": bw, "of_hbm": bw / hbm_bw if hbm_bw else None}
     return {"format": FORMAT, "device": device, "backend": backend, "hbm_bw": hbm_bw,
-            "params": measured["params"], "tensors": measured["tensors"],
-            "chunk_cat_unit": measured["chunk_cat_unit"], "kinds": kinds, **how}  # fmt: skip
+            "params": measured["params"], "tensors": measured["tensors"], "kinds": kinds,
+            **how}  # fmt: skip
 
 
 def document(body: dict[str, Any], *, command: str, environment: dict[str, Any]) -> Any:
@@ -198,7 +148,6 @@ def summary(body: dict[str, Any]) -> list[str]:
         of = "" if k["of_hbm"] is None else f" = {k['of_hbm']:.2f} of the catalog's HBM"
         lines.append(
             f"  {kind:<10} {k['seconds'] * 1e3:8.2f} ms  {k['bytes_per_s'] / 1e12:6.2f} TB/s{of}"
-            f"  host {k['host_seconds'] * 1e3:7.3f} ms"
         )
     return lines
 
@@ -208,8 +157,6 @@ def main() -> int:
     ap.add_argument("results", help="results folder (the document goes to PAR-TRAINING-STATE/)")
     ap.add_argument("--params", type=float, default=1e9, help="float32 parameters (default 1e9)")
     ap.add_argument("--shape", default="4096x4096", help="each tensor's shape, ROWSxCOLS")
-    ap.add_argument("--unit", type=int, default=16,
-                    help="tensors per _chunk_cat call (an FSDP unit; default 16)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
@@ -230,11 +177,7 @@ def main() -> int:
     name = meters.device_name(dev)
     gpu = lookup(name) if cuda else None
     how = {"shape": [rows, cols], "warmup": a.warmup, "repeats": a.repeats}
-    if a.unit < 1:
-        ap.error(f"--unit {a.unit}: give at least one tensor per call")
-    measured = probe(
-        int(a.params), (rows, cols), dev, warmup=a.warmup, repeats=a.repeats, unit=a.unit
-    )
+    measured = probe(int(a.params), (rows, cols), dev, warmup=a.warmup, repeats=a.repeats)
     hbm = float(gpu.memory_bw) if gpu is not None else None
     body = calibration(measured, device=name, backend=dev.type, hbm_bw=hbm, **how)
     print("\n".join(summary(body)))

@@ -514,20 +514,16 @@ def test_the_committed_probe_gives_each_model_its_forward_efficiency() -> None:
 
 
 def _request(shapes: Any, **kw: Any) -> Any:
-    from parlab.plan.estimate import Throughput
+    from parlab.plan.fit.lab import LabCompute
     from parlab.plan.planner import PlanRequest
     from parlab.plan.space import make_cluster
 
-    cluster = make_cluster(gpus="2xH200", gpus_per_node=2)
-    peak = cluster.gpu.peak("bf16") or 0.0
     return PlanRequest(
         spec=get_spec("gpt2-1.5b"),
-        cluster=cluster,
+        cluster=make_cluster(gpus="2xH200", gpus_per_node=2),
         global_batch=16,
         seq=1024,
-        throughput=Throughput(mfu=0.4, peak_flops=peak, source="t", assumed=True),
-        roofline=ROOF,
-        shapes=shapes,
+        compute=LabCompute(roofline_fit=ROOF, shapes=shapes),
         **kw,
     )
 
@@ -536,28 +532,34 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
     """``parlab plan --roofline`` times a candidate the probe measured (model, micro-batch x
     sequence, tp 1, the cluster's GPU: ``H200`` resolves to the probe's ``NVIDIA H200``) as
     ``benchmarks/plan_accuracy.py`` times a run of it; other candidates as fitted."""
-    from parlab.plan.planner import candidate_roofline, evaluate, shapes_note
+    from parlab.plan.planner import evaluate, step_shape
     from parlab.plan.space import Candidate
+
+    def roofline(req: Any, cand: Any) -> Any:
+        return req.compute.roofline(step_shape(req, cand))
+
+    def note(req: Any, cand: Any) -> str:
+        return req.compute.describe(step_shape(req, cand))
 
     shapes = dataclasses.replace(SHAPES2, forward={("gpt2-1.5b", 8192): 0.7})
     fsdp = Candidate(dp=2, tp=1, pp=1, cp=1, ep=1, strategy="fsdp", micro_batch=8,
                      microbatches=1, recompute="none", schedule="-")  # fmt: skip
     with_shapes, without = _request(shapes), _request(None)
-    got = candidate_roofline(with_shapes, fsdp)
+    got = roofline(with_shapes, fsdp)
     run = _run("gpt2-1.5b", 8, 1024)
     assert got == shaped_roofline(run, ROOF, shapes)  # what the accuracy table uses
     assert got.gemm == pytest.approx(0.7 * 0.45 / 0.75) and got.gemm_width_half == 0.0
     a, b = evaluate(with_shapes, fsdp).estimate, evaluate(without, fsdp).estimate
     assert a is not None and b is not None and a.compute_s > b.compute_s  # 0.6 < the law's
-    note = shapes_note(with_shapes, fsdp)
-    assert "GEMMs x 0.600 against 1.3b's" in note and "attention core x 0.400" in note
+    assert "GEMMs x 0.600 against 1.3b's" in note(with_shapes, fsdp)
+    assert "attention core x 0.400" in note(with_shapes, fsdp)
     full = dataclasses.replace(fsdp, recompute="full")
-    assert candidate_roofline(with_shapes, full).recompute_gemm == pytest.approx(0.7)
-    assert "full recompute's GEMMs at 0.700" in shapes_note(with_shapes, full)
+    assert roofline(with_shapes, full).recompute_gemm == pytest.approx(0.7)
+    assert "full recompute's GEMMs at 0.700" in note(with_shapes, full)
     # not measured there: 4 x 1024 tokens, or split over tp 2 (its heads do not split: no tp)
     other = dataclasses.replace(fsdp, micro_batch=4, microbatches=2)
-    assert candidate_roofline(with_shapes, other) is ROOF and shapes_note(with_shapes, other) == ""
-    assert candidate_roofline(without, fsdp) is ROOF and shapes_note(without, fsdp) == ""
+    assert roofline(with_shapes, other) is ROOF and "shapes:" not in note(with_shapes, other)
+    assert roofline(without, fsdp) is ROOF and "shapes:" not in note(without, fsdp)
 
 
 def test_model_names_are_the_catalogs() -> None:

@@ -352,29 +352,3 @@ def test_phase_times_cover_each_timed_step() -> None:
         for i, step in enumerate(r["step_times"]):
             issued = sum(ts[i] for ts in host.values())
             assert 0.5 * step < issued <= step
-
-
-def test_host_probe_runs_in_the_runs_processes_and_predicts_with_the_gpus_time() -> None:
-    """``--host-probe T``: every rank times the probe's steps at one sequence of T tokens before
-    its warm-up; the document keeps each step's slowest rank, their median, and max(the GPU's
-    seconds the lab predicted, that median) -- none without a GPU prediction."""
-    from parlab.projects.training_state import HOST_PROBE_STEPS, document
-
-    cfg = cfg_for("fsdp", 2, host_probe=8)
-    results = run_ranks(train_rank, 2, **cfg.to_json())
-    assert all(len(r["host_probe_times"]) == HOST_PROBE_STEPS[1] for r in results)
-    slowest = [max(ts) for ts in zip(*(r["host_probe_times"] for r in results), strict=True)]
-    step = sorted(slowest)[len(slowest) // 2]
-    doc = document(cfg, results, None, command="t", backend="gloo", environment={},
-                   step_prediction=(None, "", step / 2))  # fmt: skip
-    probe = doc.workload["host_probe"]
-    assert probe["tokens"] == 8 and probe["step_times"] == slowest
-    assert probe["step_s"] == pytest.approx(step) and probe["predicted_step_s"] == probe["step_s"]
-    fast_host = document(cfg, results, None, command="t", backend="gloo", environment={},
-                         step_prediction=(None, "", 10 * step))  # fmt: skip
-    assert fast_host.workload["host_probe"]["predicted_step_s"] == pytest.approx(10 * step)
-    none = document(cfg, results, None, command="t", backend="gloo", environment={})
-    assert none.workload["host_probe"]["predicted_step_s"] is None
-    assert any(n.startswith("host probe:") for n in none.notes)
-    plain = run_ranks(train_rank, 2, **cfg_for("fsdp", 2).to_json())
-    assert "host_probe_times" not in plain[0]

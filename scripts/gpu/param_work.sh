@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The per-parameter work's bandwidth on one GPU (fused AdamW, autocast's casts, zero_grad, DDP's
-# bucket passes, FSDP's reduce-scatter copy-in) and the host's seconds per parameter of each, one
-# go: under a minute on 1 H200 (torch import and CUDA start-up ~10 s, each probe a few seconds).
+# bucket passes), one go: under a minute on 1 H200 (torch import and CUDA start-up ~10 s, each
+# probe a few seconds).
 #
 #   scripts/gpu/param_work.sh OUT_DIR
 #

@@ -81,15 +81,6 @@ def _print_run(doc: object, path: Path) -> None:
             f"(median {_fmt(doc.metric('step_time') or 0.0, 's')})"
         )
     _print_phases(doc.workload.get("phase_times") or {})
-    probe = doc.workload.get("host_probe")
-    if probe:
-        line = f"host probe (1 x {probe['tokens']} tokens): {probe['step_s'] * 1e3:.1f} ms a step"
-        if probe.get("predicted_step_s") is not None:
-            line += (
-                f"; with the GPU's {probe['gpu_s']:.3f} s it predicted "
-                f"{probe['predicted_step_s']:.3f} s"
-            )
-        console.print(line)
     say(f"document: {path}")
 
 
@@ -198,15 +189,6 @@ def train_cmd(
         "--roofline's model, as benchmarks/plan_accuracy.py applies it) in the document, made "
         "before the run starts.",
     ),
-    host_probe: int = typer.Option(
-        0,
-        "--host-probe",
-        click_type=COUNT0,
-        help="T: before the warm-up, a few steps of the same model on one sequence of T tokens "
-        "per rank in the run's own processes (the host's step on this machine); with "
-        "--roofline, the step it predicts: max(the GPU's time, the probe's) "
-        "(workload.host_probe). They train the model too.",
-    ),
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,
@@ -247,7 +229,6 @@ def train_cmd(
             timeout_s=timeout or default_timeout_s(nproc),
             numa_binding=numa_binding,
             manual_gc=manual_gc,
-            host_probe=host_probe,
         )
         doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
         path = write(doc, results_dir(results))

@@ -160,11 +160,6 @@ class TrainConfig:
     ninth timed step took 1.4-1.9 x the run's median, and in neither run with ``--manual-gc
     50`` (``results/PAR-TRAINING-STATE/train-fsdp-gpt2-1.5b-20261201T0025*``)."""
 
-    host_probe: int = 0
-    """T > 0: before the warm-up, ``HOST_PROBE_STEPS`` steps of the same model and strategy on
-    one sequence of T tokens per rank, in the same processes (the host's step on this machine,
-    with the GPU's work a small part of it; they train the model too); 0: none."""
-
     def __post_init__(self) -> None:
         from parlab.models import get_spec
         from parlab.parallel.fsdp import RECOMPUTE
@@ -220,8 +215,6 @@ class TrainConfig:
             raise UsageError(f"--seq {self.seq} exceeds the model's {spec.max_seq_len} positions")
         if self.data is None and spec.vocab_size < 2:
             raise UsageError("the model's vocabulary is too small for synthetic tokens")
-        if self.host_probe < 0:
-            raise UsageError(f"--host-probe {self.host_probe} must be 0 (off) or a token count")
         if self.manual_gc < 0:
             raise UsageError(f"--manual-gc {self.manual_gc} must be 0 (off) or a step interval")
         check_numa_binding(self.numa_binding)
@@ -384,11 +377,6 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         if gc_every:
             gc.collect()
             gc.disable()
-        probe = (
-            host_probe_steps(ctx, strat, autocast, int(cfg["host_probe"]), spec.vocab_size, dev)
-            if cfg.get("host_probe")
-            else []
-        )
         for step in range(warmup + steps + 1):
             if gc_every and step and step % gc_every == 0:
                 gc.collect(1)
@@ -450,7 +438,6 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
         "losses": loss_t.tolist(),
         "step_times": step_times,
         "phase_times": phase_times,
-        **({"host_probe_times": probe} if probe else {}),
         "peak_memory": peak,
         "memory_source": mem.source,
         "peak_reserved": mem.peak_reserved_bytes(),
@@ -496,34 +483,6 @@ def backward(strat: Any, loss: torch.Tensor) -> None:
     else:
         loss.backward()
     strat.finish_backward()
-
-
-HOST_PROBE_STEPS = (3, 5)
-"""The host probe's (untimed, timed) steps."""
-
-
-def host_probe_steps(
-    ctx: RankContext, strat: Any, autocast: Any, tokens: int, vocab: int, dev: torch.device
-) -> list[float]:
-    """``--host-probe``: the timed steps of the same model and strategy on one sequence of
-    ``tokens`` tokens per rank, before the run's own warm-up, in the run's own processes."""
-    from parlab.data import SyntheticTokens, rank_batch
-    from parlab.runtime import meters
-
-    warm, timed = HOST_PROBE_STEPS
-    data = SyntheticTokens(vocab_size=vocab, seq=tokens, seed=1)
-    timer = meters.StepTimer(dev)
-    for i in range(warm + timed):
-        if i == warm:
-            timer.mark()
-        batch = rank_batch(data.global_batch(i, ctx.world_size), ctx.rank, ctx.world_size, dev)
-        _logits, loss = forward_loss(strat, batch, autocast)
-        backward(strat, loss)
-        strat.step()
-        strat.zero_grad()
-        if i >= warm:
-            timer.mark()
-    return timer.step_times()
 
 
 def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Prediction], list[str]]:
@@ -716,11 +675,10 @@ def document(
     command: str,
     backend: str,
     environment: dict[str, Any] | None = None,
-    step_prediction: tuple[Prediction | None, str, float | None] | None = None,
+    step_prediction: tuple[Prediction | None, str] | None = None,
 ) -> Document:
     """The contract document of one run (``results``: every rank's ``train_rank`` return;
-    ``step_prediction``: the step time predicted before the run, or None and why not, and the
-    GPU's seconds in it)."""
+    ``step_prediction``: the step time predicted before the run, or None and why not)."""
     from parlab.hardware.env import snapshot
     from parlab.runtime import meters
 
@@ -728,9 +686,8 @@ def document(
         preds, notes = ledger_predictions(cfg, backend)
     except ValueError as exc:  # the ledger cannot model this layout: say so, predict nothing
         preds, notes = {}, [f"no ledger prediction: {exc}"]
-    gpu_s = None
     if step_prediction is not None:
-        made, why, gpu_s = step_prediction
+        made, why = step_prediction
         if made is not None:
             preds["step_time"] = made
         if why:
@@ -791,14 +748,6 @@ def document(
         if backend == "gloo":
             notes.append("gloo CPU ranks: proves the mechanism and its bytes, not GPU speed")
     status = "ok" if failure is None else "failed"
-    probed = bool(results and results[0].get("host_probe_times"))
-    if probed:
-        notes.append(
-            f"host probe: {HOST_PROBE_STEPS[1]} steps on one sequence of {cfg.host_probe} tokens "
-            "per rank in the run's processes before its warm-up (workload.host_probe; they "
-            "trained the model too); predicted_step_s = max(the GPU's time the lab predicted, "
-            "the probe's median step)"
-        )
     return Document(
         run_id=new_run_id(f"train-{cfg.strategy}-{cfg.model}"),
         created=now_iso(),
@@ -813,7 +762,6 @@ def document(
             **({"losses": results[0]["losses"]} if results else {}),
             # every measured step (its slowest rank): the spread behind the median step_time
             **({"step_times": step_times} if results else {}),
-            **({"host_probe": host_probe(results, cfg.host_probe, gpu_s)} if probed else {}),
             # rank 0's timed steps by phase: the host's time to issue each, the device's
             **(
                 {"phase_times": results[0]["phase_times"]}
@@ -830,48 +778,29 @@ def document(
     )
 
 
-def host_probe(results: list[dict[str, Any]], tokens: int, gpu_s: float | None) -> dict[str, Any]:
-    """``workload.host_probe``: the probe's steps (each the slowest rank's), their median, and
-    the step it predicts for the run, max(the GPU's seconds the lab predicted, that median)."""
-    from parlab.runtime import meters
-
-    times = meters.slowest_rank_steps(results, "host_probe_times")
-    step = meters.median(times)
-    return {
-        "tokens": tokens,
-        "step_times": times,
-        "step_s": step,
-        "gpu_s": gpu_s,
-        "predicted_step_s": None if gpu_s is None else max(gpu_s, step),
-    }
-
-
 def predict_step(
     cfg: TrainConfig, *, command: str, backend: str, environment: dict[str, Any], root: Path
-) -> tuple[Prediction | None, str, float | None]:
+) -> tuple[Prediction | None, str]:
     """The step time the lab predicts for ``cfg`` before it runs, from the documents under
     ``root`` (``parlab.plan.fit.calibrate.step_prediction``, as ``benchmarks/plan_accuracy.py``
-    predicts a run), a note, and the GPU's seconds in it (before any host term); (None, why,
-    None) where they do not describe the run."""
-    from parlab.plan.fit.calibrate import step_prediction_parts
+    predicts a run), and a note; (None, why) where they do not describe the run."""
+    from parlab.plan.fit.calibrate import step_prediction
 
     before = document(cfg, None, None, command=command, backend=backend, environment=environment)
     try:
-        made = step_prediction_parts(before, root)
+        made = step_prediction(before, root)
     except UsageError as exc:
-        return None, f"no step-time prediction from {root}: {exc}", None
+        return None, f"no step-time prediction from {root}: {exc}"
     if made is None:
         return (
             None,
             f"no step-time prediction: the roofline fitted under {root} does not describe this "
             "run (another GPU, or CPU ranks)",
-            None,
         )
-    step, how, gpu = made
+    step, how = made
     return (
         Prediction(value=step, unit="s", model=f"roofline: {how}"),
         f"step time predicted before the run: {step:.3f} s ({how})",
-        gpu,
     )
 
 

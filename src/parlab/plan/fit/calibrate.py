@@ -17,10 +17,8 @@ the lab uses (``LAB_STEPS``):
    runs (DDP, ZeRO, FSDP) of Llama-style models in the current implementation, without
    recompute or compile (two widths: the 1.3B's 2048 and the 8B's 4096).
 
-torch's DTensor tensor-parallel runs are host-bound: ``host_bound`` predicts them from the
-roofline's step and ops per step x host seconds per op -- their max, or their sum where the
-calibration found the two serialized -- under a host-dispatch calibration
-(``parlab.plan.fit.host``); without one, ``unmodelled`` says they are not modelled.
+Every prediction is the GPU's time alone. torch's DTensor tensor-parallel runs, whose step the
+host's per-op dispatch sets, are "not modelled" (``unmodelled``).
 
 Models whose GEMM shapes the width law does not describe (GPT-2 1.5B: hidden 1600, vocabulary
 50257) are predicted with the measured GEMM-shape factor where a GPU GEMM-shape calibration
@@ -37,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from parlab.dtypes import RECIPES, document_dtype
 from parlab.errors import UsageError
 from parlab.plan.estimate import StepEstimate, Throughput
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
@@ -122,50 +121,15 @@ def _model_name(doc: Any) -> str:
     )
 
 
-def host_term(doc: Any, host: Any = None) -> tuple[float | None, str]:
-    """(host seconds per step, "") of a DTensor TP run under the host-dispatch calibration
-    ``host`` (``parlab.plan.fit.host.HostDispatch``), or (None, why it is not modelled)."""
-    from parlab.models import get_spec
-    from parlab.plan.fit.host import block
-
-    if host is None:
-        return None, "DTensor TP: host-bound per-op dispatch (not modelled)"
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
-    try:
-        spec = get_spec(_model_name(doc))
-    except ValueError:
-        return (
-            None,
-            f"DTensor TP: host-bound per-op dispatch (not modelled: no spec for {_model_name(doc)})",
-        )
-    mb = int(doc.workload.get("microbatches") or 1)
-    impl = implementation_of(doc).norm_kernel
-    why = ""
-    if gpus[0].get("name") != host.device:
-        why = f"its host seconds per op were measured beside {host.device}"
-    elif block(spec) != host.block:
-        why = f"its op counts are of the {host.model}'s structure"
-    elif mb != host.microbatches:
-        why = f"its op counts are of {host.microbatches} micro-batch(es) a step"
-    elif knobs(doc).get("sequence_parallel"):
-        why = "its op counts are without sequence parallelism"
-    elif impl != host.norm_kernel:
-        why = f"its op counts are of the {host.norm_kernel} implementation, this run is {impl}"
-    if why:
-        return None, f"DTensor TP: host-bound per-op dispatch (not modelled: {why})"
-    return host.host_s(spec.layers, mb), ""
-
-
-def unmodelled(doc: Any, host: Any = None, *, shapes: Any = None, roofline: Any = None) -> str:
-    """Why the planner's model does not describe this run ("" when it does); ``host``: the
-    host-dispatch calibration that describes DTensor TP runs (``host_term``); ``shapes`` and
+def unmodelled(doc: Any, *, shapes: Any = None, roofline: Any = None) -> str:
+    """Why the planner's model does not describe this run ("" when it does); ``shapes`` and
     ``roofline``: a GEMM-shape calibration (``parlab.plan.fit.shapes``) that, where it covers the
     run against ``roofline``'s reference width, describes its unaligned GEMMs (its head dim: the
     measured attention factor where the calibration has one for the run's batch, else the
     attention term's, as for every model)."""
     name = _model_name(doc)
     if is_dtensor_tp(doc):
-        return host_term(doc, host)[1]
+        return "DTensor TP: host-bound per-op dispatch (not modelled)"
     if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
         return "DeepSpeed's engine: its own buckets, partitions and prefetch (not modelled)"
     if (doc.layout or {}).get("pp_schedule") == "zbv":
@@ -229,7 +193,6 @@ def run_request(
     mesh = lay.get("mesh") or {}
     k = knobs(doc)
     strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
-    deepspeed = strategy.startswith("deepspeed-")
     strategy = strategy.removeprefix("deepspeed-")  # DeepSpeed's ZeRO stages: the same sharding
     if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
         strategy = "ddp"
@@ -246,20 +209,12 @@ def run_request(
             schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
         except ValueError:
             return None
-    # training-state runs keep float32 parameters under autocast (or FSDP's bf16 gathers);
-    # model-internal runs hold bf16 parameters and optimizer states
-    if (k.get("dtype") or w.get("dtype")) == "fp32":
-        dtype = "fp32"
-    elif k.get("dtype") == "bf16-master":  # ZeRO-1/2: bf16 params, fp32 master shards
-        dtype = "bf16-master"
-    elif deepspeed and k.get("dtype") == "bf16" and strategy in ("zero1", "zero2"):
-        # DeepSpeed's bf16 (``"bf16": {"enabled": true}``) under ZeRO-1/2 is that recipe: bf16
-        # parameters and gradients, float32 master weights in the optimizer's partitions
-        dtype = "bf16-master"
-    elif w.get("dtype") == "bf16":
-        dtype = "bf16"
-    else:
-        dtype = "bf16-mixed"
+    # the recipe the run recorded, in today's names (parlab.dtypes.document_dtype: train's
+    # bf16 was bf16 compute over fp32 states, DeepSpeed's bf16 parameters with an fp32 master,
+    # the model-internal runs' bf16 everything in bf16)
+    dtype = document_dtype(doc)
+    if dtype not in RECIPES:
+        dtype = "bf16-compute"
     peak = cluster.gpu.peak("bf16") or 0.0
     from parlab.plan.fit.lab import LabCompute
 
@@ -310,22 +265,6 @@ def predict(
         return None
     req, cand, sp = made
     return evaluate(req, cand, sp=sp).estimate
-
-
-def host_bound(doc: Any, gpu_s: float | None, host: Any = None) -> tuple[float, str, float] | None:
-    """(predicted step, how -- ``host`` or ``gpu`` where the larger sets it, ``host+gpu`` where
-    they add --, host seconds) of a DTensor TP run: ``gpu_s``, the roofline's step, and its host
-    time under ``host`` combined as the probe found (``parlab.plan.fit.host.combine``); None where
-    the run is not one or ``host`` does not describe it (``host_term``)."""
-    from parlab.plan.fit.host import combine
-
-    if gpu_s is None or not is_dtensor_tp(doc):
-        return None
-    host_s, _ = host_term(doc, host)
-    if host_s is None:
-        return None
-    step, term = combine(gpu_s, host_s, host.serialized)
-    return step, term, host_s
 
 
 def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow | None:
@@ -536,27 +475,12 @@ def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[
 
 
 def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
-    """(seconds, what made it) of ``step_prediction_parts``, or None."""
-    made = step_prediction_parts(doc, root)
-    return None if made is None else (made[0], made[1])
-
-
-def step_prediction_parts(doc: Any, root: Any) -> tuple[float, str, float] | None:
-    """The lab's step time for the run ``doc`` describes (its layout, workload and environment;
-    made before it runs, it has no metrics yet) from the documents under ``root``, as
-    ``benchmarks/plan_accuracy.py`` predicts a run outside its calibration: the roofline fitted
-    on ``root``'s training runs (``lab_roofline``) with the GEMM-shape probes' factors
-    (``predict``); DTensor TP with its host term (``host_bound``); where the host alone takes
-    longer (``parlab.plan.fit.host.run_host_s``), the host alone. (seconds, what made it, the GPU's
-    seconds before the host's) or None where the roofline does not describe the run (another
-    GPU, CPU ranks)."""
-    from parlab.plan.fit.host import (
-        host_dispatch_calibration,
-        host_step_calibration,
-        run_host_s,
-        with_host,
-    )
-    from parlab.plan.fit.paramwork import param_work_calibration
+    """(seconds, what made it): the lab's step time -- the GPU's -- for the run ``doc`` describes
+    (its layout, workload and environment; made before it runs, it has no metrics yet) from the
+    documents under ``root``, as ``benchmarks/plan_accuracy.py`` predicts a run outside its
+    calibration: the roofline fitted on ``root``'s training runs (``lab_roofline``) with the
+    GEMM-shape probes' factors (``predict``). None where the roofline does not describe the run
+    (another GPU, CPU ranks)."""
     from parlab.plan.fit.shapes import gemm_shape_calibration
 
     cal = collectives_calibration(root)
@@ -564,12 +488,4 @@ def step_prediction_parts(doc: Any, root: Any) -> tuple[float, str, float] | Non
     est = predict(doc, roof, calibration=cal, shapes=gemm_shape_calibration(root))
     if est is None:
         return None
-    step, how = est.step_s, f"roofline fitted on {len(used)} runs under {root}"
-    bound = host_bound(doc, step, host_dispatch_calibration(root))
-    if bound is not None:  # DTensor TP: roofline and ops x host seconds per op
-        step, how = bound[0], f"{how}; DTensor's host dispatch ({bound[1]})"
-    gpu = step
-    host = run_host_s(doc, host_step_calibration(root), param_work_calibration(root))
-    if host is not None and with_host(step, host) != step:
-        step, how = host, f"{how}; host-bound: the host alone, {host:.3f} s (host-step probes)"
-    return step, how, gpu
+    return est.step_s, f"roofline fitted on {len(used)} runs under {root}"

@@ -14,12 +14,9 @@ device, each bandwidth the mean over them:
 - ``bucket_bw``: torch DDP's passes over its gradient buckets together, 24 B over the seconds of
   ``zero_grad`` (4 B), the gradient's accumulation into the kept bucket view (12 B) and the
   bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
-  them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it;
-- ``host_s_per_param``: the host's seconds per float32 parameter of each kind's call, the GPU's
-  work not waited for; ``parlab.plan.fit.host.host_per_param_s`` takes fused AdamW's. Only probes
-  that timed the host (since 2026-12-01T11:19) carry it, and the copy-in's (``chunk_cat``)
-  only those that called it per FSDP unit (``chunk_cat_unit``; the first two called it once
-  over every tensor).
+  them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it.
+
+Some probes also recorded each kind's host seconds (``host_s_per_param``); nothing reads them.
 
 A sweep of the footprint on one H200 (0.5 to 6.7 billion parameters, up to 107 GB of
 parameters, gradients and AdamW states: ``results/PAR-TRAINING-STATE/param-work-20261201T0536*``)
@@ -33,7 +30,7 @@ fitted elementwise fraction is 0.99. Nothing here imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from parlab.errors import UsageError
@@ -58,9 +55,6 @@ class ParamWork:
     """The casts (weight to bf16 and gradient back), B/s."""
     bucket_bw: float = 0.0
     """torch DDP's bucket passes (zero, accumulate, scale), B/s; 0: not measured."""
-    host_s_per_param: dict[str, float] = field(default_factory=dict)
-    """Kind (``adamw``, ``chunk_cat``, ...) -> the host's seconds per parameter of its call;
-    empty: not measured."""
 
     @property
     def label(self) -> str:
@@ -84,11 +78,6 @@ def load_param_work(doc: Any) -> ParamWork:
         optimizer_bw=float(k["adamw"]["bytes_per_s"]),
         cast_bw=12.0 / cast_s,
         bucket_bw=bucket_bw,
-        host_s_per_param={
-            kind: float(v["host_s_per_param"])
-            for kind, v in k.items()
-            if "host_s_per_param" in v and (kind != "chunk_cat" or "chunk_cat_unit" in body)
-        },
     )
 
 
@@ -101,15 +90,10 @@ def param_work_calibration(root: Any) -> ParamWork | None:
     if not same:
         return None
     buckets = [c.bucket_bw for c in same if c.bucket_bw]
-    host: dict[str, list[float]] = {}
-    for c in same:
-        for kind, v in c.host_s_per_param.items():
-            host.setdefault(kind, []).append(v)
     return ParamWork(
         run_ids=tuple(r for c in same for r in c.run_ids),
         device=same[-1].device,
         optimizer_bw=sum(c.optimizer_bw for c in same) / len(same),
         cast_bw=sum(c.cast_bw for c in same) / len(same),
         bucket_bw=sum(buckets) / len(buckets) if buckets else 0.0,
-        host_s_per_param={kind: sum(v) / len(v) for kind, v in host.items()},
     )

@@ -1,11 +1,10 @@
 """The planner's calibration probes' documents: how a probe writes one, and which ones count.
 
-Each probe under ``benchmarks/`` (``gemm_shapes_probe.py``, ``param_work_probe.py``,
-``host_dispatch_probe.py``, ``host_step_probe.py``) measures one part of a step apart from any
-training run and writes a ``distributed-benchmark/v1`` document whose ``workload`` holds its
+Each probe under ``benchmarks/`` (``gemm_shapes_probe.py``, ``param_work_probe.py``) measures
+one part of a step apart from any training run and writes a ``distributed-benchmark/v1`` document whose ``workload`` holds its
 ``kind`` (``*-calibration``) and its ``calibration`` body, with no ``step_time`` metric, so it is
 never taken for a training run (``parlab decide`` leaves such documents out). Its reader in
-``parlab.plan`` (``shapes``, ``paramwork``, ``host``) takes the GPU ones of the newest device.
+``parlab.plan.fit`` (``shapes``, ``paramwork``) takes the GPU ones of the newest device.
 Nothing here imports torch.
 """
 
@@ -54,7 +53,7 @@ def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) 
     """``load(doc)`` of every GPU (``real-training``) document ``prefix-*.json`` under
     ``root``/``project`` made on the newest one's device (its ``device``), oldest first; empty
     without one (the probes whose repeats are averaged: ``parlab.plan.fit.shapes``,
-    ``parlab.plan.fit.paramwork``, ``parlab.plan.fit.host.HostStep``)."""
+    ``parlab.plan.fit.paramwork``)."""
     from parlab.contract import read_document
 
     found: list[tuple[str, Any]] = []
