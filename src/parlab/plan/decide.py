@@ -187,6 +187,15 @@ def _choice(
     lower_is_better: bool | None,
     memory_budget: float | None,
 ) -> Choice:
+    named = [*(run_ids or []), *([baseline] if baseline else [])]
+    if project is None and named:  # the project of the runs named
+        found = {e.doc.project for e in entries if e.doc.run_id in named}
+        project = found.pop() if len(found) == 1 else None
+        if project is None and not found:
+            raise UsageError(
+                f"run id(s) {', '.join(named)} not found under {results_dir}: "
+                f"see `parlab results {results_dir}`"
+            )
     if project is None:
         projects = eligible_projects(entries)
         if len(projects) != 1:
@@ -315,11 +324,11 @@ def _class_rank(configs: list[Config], choice: Choice) -> tuple[int, bool, int, 
 def _differ_line(classes: list[tuple[str, list[Config]]], choice: Choice) -> str:
     a, b = classes[0][1][0], classes[1][1][0]
     names = sorted((set(a.knobs) | set(b.knobs)) - set(choice.compared))
-    diff = ", ".join(knob_differences(b.knobs, a.knobs, names))
-    first = diff.split(" (", 1)[0]
+    diffs = knob_differences(b.knobs, a.knobs, names)
+    knobs = ",".join(d.split(" (", 1)[0] for d in diffs)
     return (
-        f"{b.docs[0].run_id} and {a.docs[0].run_id} differ in {diff} besides "
-        f"{', '.join(choice.compared[:1])}: add --across {first} to rank them anyway"
+        f"{b.docs[0].run_id} and {a.docs[0].run_id} differ in {', '.join(diffs)} besides "
+        f"{choice.compare}: add --across {knobs} to rank them anyway"
     )
 
 

@@ -113,7 +113,7 @@ def rank(configs: Sequence[Config], choice: Choice) -> Ranking:
     """Qualify each configuration's repeats, order by median, and decide (module docstring)."""
     name, higher = choice.objective
     budget = choice.memory_budget
-    labels = _labels(configs, choice.compared, choice.compare)
+    labels = _labels(configs, choice)
     rows: list[Row] = []
     rejected: list[dict[str, str]] = []
     for c, label in zip(configs, labels, strict=True):
@@ -224,26 +224,28 @@ def value_line(row: Row, unit: str) -> str:
     return text
 
 
-def _labels(configs: Sequence[Config], compared: Sequence[str], bare: str) -> list[str]:
+def _labels(configs: Sequence[Config], choice: Choice) -> list[str]:
     """Each configuration named by the fewest compared knobs that tell the class apart, in
-    their order (``bare``, the knob named by ``--compare``, by its value alone)."""
+    their order, and by every ``--across`` knob that varies (the knob named by ``--compare``
+    by its value alone, unless on/off)."""
 
     def distinct(names: list[str]) -> int:
         return len({tuple(repr(knob_value(c.knobs, n)) for n in names) for c in configs})
 
     names: list[str] = []
-    for n in compared:
-        if distinct([*names, n]) > distinct(names):
+    for n in choice.compared:
+        if distinct([*names, n]) > distinct(names) or (n in choice.across and distinct([n]) > 1):
             names.append(n)
-    names = names or [n for n in compared if any(n in c.knobs for c in configs)][:1]
+    names = names or [n for n in choice.compared if any(n in c.knobs for c in configs)][:1]
     out = []
     for c in configs:
-        values = [(n, knob_value(c.knobs, n)) for n in names]
-        parts = [
-            knob_text(v) if n == bare else f"{n}={short(knob_text(v), 24)}"
-            for n, v in values
-            if v != ABSENT or n == bare
-        ]
+        parts = []
+        for n in names:
+            v = knob_value(c.knobs, n)
+            if n == choice.compare and not isinstance(v, bool):
+                parts.append(knob_text(v))
+            elif v != ABSENT or n in choice.across:
+                parts.append(f"{n}={short(knob_text(v), 24)}")
         out.append(" ".join(parts) or "the configuration")
     return out
 
@@ -272,7 +274,9 @@ def summary(
                 "candidate": d.run_id, "kind": "tie" if tied else "slower",
                 "reason": f"{r.label}: {name} {value_line(r, unit)}, {behind}",
             })  # fmt: skip
-    fixed = sorted({n for c in others.workload for n in c.knobs} - set(choice.compared))
+    fixed = sorted(
+        {n for c in [*others.workload, base.config] for n in c.knobs} - set(choice.compared)
+    )
     left_out = []
     for c in others.workload:
         diff = knob_differences(c.knobs, base.config.knobs, fixed) or ["knobs"]
