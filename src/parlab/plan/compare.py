@@ -245,8 +245,9 @@ def workload_label(doc: Document) -> str:
             part = f"{name} {short(value, 30)}".strip()
             if part not in parts:
                 parts.append(part)
-    gpus = ", ".join(gpu_models(doc)) or "no GPU"
-    where = f"{doc.layout.get('world_size')} x {gpus}"
+    gpus = ", ".join(gpu_models(doc))
+    n = doc.layout.get("world_size")
+    where = f"{n} x {gpus}" if gpus else f"{n} CPU rank(s)"
     return f"{', '.join(parts) or 'workload'} on {where} [{doc.evidence_level}]"
 
 

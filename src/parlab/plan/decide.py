@@ -39,18 +39,14 @@ from pathlib import Path
 
 from parlab.contract import (
     PROJECTS,
-    Decision,
     Document,
     Entry,
-    Metric,
-    new_run_id,
-    now_iso,
     read_results,
     write_result,
 )
 from parlab.errors import UsageError
+from parlab.plan.compare import RUN_RECORDS as RUN_RECORDS  # read by benchmarks/plan_accuracy
 from parlab.plan.compare import (
-    IGNORED_WORKLOAD_KEYS,
     Config,
     group_configs,
     is_probe,
@@ -61,8 +57,8 @@ from parlab.plan.compare import (
     workload_differences,
     workload_key,
 )
-from parlab.plan.compare import RUN_RECORDS as RUN_RECORDS  # read by benchmarks/plan_accuracy
-from parlab.plan.ranking import Choice, Others, Ranking, environment_differences, rank, summary
+from parlab.plan.decision_doc import decision_document
+from parlab.plan.ranking import Choice, Others, rank
 
 OBJECTIVES: dict[str, tuple[tuple[str, bool], ...]] = {
     "PAR-TRAINING-STATE": (
@@ -158,13 +154,11 @@ def decide(
     )  # fmt: skip
     decided, others = _classes(choice, run_ids, baseline)
     ranking = rank(decided, choice)
-    doc = _document(choice, ranking, others, command)
+    doc = decision_document(choice, ranking, others, command)
     path = write_result(doc, out_dir or results_dir) if write else None
-    compared = {d.run_id for c in decided for d in c.docs}
+    assert doc.decision is not None
     incomparable = tuple(
-        (r["candidate"], r["reason"])
-        for r in (doc.decision.rejected if doc.decision else [])
-        if r.get("kind") == "incomparable" and r["candidate"] not in compared
+        (r["candidate"], r["reason"]) for r in doc.decision.rejected if r["kind"] == "incomparable"
     )
     return DecideOutcome(
         doc=doc,
@@ -187,27 +181,9 @@ def _choice(
     lower_is_better: bool | None,
     memory_budget: float | None,
 ) -> Choice:
-    named = [*(run_ids or []), *([baseline] if baseline else [])]
-    if project is None and named:  # the project of the runs named
-        found = {e.doc.project for e in entries if e.doc.run_id in named}
-        project = found.pop() if len(found) == 1 else None
-        if project is None and not found:
-            raise UsageError(
-                f"run id(s) {', '.join(named)} not found under {results_dir}: "
-                f"see `parlab results {results_dir}`"
-            )
-    if project is None:
-        projects = eligible_projects(entries)
-        if len(projects) != 1:
-            raise UsageError(
-                "give --project: "
-                + (
-                    f"{len(projects)} projects can be decided ({', '.join(projects)})"
-                    if projects
-                    else f"no project under {results_dir} has documents to decide on"
-                )
-            )
-        project = projects[0]
+    project = _project(
+        entries, results_dir, project, [*(run_ids or []), *([baseline] if baseline else [])]
+    )
     if project not in PROJECTS:
         raise UsageError(f"unknown project {project!r}: use one of {', '.join(PROJECTS)}")
     if memory_budget is not None and memory_budget <= 0:
@@ -233,18 +209,7 @@ def _choice(
             f"{project} has no baseline, candidate or failure document under {results_dir}: "
             "run its benchmark first"
         )
-    spec = project_knobs(project)
-    known = knob_choices(project, docs)
-    for name, flag in [(compare, "--compare"), *((a, "--across") for a in across)]:
-        if name is not None and name not in known:
-            raise UsageError(
-                f"unknown {flag} knob {name!r} for {project}: use one of {', '.join(known)}"
-            )
-    compared = tuple(
-        dict.fromkeys(
-            m for name in (compare or spec.compare, *across) for m in spec.groups.get(name, (name,))
-        )
-    )
+    compared = _compared(project, docs, compare, across)
     higher_wanted = None if lower_is_better is None else not lower_is_better
     objective = _objective(project, docs, metric, higher_wanted)
     if objective is None:
@@ -253,7 +218,7 @@ def _choice(
         )
     return Choice(
         project=project,
-        compare=compare or spec.compare,
+        compare=compare or project_knobs(project).compare,
         docs=docs,
         probes=probes,
         compared=compared,
@@ -261,6 +226,49 @@ def _choice(
         objective=objective,
         memory_budget=memory_budget,
     )
+
+
+def _project(
+    entries: Sequence[Entry], results_dir: str | Path, project: str | None, named: list[str]
+) -> str:
+    """The project asked for; else that of the runs named; else the only one to decide."""
+    if project is None and named:
+        found = {e.doc.project for e in entries if e.doc.run_id in named}
+        if not found:
+            raise UsageError(
+                f"run id(s) {', '.join(named)} not found under {results_dir}: "
+                f"see `parlab results {results_dir}`"
+            )
+        project = found.pop() if len(found) == 1 else None
+    if project is None:
+        projects = eligible_projects(entries)
+        if len(projects) != 1:
+            raise UsageError(
+                "give --project: "
+                + (
+                    f"{len(projects)} projects can be decided ({', '.join(projects)})"
+                    if projects
+                    else f"no project under {results_dir} has documents to decide on"
+                )
+            )
+        project = projects[0]
+    return project
+
+
+def _compared(
+    project: str, docs: Sequence[Document], compare: str | None, across: Sequence[str]
+) -> tuple[str, ...]:
+    """The knobs ``--compare`` and ``--across`` let differ (groups expanded); bad input when
+    the project records no such knob."""
+    spec = project_knobs(project)
+    known = knob_choices(project, docs)
+    for name, flag in [(compare, "--compare"), *((a, "--across") for a in across)]:
+        if name is not None and name not in known:
+            raise UsageError(
+                f"unknown {flag} knob {name!r} for {project}: use one of {', '.join(known)}"
+            )
+    names = (compare or spec.compare, *across)
+    return tuple(dict.fromkeys(m for n in names for m in spec.groups.get(n, (n,))))
 
 
 def _objective(
@@ -329,77 +337,4 @@ def _differ_line(classes: list[tuple[str, list[Config]]], choice: Choice) -> str
     return (
         f"{b.docs[0].run_id} and {a.docs[0].run_id} differ in {', '.join(diffs)} besides "
         f"{choice.compare}: add --across {knobs} to rank them anyway"
-    )
-
-
-def _document(choice: Choice, ranking: Ranking, others: Others, command: str) -> Document:
-    obj, higher = choice.objective
-    ref = ranking.reference
-    details, rejected = summary(choice, ranking, others)
-    metrics: dict[str, Metric] = {}
-    chosen = ranking.chosen
-    if chosen is not None:
-        metrics[f"chosen.{obj}"] = Metric(value=chosen.config.median, unit=ranking.unit)
-        metrics["chosen.repeats"] = Metric(value=len(chosen.config.values), unit="count")
-        if chosen.peak is not None:
-            metrics["chosen.peak_memory"] = Metric(value=chosen.peak, unit="B")
-        if len(ranking.rows) > 1 and ranking.rows[1].lead is not None:
-            lead = 100 * ranking.rows[1].lead
-            metrics[f"lead_over_runner_up.{obj}"] = Metric(value=lead, unit="%")
-    notes: list[str] = []
-    if choice.probes:
-        notes.append(
-            f"not runs, left out: {len(choice.probes)} probe document(s) (calibrations, "
-            f"profiles of runs): {', '.join(d.run_id for d in choice.probes)}"
-        )
-    n_errors = 0
-    for d in (d for r in ranking.rows for d in r.config.docs):
-        for name, p in d.predictions.items():
-            measured = d.metric(name)
-            if p.value is None or measured is None or measured == 0:
-                continue
-            err = 100.0 * (p.value - measured) / measured
-            metrics[f"prediction_error.{d.run_id}.{name}"] = Metric(value=err, unit="%")
-            n_errors += 1
-    if n_errors:
-        notes.append(
-            f"prediction_error.<run_id>.<metric> = 100 * (predicted - measured) / measured, "
-            f"for {n_errors} prediction(s) of the compared runs"
-        )
-    env = sorted({x for r in ranking.rows for d in r.config.docs
-                  for x in environment_differences(ref, d)})  # fmt: skip
-    if env:
-        notes.append(
-            f"environments differ from {ref.run_id} (runs still compared): " + "; ".join(env)
-        )
-    if choice.across:
-        notes.append(
-            f"ranked across {', '.join(choice.across)}: the ranked configurations may differ "
-            "in these knobs too"
-        )
-    notes.append(
-        f"objective: {obj} ({'higher' if higher else 'lower'} is better), each configuration's "
-        "median over its repeats; spread: the interquartile range of 4 or more repeats, the "
-        "min-max of 2 or 3, for one repeat the interquartile range of its measured steps "
-        "(workload.step_times)"
-    )
-    return Document(
-        run_id=new_run_id(f"decide-{choice.project.lower()}"),
-        created=now_iso(),
-        project=choice.project,
-        task="T6",
-        role="decision",
-        evidence_level=ref.evidence_level,
-        command=command,
-        environment=ref.environment,
-        workload={k: v for k, v in ref.workload.items() if k not in IGNORED_WORKLOAD_KEYS},
-        layout={**ref.layout, "comparison": details},
-        metrics=metrics,
-        decision=Decision(
-            chosen=ranking.chosen_run,
-            rejected=rejected,
-            rests_on=[d.run_id for r in ranking.rows for d in r.config.docs],
-            reason=ranking.reason,
-        ),
-        notes=notes,
     )

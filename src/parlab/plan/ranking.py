@@ -3,15 +3,14 @@
 Each configuration's value is the median of its qualifying repeats; configurations are
 ordered by it. The best is *chosen* when its lead over the runner-up is outside both spreads
 (``compare.inside_spread``), a *tie* when inside (nothing chosen), *unconfirmed* when a spread
-is unknown; with a single configuration it is the *only one*. ``summary`` turns the ranking,
-and the runs left out, into the decision document's ``layout.comparison`` and ``rejected``.
+is unknown; with a single configuration it is the *only one*. ``decision_doc`` writes the
+ranking, and the runs left out, into the decision document.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from parlab.contract import Document
 from parlab.plan.compare import (
@@ -19,17 +18,12 @@ from parlab.plan.compare import (
     Config,
     Spread,
     inside_spread,
-    knob_differences,
     knob_text,
     knob_value,
     lead,
     short,
-    workload_differences,
-    workload_label,
 )
 from parlab.report.format import fmt_value
-
-_SOFTWARE_KEYS = ("python", "torch", "cuda", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,133 +236,11 @@ def _labels(configs: Sequence[Config], choice: Choice) -> list[str]:
         parts = []
         for n in names:
             v = knob_value(c.knobs, n)
-            if n == choice.compare and not isinstance(v, bool):
+            if (n == choice.compare and not isinstance(v, bool)) or n == "mesh":
                 parts.append(knob_text(v))
             elif v != ABSENT or n in choice.across:
                 parts.append(f"{n}={short(knob_text(v), 24)}")
         out.append(" ".join(parts) or "the configuration")
-    return out
-
-
-def summary(
-    choice: Choice, ranking: Ranking, others: Others
-) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """The decision's ``layout.comparison`` and ``rejected`` list (every run not chosen)."""
-    name = choice.objective[0]
-    unit = ranking.unit
-    base = ranking.baseline
-    chosen = ranking.chosen
-    rejected = list(ranking.rejected)
-    for r in ranking.rows:
-        if r is chosen or r.config.median is None:
-            continue
-        tied = r.inside or r.lead is None
-        where = {True: "inside", False: "outside", None: "spread unknown"}[r.inside]
-        behind = (
-            "tied for first: the lead between the best is inside their spread"
-            if r.lead is None
-            else f"{100 * r.lead:.1f} % behind {ranking.rows[0].label} ({where} their spread)"
-        )
-        for d, _ in r.config.values:
-            rejected.append({
-                "candidate": d.run_id, "kind": "tie" if tied else "slower",
-                "reason": f"{r.label}: {name} {value_line(r, unit)}, {behind}",
-            })  # fmt: skip
-    fixed = sorted(
-        {n for c in [*others.workload, base.config] for n in c.knobs} - set(choice.compared)
-    )
-    left_out = []
-    for c in others.workload:
-        diff = knob_differences(c.knobs, base.config.knobs, fixed) or ["knobs"]
-        first = diff[0].split(" (", 1)[0]
-        label = ", ".join(diff)
-        left_out.append({"differs_in": diff, "runs": [d.run_id for d in c.docs]})
-        for d in c.docs:
-            rejected.append({
-                "candidate": d.run_id, "kind": "incomparable",
-                "reason": f"differs from {base.label} in {label}: not ranked "
-                f"(--across {first} ranks it)",
-            })  # fmt: skip
-    ref = ranking.reference
-    other = []
-    for docs in others.workloads:
-        diff = workload_differences(ref, docs[0])
-        other.append({"workload": workload_label(docs[0]), "differs_in": diff[:6],
-                      "runs": [d.run_id for d in docs]})  # fmt: skip
-        for d in docs:
-            rejected.append({
-                "candidate": d.run_id, "kind": "incomparable",
-                "reason": f"another workload than {ref.run_id}: " + "; ".join(diff[:4])
-                + (" ..." if len(diff) > 4 else ""),
-            })  # fmt: skip
-    details = {
-        "objective": name, "unit": unit, "higher_is_better": ranking.higher,
-        "compare": choice.compare, "compared": list(choice.compared),
-        "across": list(choice.across),
-        "workload": workload_label(ref), "verdict": ranking.verdict,
-        "baseline": base.label,
-        "fixed": _equal_knobs([r.config for r in ranking.rows]),
-        "configurations": [_row_json(r, ranking) for r in ranking.rows],
-        "left_out": left_out, "other_workloads": other,
-        "probes": [d.run_id for d in choice.probes],
-    }  # fmt: skip
-    return details, rejected
-
-
-def _equal_knobs(configs: Sequence[Config]) -> dict[str, str]:
-    """The knobs every configuration of the class shares, as text."""
-    names = sorted({n for c in configs for n in c.knobs})
-    return {
-        n: knob_text(knob_value(configs[0].knobs, n))
-        for n in names
-        if len({repr(knob_value(c.knobs, n)) for c in configs}) == 1
-    }
-
-
-def _row_json(r: Row, ranking: Ranking) -> dict[str, Any]:
-    c = r.config
-    if r is ranking.chosen:
-        status = "chosen"
-    elif c.median is None:
-        status = "rejected"
-    elif ranking.verdict == "tie" and (r.lead is None or r.inside):
-        status = "tie"
-    else:
-        status = "slower"
-    spread = r.spread
-    return {
-        "label": r.label,
-        "status": status,
-        "median": c.median,
-        "spread": None
-        if spread is None
-        else {"lo": spread.lo, "hi": spread.hi, "kind": spread.kind},
-        "repeats": len(c.values),
-        "runs": [d.run_id for d in c.docs],
-        "values": [v for _, v in c.values],
-        "lead_of_best_pct": None if r.lead is None else 100 * r.lead,
-        "inside_spread": r.inside,
-        "peak_memory": r.peak,
-        "knobs": {k: knob_text(v) for k, v in sorted(c.knobs.items())},
-    }
-
-
-def environment_differences(ref: Document, doc: Document) -> list[str]:
-    """Environment differences that do not exclude a document but must be stated."""
-    out: list[str] = []
-    ea, eb = ref.environment or {}, doc.environment or {}
-    ha, hb = ea.get("hardware") or {}, eb.get("hardware") or {}
-    for key in ("gpu_count", "host_count"):
-        if ha.get(key) != hb.get(key):
-            out.append(f"environment.hardware.{key}: {ha.get(key)} vs {hb.get(key)}")
-    sa, sb = ea.get("software") or {}, eb.get("software") or {}
-    for key in _SOFTWARE_KEYS:
-        if sa.get(key) != sb.get(key):
-            out.append(f"environment.software.{key}: {sa.get(key)} vs {sb.get(key)}")
-    va, vb = ea.get("variables") or {}, eb.get("variables") or {}
-    for key in sorted(set(va) | set(vb)):
-        if va.get(key) != vb.get(key):
-            out.append(f"environment.variables.{key}: {va.get(key)} vs {vb.get(key)}")
     return out
 
 
