@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from parlab.cli import app
 from parlab.cli.common import (
@@ -45,11 +44,40 @@ def report_cmd(
     console.print(f"Markdown: {outcome.markdown}")
 
 
-@app.command("decide")
+DECIDE_HELP = """Choose among a project's measured runs, like with like; write the decision document.
+
+Runs of one workload (model, sequence, global batch, GPU model and count, evidence level) are
+grouped by configuration (their knobs); each configuration's value is the median over its
+repeats. Only configurations that differ in the compared knob are ranked; the others are named
+with what differs.
+
+Examples:
+
+  parlab decide results
+
+  parlab decide results --project PAR-TRAINING-STATE --compare compile
+
+  parlab decide results --project PAR-TRAINING-STATE --across compile,recompute --details
+"""
+
+
+@app.command("decide", help=DECIDE_HELP)
 def decide_cmd(
     folder: Path | None = typer.Argument(None, help="Results folder (default: ./parlab-results)."),
     project: str | None = typer.Option(
         None, help="The project to decide (default: every project with runs to compare)."
+    ),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        help="The knob to rank by (default per project: strategy for training state, layout "
+        "for model internals and MoE, policy for serving, via for collectives).",
+    ),
+    across: str | None = typer.Option(
+        None, "--across", help="Knobs also allowed to differ between ranked runs (a comma list)."
+    ),
+    baseline: str | None = typer.Option(
+        None, "--baseline", help="Decide the workload and configuration class of this run."
     ),
     run_id: list[str] | None = typer.Option(
         None, "--run-id", help="Decide among exactly these runs (repeat the option)."
@@ -61,69 +89,71 @@ def decide_cmd(
         None, "--lower-is-better/--higher-is-better", help="Direction of --metric."
     ),
     memory_budget: str | None = typer.Option(
-        None, help="Reject runs whose peak memory exceeds this (e.g. 80GB, 70GiB)."
+        None, help="Reject configurations whose peak memory exceeds this (e.g. 80GB, 70GiB)."
+    ),
+    details: bool = typer.Option(False, "--details", help="Print every configuration and run."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write the decision document(s) here (default: the results folder)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the decision document(s) as JSON."),
 ) -> None:
-    """Choose among a project's measured runs; write the decision document."""
-    from parlab import contract
-    from parlab.plan.decide import decide, eligible_projects
+    from parlab.plan.decide import decide, eligible_projects, knob_choices, read_projects
     from parlab.units import parse_size
 
     root = results_dir(folder)
     budget = float(parse_size(memory_budget)) if memory_budget else None
-    if project is None and not run_id:
-        entries, _ = contract.read_results(root)
+    extra = [a.strip() for a in (across or "").split(",") if a.strip()]
+    if project is None and not run_id and not baseline:
+        entries = read_projects(root)
         projects = eligible_projects(entries)
         if not projects:
             raise UsageError(f"no project under {root} has runs to decide on: run one first")
+        wanted = [k for k in (compare, *extra) if k]
+        if wanted:  # decide the projects that record the knobs; say which are skipped
+            docs = {p: [e.doc for e in entries if e.doc.project == p] for p in projects}
+            known = {p: set(knob_choices(p, docs[p])) for p in projects}
+            keep = [p for p in projects if set(wanted) <= known[p]]
+            if not keep:
+                raise UsageError(
+                    f"no project records {', '.join(wanted)}: give --project and one of its "
+                    "knobs (an unknown one lists them)"
+                )
+            for p in projects:
+                if p not in keep:
+                    err_console.print(f"{p}: skipped, it records no {', '.join(wanted)}")
+            projects = keep
     else:
         projects = [project] if project else [None]  # type: ignore[list-item]
-    docs = []
+    docs_out = []
     for p in projects:
         outcome = decide(
             root,
             project=p,
             run_ids=run_id or None,
+            baseline=baseline,
+            compare=compare,
+            across=extra,
             metric=metric,
             lower_is_better=lower_is_better,
             memory_budget=budget,
             command=reproduce_command(),
+            out_dir=out,
         )
-        docs.append(outcome.doc.to_json())
+        docs_out.append(outcome.doc.to_json())
         if not as_json:
-            print_decision(outcome)
+            print_decision(outcome, details=details)
     if as_json:
-        print_json(docs if len(docs) > 1 else docs[0])
+        print_json(docs_out if len(docs_out) > 1 else docs_out[0])
 
 
-def print_decision(outcome) -> None:  # type: ignore[no-untyped-def]
+def print_decision(outcome, *, details: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """One screen per project (``details``: every configuration, run and prediction error)."""
+    from parlab.plan.decision_text import decision_lines
+
     d = outcome.doc
-    dec = d.decision
-    assert dec is not None
     console.rule(escape(f"{d.project}: decision [{d.evidence_level}]"))
-    console.print(f"chosen: {dec.chosen or 'none'}")
-    console.print(dec.reason)
-    if dec.rejected:
-        t = Table(title="rejected", title_justify="left")
-        t.add_column("run")
-        t.add_column("kind")
-        t.add_column("reason", overflow="fold")
-        for r in dec.rejected:
-            t.add_row(r["candidate"], r.get("kind", ""), r["reason"])
-        console.print(t)
-    errs = {k: m for k, m in d.metrics.items() if k.startswith("prediction_error.")}
-    if errs:
-        t = Table(title="prediction error (predicted - measured) / measured", title_justify="left")
-        t.add_column("run")
-        t.add_column("metric")
-        t.add_column("error", justify="right")
-        for k, m in errs.items():
-            _, run, name = k.split(".", 2)
-            t.add_row(run, name, "unknown" if m.value is None else f"{m.value:+.1f} %")
-        console.print(t)
-    for n in d.notes:
-        console.print(f"- {n}")
+    for line in decision_lines(d, details=details):
+        console.print(escape(line), overflow="fold")
     if outcome.path is not None:
         err_console.print(f"wrote {outcome.path} ({d.evidence_level}, decision)")
 

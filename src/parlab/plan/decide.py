@@ -1,89 +1,64 @@
 """``parlab decide``: one project's measured documents -> a ``decision`` document.
 
-Reads the project's baseline, candidate and failure documents (never other
-decisions) from a results folder, and:
+Reads the project's baseline, candidate and failure documents (never other decisions) from a
+results folder and compares like with like (``parlab.plan.compare``):
 
-0. Leaves out the probe documents filed beside the runs (``is_probe``: a probe's calibration,
-   a profile of a run): they measure an instrument or another run, and are no run to choose.
-1. Picks the reference: the newest baseline (else candidate, else failure) of
-   the largest group of mutually comparable documents (groups that measured
-   the objective first, measured before ``analytic``, then by size, then by
-   the newest document), so one odd newer run does not orphan the rest.
-2. Checks comparability against it. A document is *incomparable* -- left out,
-   and named with what differs -- when its evidence level differs (a CPU
-   mechanism run is not a GPU measurement), its GPU model differs, or its
-   ``workload`` differs (every key except the run-specific ones in
-   ``IGNORED_WORKLOAD_KEYS``: raw measurement rows, step counts, seeds, loss
-   curves, and the micro-batch size, a layout knob under a fixed global batch).
-   Other environment differences (GPU count, hosts, software versions, NCCL/
-   TORCH variables) do not exclude a document: the decision states them in its
-   notes. When run ids are given explicitly, any incomparable one is bad input.
-3. Rejects, with a reason and a ``kind``: a failed run (its failure kind:
-   ``oom``, ``timeout``, ``crash``, ...), a run without the objective metric
-   (``no-metric``), a run whose peak memory exceeds ``memory_budget``
-   (``over-memory``, by how much), and every qualifying run but the best
-   (``slower``, with its value against the chosen one's).
-4. Chooses the best qualifying run by the objective: the first metric of the
-   project's ``OBJECTIVES`` list that some comparable run measured
-   (``tokens_per_s_per_gpu`` for training, ``busbw_peak`` for collectives,
-   goodput/throughput for serving), or ``metric`` when given.
-5. Notes a close call: when the chosen run leads the runner-up by less than either run's own
-   step-to-step spread (the interquartile range of ``workload.step_times`` over its median),
-   the order may not survive a repeat.
-6. Records each measured run's prediction errors (every ``predictions`` entry
-   beside a measured metric: ``100 * (predicted - measured) / measured``, %).
+0. Leaves out the probe documents filed beside the runs (``is_probe``): they measure an
+   instrument or another run, and are no run to choose.
+1. Groups the runs by workload, each workload's runs by configuration (a configuration's runs
+   are its repeats), and the configurations into classes that differ only in the compared
+   knobs (``--compare``, default per project: the strategy for training state, the layout for
+   model internals and MoE, the routing policy for serving; ``--across`` lets more knobs
+   differ).
+2. Decides one class: the one holding ``baseline`` when given, else the one with the most
+   configurations to rank (then measured before ``analytic``, the most runs, the newest run).
+   Every other configuration of its workload is named with the knobs it differs in; every
+   other workload is named with what differs.
+3. Rejects, with a reason and a ``kind``: a failed run (its failure kind: ``oom``,
+   ``timeout``, ``crash``, ...), a run without the objective metric (``no-metric``), a
+   configuration whose peak memory exceeds ``memory_budget`` (``over-memory``, by how much).
+4. Ranks the qualifying configurations by their median over repeats of the objective (the
+   first metric of the project's ``OBJECTIVES`` that some run measured, or ``metric``). The
+   best is chosen when its lead over the runner-up is outside both spreads; a lead inside the
+   spread is a ``tie``: nothing is chosen, and the decision says so. With a spread unknown
+   (one repeat, no step times) the choice stands, marked unconfirmed.
+5. Records each compared run's prediction errors (every ``predictions`` entry beside a
+   measured metric: ``100 * (predicted - measured) / measured``, %).
 
-Evidence level rule: the decision carries the level of the documents it
-compares -- step 2 makes them all one level -- so a decision over real
-training runs is ``real-training``; a decision over analytic documents only
-is ``analytic``. The decision rests on (``rests_on``) every comparable
-document, failures included. Nothing crosses any wire: documents in, one
-document out.
+The decision carries the evidence level of the workload it decided (one level: it is part of
+the workload) and rests on the class's runs, failures included. Its ``layout.comparison``
+holds every detail: the configurations with their repeats, values and spreads, the runs left
+out and why. Nothing crosses any wire: documents in, one document out.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from parlab.contract import (
     PROJECTS,
-    Decision,
     Document,
     Entry,
-    Metric,
-    new_run_id,
-    now_iso,
     read_results,
     write_result,
 )
 from parlab.errors import UsageError
-from parlab.hardware import catalog
-
-RUN_RECORDS = frozenset({"losses", "step_times", "phase_times", "host_probe"})
-"""Workload keys a training run records of itself (every step's loss and time, its phases, its
-host probe): they differ from run to run of the same job."""
-
-IGNORED_WORKLOAD_KEYS = RUN_RECORDS | frozenset(
-    {
-        "measurements",
-        "partial",
-        "bad_lines",
-        "steps",
-        "warmup_steps",
-        "measure_steps",
-        "warmup",
-        "micro_batch",
-        "seed",
-        "target",
-        "records",
-        "trace",
-    }
+from parlab.plan.compare import RUN_RECORDS as RUN_RECORDS  # read by benchmarks/plan_accuracy
+from parlab.plan.compare import (
+    Config,
+    group_configs,
+    is_probe,
+    key_of,
+    knob_differences,
+    knob_names,
+    project_knobs,
+    workload_differences,
+    workload_key,
 )
-"""Workload keys that vary from run to run without changing the job."""
+from parlab.plan.decision_doc import decision_document
+from parlab.plan.ranking import Choice, Others, rank
 
 OBJECTIVES: dict[str, tuple[tuple[str, bool], ...]] = {
     "PAR-TRAINING-STATE": (
@@ -111,8 +86,6 @@ OBJECTIVES: dict[str, tuple[tuple[str, bool], ...]] = {
 }
 """Per project: (metric, higher is better), first measured one wins."""
 
-_SOFTWARE_KEYS = ("python", "torch", "cuda", "nccl")
-
 
 @dataclass(frozen=True, kw_only=True)
 class DecideOutcome:
@@ -123,115 +96,179 @@ class DecideOutcome:
     path: Path | None
     """Where it was written (None when not written)."""
     compared: tuple[str, ...]
-    """Run ids of the comparable documents."""
+    """Run ids of the runs ranked against each other (the decided class)."""
     incomparable: tuple[tuple[str, str], ...]
-    """(run id, what differs) of each document left out."""
+    """(run id, what differs) of each run left out."""
     objective: str | None
     """The metric the choice was made on."""
 
 
-def _fmt(value: float | None, unit: str) -> str:
-    from parlab.report.format import fmt_value
-
-    return fmt_value(value, unit)
-
-
-def _diff(a: Any, b: Any, where: str, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            if where == "workload" and k in IGNORED_WORKLOAD_KEYS:
-                continue
-            if k not in a:
-                out.append(f"{where}.{k}: absent vs {_short(b[k])}")
-            elif k not in b:
-                out.append(f"{where}.{k}: {_short(a[k])} vs absent")
-            else:
-                _diff(a[k], b[k], f"{where}.{k}", out)
-    elif a != b:
-        out.append(f"{where}: {_short(a)} vs {_short(b)}")
+def read_projects(results_dir: str | Path) -> list[Entry]:
+    """The documents under a results folder that holds project folders (bad input if none)."""
+    root = Path(results_dir)
+    entries, _skipped = read_results(root)
+    if not any((root / p).is_dir() for p in PROJECTS):
+        above = f" (e.g. {root.parent})" if root.name in PROJECTS else ""
+        raise UsageError(
+            f"{root} holds no project folder ({PROJECTS[0]}/, ...): pass the results folder "
+            f"that holds them{above}"
+        )
+    return entries
 
 
-def _short(v: Any) -> str:
-    text = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _gpu_models(doc: Document) -> list[str]:
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
-    names = []
-    for g in gpus:
-        spec = catalog.lookup(str(g.get("name", "")))
-        names.append(spec.name if spec else str(g.get("name")))
-    return sorted(set(names))
-
-
-def incomparable_reasons(ref: Document, doc: Document) -> list[str]:
-    """What makes ``doc`` incomparable with ``ref`` (empty: comparable)."""
-    out: list[str] = []
-    if doc.evidence_level != ref.evidence_level:
-        out.append(f"evidence level: {ref.evidence_level} vs {doc.evidence_level}")
-    a, b = _gpu_models(ref), _gpu_models(doc)
-    if a != b:
-        out.append(f"GPU model: {', '.join(a) or 'none'} vs {', '.join(b) or 'none'}")
-    _diff(ref.workload, doc.workload, "workload", out)
+def eligible_projects(entries: Sequence[Entry]) -> list[str]:
+    """Projects holding two or more baseline, candidate or failure documents and an objective."""
+    out = []
+    for p in PROJECTS:
+        docs = [e.doc for e in entries if e.doc.project == p and e.doc.role != "decision"]
+        if len(docs) >= 2 and _objective(p, docs, None, None) is not None:
+            out.append(p)
     return out
 
 
-def environment_differences(ref: Document, doc: Document) -> list[str]:
-    """Environment differences that do not exclude a document but must be stated."""
-    out: list[str] = []
-    ea, eb = ref.environment or {}, doc.environment or {}
-    ha, hb = ea.get("hardware") or {}, eb.get("hardware") or {}
-    for key in ("gpu_count", "host_count"):
-        if ha.get(key) != hb.get(key):
-            out.append(f"environment.hardware.{key}: {ha.get(key)} vs {hb.get(key)}")
-    sa, sb = ea.get("software") or {}, eb.get("software") or {}
-    for key in _SOFTWARE_KEYS:
-        if sa.get(key) != sb.get(key):
-            out.append(f"environment.software.{key}: {sa.get(key)} vs {sb.get(key)}")
-    va, vb = ea.get("variables") or {}, eb.get("variables") or {}
-    for key in sorted(set(va) | set(vb)):
-        if va.get(key) != vb.get(key):
-            out.append(f"environment.variables.{key}: {va.get(key)} vs {vb.get(key)}")
-    return out
+def knob_choices(project: str, docs: Sequence[Document]) -> list[str]:
+    """What ``--compare`` and ``--across`` accept for a project: its knob groups and knobs."""
+    return sorted(set(project_knobs(project).groups) | set(knob_names(docs)))
 
 
-def comparability_key(doc: Document) -> str:
-    """Documents with equal keys are comparable (level, GPU model, workload less run noise)."""
-    workload = {k: v for k, v in doc.workload.items() if k not in IGNORED_WORKLOAD_KEYS}
-    return json.dumps([doc.evidence_level, _gpu_models(doc), workload], sort_keys=True, default=str)
+def decide(
+    results_dir: str | Path,
+    *,
+    project: str | None = None,
+    run_ids: Sequence[str] | None = None,
+    baseline: str | None = None,
+    compare: str | None = None,
+    across: Sequence[str] = (),
+    metric: str | None = None,
+    lower_is_better: bool | None = None,
+    memory_budget: float | None = None,
+    command: str,
+    write: bool = True,
+    out_dir: str | Path | None = None,
+) -> DecideOutcome:
+    """Decide among one project's documents under ``results_dir`` (see the module docstring)."""
+    entries = read_projects(results_dir)
+    choice = _choice(
+        entries, results_dir, project, run_ids, baseline, compare, across, metric,
+        lower_is_better, memory_budget,
+    )  # fmt: skip
+    decided, others = _classes(choice, run_ids, baseline)
+    ranking = rank(decided, choice)
+    doc = decision_document(choice, ranking, others, command)
+    path = write_result(doc, out_dir or results_dir) if write else None
+    assert doc.decision is not None
+    incomparable = tuple(
+        (r["candidate"], r["reason"]) for r in doc.decision.rejected if r["kind"] == "incomparable"
+    )
+    return DecideOutcome(
+        doc=doc,
+        path=path,
+        compared=tuple(d.run_id for c in decided for d in c.docs),
+        incomparable=incomparable,
+        objective=choice.objective[0],
+    )
 
 
-def _pick_reference(project: str, docs: Sequence[Document], metric: str | None) -> Document:
-    """The newest baseline (else candidate, else failure) of the largest comparable group.
+def _choice(
+    entries: Sequence[Entry],
+    results_dir: str | Path,
+    project: str | None,
+    run_ids: Sequence[str] | None,
+    baseline: str | None,
+    compare: str | None,
+    across: Sequence[str],
+    metric: str | None,
+    lower_is_better: bool | None,
+    memory_budget: float | None,
+) -> Choice:
+    project = _project(
+        entries, results_dir, project, [*(run_ids or []), *([baseline] if baseline else [])]
+    )
+    if project not in PROJECTS:
+        raise UsageError(f"unknown project {project!r}: use one of {', '.join(PROJECTS)}")
+    if memory_budget is not None and memory_budget <= 0:
+        raise UsageError(f"memory budget {memory_budget} must be positive: give e.g. 80GB")
+    docs = [e.doc for e in entries if e.doc.project == project and e.doc.role != "decision"]
+    probes = [] if run_ids else [d for d in docs if is_probe(d)]
+    docs = [d for d in docs if run_ids or not is_probe(d)]
+    by_id = {d.run_id: d for d in docs}
+    for given, what in (
+        (run_ids or [], "--run-id"),
+        ([baseline] if baseline else [], "--baseline"),
+    ):
+        missing = [r for r in given if r not in by_id]
+        if missing:
+            raise UsageError(
+                f"{what} {', '.join(missing)} not found among {project}'s baseline, candidate "
+                f"and failure documents under {results_dir}: see `parlab results {results_dir}`"
+            )
+    if run_ids:
+        docs = [by_id[r] for r in dict.fromkeys(run_ids)]
+    if not docs:
+        raise UsageError(
+            f"{project} has no baseline, candidate or failure document under {results_dir}: "
+            "run its benchmark first"
+        )
+    compared = _compared(project, docs, compare, across)
+    higher_wanted = None if lower_is_better is None else not lower_is_better
+    objective = _objective(project, docs, metric, higher_wanted)
+    if objective is None:
+        raise UsageError(
+            f"{project}: no objective metric measured by its documents: pass --metric NAME"
+        )
+    return Choice(
+        project=project,
+        compare=compare or project_knobs(project).compare,
+        docs=docs,
+        probes=probes,
+        compared=compared,
+        across=tuple(across),
+        objective=objective,
+        memory_budget=memory_budget,
+    )
 
-    Groups whose documents measured the objective come first; then measured over analytic;
-    then the most documents; then the group holding the newest document.
-    """
-    groups: dict[str, list[Document]] = {}
-    for d in docs:
-        groups.setdefault(comparability_key(d), []).append(d)
 
-    def rank(group: list[Document]) -> tuple[bool, bool, int, int]:
-        measurable = _objective(project, group, metric, None) is not None
-        measured = group[0].evidence_level != "analytic"
-        newest = max(docs.index(d) for d in group)
-        return measurable, measured, len(group), newest
+def _project(
+    entries: Sequence[Entry], results_dir: str | Path, project: str | None, named: list[str]
+) -> str:
+    """The project asked for; else that of the runs named; else the only one to decide."""
+    if project is None and named:
+        found = {e.doc.project for e in entries if e.doc.run_id in named}
+        if not found:
+            raise UsageError(
+                f"run id(s) {', '.join(named)} not found under {results_dir}: "
+                f"see `parlab results {results_dir}`"
+            )
+        project = found.pop() if len(found) == 1 else None
+    if project is None:
+        projects = eligible_projects(entries)
+        if len(projects) != 1:
+            raise UsageError(
+                "give --project: "
+                + (
+                    f"{len(projects)} projects can be decided ({', '.join(projects)})"
+                    if projects
+                    else f"no project under {results_dir} has documents to decide on"
+                )
+            )
+        project = projects[0]
+    return project
 
-    best = max(groups.values(), key=rank)
-    for role in ("baseline", "candidate", "failure"):
-        in_role = [d for d in best if d.role == role]
-        if in_role:
-            return in_role[-1]
-    raise AssertionError("a group is never empty")
 
-
-def is_probe(doc: Document) -> bool:
-    """A document that measures an instrument or another run, not a run to choose: a probe's
-    calibration (``workload.kind`` ``...-calibration``: GEMM shapes, host dispatch, the
-    per-parameter work) or a profile of a run (``workload.profiled_run_id``)."""
-    w = doc.workload or {}
-    return str(w.get("kind") or "").endswith("-calibration") or "profiled_run_id" in w
+def _compared(
+    project: str, docs: Sequence[Document], compare: str | None, across: Sequence[str]
+) -> tuple[str, ...]:
+    """The knobs ``--compare`` and ``--across`` let differ (groups expanded); bad input when
+    the project records no such knob."""
+    spec = project_knobs(project)
+    known = knob_choices(project, docs)
+    for name, flag in [(compare, "--compare"), *((a, "--across") for a in across)]:
+        if name is not None and name not in known:
+            raise UsageError(
+                f"unknown {flag} knob {name!r} for {project}: use one of {', '.join(known)}"
+            )
+    names = (compare or spec.compare, *across)
+    return tuple(dict.fromkeys(m for n in names for m in spec.groups.get(n, (n,))))
 
 
 def _objective(
@@ -247,304 +284,57 @@ def _objective(
     return None
 
 
-def step_spread(doc: Document) -> float | None:
-    """The spread of a run's measured steps (``workload.step_times``): interquartile range over
-    the median, robust to one slow step (a garbage-collection pause); None under 4 steps."""
-    from statistics import median, quantiles
-
-    ts = [float(t) for t in doc.workload.get("step_times") or []]
-    if len(ts) < 4 or median(ts) <= 0:
-        return None
-    q1, _, q3 = quantiles(ts, n=4)
-    return (q3 - q1) / median(ts)
-
-
-def margin_within_spread(
-    chosen: Document, qualifying: Sequence[tuple[Document, float]], higher: bool
-) -> str | None:
-    """A note when the chosen run beats the runner-up by less than either run's own
-    step-to-step spread: the order may not survive a repeat. None when the margin is clear or
-    the runs do not keep their steps."""
-    best = next(v for d, v in qualifying if d is chosen)
-    rest = [(d, v) for d, v in qualifying if d is not chosen]
-    if not rest or not best:
-        return None
-    runner, v = (max if higher else min)(rest, key=lambda x: x[1])
-    spreads = [x for x in (step_spread(chosen), step_spread(runner)) if x is not None]
-    margin = abs(best - v) / abs(best)
-    if not spreads or margin >= max(spreads):
-        return None
-    return (
-        f"close call: the chosen {chosen.run_id} leads {runner.run_id} by {100 * margin:.1f} %, "
-        f"less than the runs' own step-to-step spread ({100 * max(spreads):.1f} %, "
-        "interquartile range of workload.step_times over the median): repeat both before "
-        "relying on the order"
-    )
-
-
-def _peak_memory(doc: Document) -> float | None:
-    m = doc.metrics.get("peak_memory")
-    if m is None:
-        return None
-    vals = [v for v in (m.per_rank or []) if v is not None]
-    return max(vals) if vals else m.value
-
-
-def _label(doc: Document) -> str:
-    from parlab.report.format import layout_label
-
-    return f"{doc.run_id} ({layout_label(doc.layout)})"
-
-
-def eligible_projects(entries: Sequence[Entry]) -> list[str]:
-    """Projects holding two or more baseline, candidate or failure documents and an objective."""
-    out = []
-    for p in PROJECTS:
-        docs = [e.doc for e in entries if e.doc.project == p and e.doc.role != "decision"]
-        if len(docs) >= 2 and _objective(p, docs, None, None) is not None:
-            out.append(p)
-    return out
-
-
-def decide(
-    results_dir: str | Path,
-    *,
-    project: str | None = None,
-    run_ids: Sequence[str] | None = None,
-    metric: str | None = None,
-    lower_is_better: bool | None = None,
-    memory_budget: float | None = None,
-    command: str,
-    write: bool = True,
-    out_dir: str | Path | None = None,
-) -> DecideOutcome:
-    """Decide among one project's documents under ``results_dir`` (see the module docstring)."""
-    entries, _skipped = read_results(results_dir)
-    if project is None:
-        projects = eligible_projects(entries)
-        if len(projects) != 1:
-            raise UsageError(
-                "give --project: "
-                + (
-                    f"{len(projects)} projects can be decided ({', '.join(projects)})"
-                    if projects
-                    else f"no project under {results_dir} has documents to decide on"
-                )
-            )
-        project = projects[0]
-    if project not in PROJECTS:
-        raise UsageError(f"unknown project {project!r}: use one of {', '.join(PROJECTS)}")
-    if memory_budget is not None and memory_budget <= 0:
-        raise UsageError(f"memory budget {memory_budget} must be positive: give e.g. 80GB")
-    docs = [e.doc for e in entries if e.doc.project == project and e.doc.role != "decision"]
-    probes = [] if run_ids else [d for d in docs if is_probe(d)]
-    docs = [d for d in docs if run_ids or not is_probe(d)]
-    if run_ids:
-        by_id = {d.run_id: d for d in docs}
-        missing = [r for r in run_ids if r not in by_id]
-        if missing:
-            raise UsageError(
-                f"run id(s) {', '.join(missing)} not found among {project}'s baseline, "
-                f"candidate and failure documents under {results_dir}"
-            )
-        docs = [by_id[r] for r in run_ids]
-    if not docs:
-        raise UsageError(
-            f"{project} has no baseline, candidate or failure document under {results_dir}: "
-            "run its benchmark first"
-        )
-    ref = _pick_reference(project, docs, metric)
-    comparable: list[Document] = []
-    incomparable: list[tuple[Document, str]] = []
-    for d in docs:
-        why = incomparable_reasons(ref, d)
-        if why:
-            incomparable.append((d, "; ".join(why[:4]) + (" ..." if len(why) > 4 else "")))
-        else:
-            comparable.append(d)
-    if run_ids and incomparable:
-        named = "; ".join(f"{d.run_id} ({why})" for d, why in incomparable)
+def _classes(
+    choice: Choice, run_ids: Sequence[str] | None, baseline: str | None
+) -> tuple[list[Config], Others]:
+    """The decided class and what is left out (see the module docstring, step 2)."""
+    workloads: dict[str, list[Document]] = {}
+    for d in choice.docs:
+        workloads.setdefault(workload_key(d), []).append(d)
+    if run_ids and len(workloads) > 1:
+        ref, *rest = (w[0] for w in workloads.values())
+        named = "; ".join(f"{d.run_id} ({'; '.join(workload_differences(ref, d)[:3])})"
+                          for d in rest)  # fmt: skip
         raise UsageError(
             f"incomparable with the reference {ref.run_id}: {named}; "
             "decide between runs of one workload, level and GPU model"
         )
-    higher_wanted = None if lower_is_better is None else not lower_is_better
-    objective = _objective(project, comparable, metric, higher_wanted)
-    if objective is None:
-        raise UsageError(
-            f"{project}: no objective metric measured by its documents: pass --metric NAME"
-        )
-    obj_name, higher = objective
-
-    rejected: list[dict[str, str]] = []
-    qualifying: list[tuple[Document, float]] = []
-    for d in comparable:
-        if d.status != "ok":
-            f = d.failure
-            assert f is not None
-            rank = "" if f.rank is None else f" on rank {f.rank}"
-            rejected.append(
-                {
-                    "candidate": d.run_id,
-                    "kind": f.kind,
-                    "reason": f"failed: {f.kind}{rank}: {f.message}",
-                }
-            )
-            continue
-        value = d.metric(obj_name)
-        if value is None:
-            rejected.append(
-                {
-                    "candidate": d.run_id,
-                    "kind": "no-metric",
-                    "reason": f"no {obj_name} measured",
-                }
-            )
-            continue
-        peak = _peak_memory(d)
-        if memory_budget is not None and peak is not None and peak > memory_budget:
-            rejected.append(
-                {
-                    "candidate": d.run_id,
-                    "kind": "over-memory",
-                    "reason": f"peak memory {peak / 1e9:.2f} GB over the budget "
-                    f"{memory_budget / 1e9:.2f} GB by {(peak - memory_budget) / 1e9:.2f} GB",
-                }
-            )
-            continue
-        qualifying.append((d, value))
-
-    chosen: Document | None = None
-    unit = ""
-    if qualifying:
-        chosen, best = (max if higher else min)(qualifying, key=lambda x: x[1])
-        unit = chosen.metrics[obj_name].unit
-        for d, v in qualifying:
-            if d is chosen:
-                continue
-            rel = (v - best) / best if best else 0.0
-            rejected.append(
-                {
-                    "candidate": d.run_id,
-                    "kind": "slower",
-                    "reason": f"{obj_name} {_fmt(v, unit)} vs {_fmt(best, unit)} of the chosen "
-                    f"({100 * rel:+.1f} %)",
-                }
-            )
-    for d, why in incomparable:
-        rejected.append(
-            {
-                "candidate": d.run_id,
-                "kind": "incomparable",
-                "reason": f"incomparable with {ref.run_id}: {why}",
-            }
-        )
-
-    metrics: dict[str, Metric] = {}
-    notes: list[str] = []
-    if probes:
-        notes.append(
-            f"not runs, left out: {len(probes)} probe document(s) (calibrations, profiles of "
-            f"runs): {', '.join(d.run_id for d in probes)}"
-        )
-    if chosen is not None:
-        best_val = chosen.metric(obj_name)
-        metrics[f"chosen.{obj_name}"] = Metric(value=best_val, unit=unit)
-        peak = _peak_memory(chosen)
-        if peak is not None:
-            metrics["chosen.peak_memory"] = Metric(value=peak, unit="B")
-        base = ref if ref.status == "ok" and ref is not chosen else None
-        gain = ""
-        if base is not None and base.metric(obj_name):
-            b = base.metric(obj_name)
-            assert b is not None and best_val is not None
-            metrics[f"chosen_vs_reference.{obj_name}"] = Metric(
-                value=100.0 * (best_val - b) / b, unit="%"
-            )
-            gain = f", {100.0 * (best_val - b) / b:+.1f} % against the reference {base.run_id}"
-        reason = (
-            f"{_label(chosen)} has the {'highest' if higher else 'lowest'} {obj_name} "
-            f"({_fmt(best_val, unit)}{gain}) of {len(qualifying)} qualifying run(s) among "
-            f"{len(comparable)} comparable document(s)"
-            + (
-                f", all within the memory budget {memory_budget / 1e9:.2f} GB"
-                if memory_budget
-                else ""
-            )
+    classes: list[tuple[str, list[Config]]] = []
+    for key, wdocs in workloads.items():
+        fixed = [n for n in knob_names(wdocs) if n not in choice.compared]
+        split: dict[str, list[Config]] = {}
+        for c in group_configs(wdocs):
+            split.setdefault(key_of(c.knobs, fixed), []).append(c)
+        classes += [(key, cs) for cs in split.values()]
+    if run_ids and len(classes) > 1:
+        raise UsageError(_differ_line(classes, choice))
+    if baseline:
+        key, decided = next(
+            (k, cs) for k, cs in classes if any(d.run_id == baseline for c in cs for d in c.docs)
         )
     else:
-        reason = (
-            f"no candidate qualifies: {len(comparable)} comparable document(s), all failed, "
-            f"without {obj_name}, or over the memory budget"
-        )
-    if chosen is not None:
-        close = margin_within_spread(chosen, qualifying, higher)
-        if close is not None:
-            notes.append(close)
-    n_errors = 0
-    for d in comparable:
-        for name, p in d.predictions.items():
-            measured = d.metric(name)
-            if p.value is None or measured is None or measured == 0:
-                continue
-            err = 100.0 * (p.value - measured) / measured
-            metrics[f"prediction_error.{d.run_id}.{name}"] = Metric(value=err, unit="%")
-            n_errors += 1
-    if n_errors:
-        notes.append(
-            f"prediction_error.<run_id>.<metric> = 100 * (predicted - measured) / measured, "
-            f"for {n_errors} prediction(s) of the comparable runs"
-        )
-    env_notes = sorted({x for d in comparable for x in environment_differences(ref, d)})
-    if env_notes:
-        notes.append(
-            f"environments differ from the reference {ref.run_id} (runs still compared): "
-            + "; ".join(env_notes)
-        )
-    for d, why in incomparable:
-        notes.append(f"left out as incomparable: {d.run_id}: {why}")
-    notes.append(
-        f"objective: {obj_name} ({'higher' if higher else 'lower'} is better); "
-        f"evidence level: that of the {len(comparable)} compared document(s)"
+        key, decided = max(classes, key=lambda kc: _class_rank(kc[1], choice))
+    return decided, Others(
+        workload=[c for k, cs in classes if k == key and cs is not decided for c in cs],
+        workloads=[w for k, w in workloads.items() if k != key],
     )
-    layout = dict((chosen or ref).layout)
-    layout["candidates"] = [
-        {
-            "run_id": d.run_id,
-            "role": d.role,
-            "status": d.status,
-            "layout": _label(d),
-            obj_name: d.metric(obj_name),
-            "peak_memory": _peak_memory(d),
-        }
-        for d in comparable
-    ]
-    workload = {k: v for k, v in ref.workload.items() if k not in IGNORED_WORKLOAD_KEYS}
-    doc = Document(
-        run_id=new_run_id(f"decide-{project.lower()}"),
-        created=now_iso(),
-        project=project,
-        task="T6",
-        role="decision",
-        evidence_level=ref.evidence_level,
-        command=command,
-        environment=ref.environment,
-        workload=workload,
-        layout=layout,
-        metrics=metrics,
-        decision=Decision(
-            chosen=chosen.run_id if chosen else None,
-            rejected=rejected,
-            rests_on=[d.run_id for d in comparable],
-            reason=reason,
-        ),
-        notes=notes,
-    )
-    path = write_result(doc, out_dir or results_dir) if write else None
-    return DecideOutcome(
-        doc=doc,
-        path=path,
-        compared=tuple(d.run_id for d in comparable),
-        incomparable=tuple((d.run_id, why) for d, why in incomparable),
-        objective=obj_name,
+
+
+def _class_rank(configs: list[Config], choice: Choice) -> tuple[int, bool, int, str]:
+    name = choice.objective[0]
+    docs = [d for c in configs for d in c.docs]
+    measured = sum(any(d.status == "ok" and d.metric(name) is not None for d in c.docs)
+                   for c in configs)  # fmt: skip
+    newest = max(d.created for d in docs)
+    return measured, docs[0].evidence_level != "analytic", len(docs), newest
+
+
+def _differ_line(classes: list[tuple[str, list[Config]]], choice: Choice) -> str:
+    a, b = classes[0][1][0], classes[1][1][0]
+    names = sorted((set(a.knobs) | set(b.knobs)) - set(choice.compared))
+    diffs = knob_differences(b.knobs, a.knobs, names)
+    knobs = ",".join(d.split(" (", 1)[0] for d in diffs)
+    return (
+        f"{b.docs[0].run_id} and {a.docs[0].run_id} differ in {', '.join(diffs)} besides "
+        f"{choice.compare}: add --across {knobs} to rank them anyway"
     )
