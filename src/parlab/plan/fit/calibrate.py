@@ -489,3 +489,32 @@ def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
     if est is None:
         return None
     return est.step_s, f"roofline fitted on {len(used)} runs under {root}"
+
+
+def predict_planned(req: Any, cand: Any, *, sp: bool, root: Any) -> tuple[float, str] | None:
+    """(seconds, what made it): the lab's step time for a run not yet made, given as the plan
+    request and candidate its configuration builds (``parlab train --roofline`` builds them from
+    its config, before the run starts): the roofline fitted on ``root``'s training runs with the
+    GEMM-shape probes' factors (``parlab.plan.fit.lab.LabCompute``), on the links of ``root``'s
+    collectives calibration. None where the request's GPU has no runs under ``root``."""
+    from dataclasses import replace
+
+    from parlab.plan.fit.lab import LabCompute
+    from parlab.plan.fit.shapes import gemm_shape_calibration, same_gpu
+    from parlab.plan.planner import evaluate
+
+    cal = collectives_calibration(root)
+    runs = training_runs(root)
+    gpus = {
+        str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
+        for d in runs
+    }
+    if not any(same_gpu(g, req.cluster.gpu.name) for g in gpus):
+        return None
+    roof, used = lab_roofline(root, calibration=cal)
+    compute = LabCompute(roofline_fit=roof, shapes=gemm_shape_calibration(root))
+    cluster = replace(req.cluster, calibration=cal) if cal is not None else req.cluster
+    est = evaluate(replace(req, compute=compute, cluster=cluster), cand, sp=sp).estimate
+    if est is None:
+        return None
+    return est.step_s, f"roofline fitted on {len(used)} runs under {root}"
