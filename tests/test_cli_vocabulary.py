@@ -69,7 +69,9 @@ def test_every_command_has_examples_and_its_help_opens_with_them() -> None:
 def test_every_example_parses(example: str) -> None:
     words = shlex.split(example)
     assert not set(words) & set(RETIRED_FLAGS), example
-    if (words[1] in ("project", "profile", "serve", "bench") and len(words) > 2) or words[1] not in ("project", "profile", "serve", "bench"):
+    if (words[1] in ("project", "profile", "serve", "bench") and len(words) > 2) or words[
+        1
+    ] not in ("project", "profile", "serve", "bench"):
         parse_example(example)
 
 
