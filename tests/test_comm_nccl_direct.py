@@ -64,7 +64,7 @@ def run_cli(args: list[str]) -> int:
     [
         (["--via", "nccl", "--backend", "gloo"], "--via nccl calls NCCL directly and needs GPUs"),
         (["--via", "nccl", "--op", "barrier"], "--op barrier has no NCCL call"),
-        (["--via", "mpi"], "--via 'mpi' is not one of torch, nccl"),
+        (["--via", "mpi"], "'--via': 'mpi' is not one of 'torch', 'nccl'"),
     ],
 )
 def test_via_nccl_refused_on_cpu_one_line_exit_2_nothing_written(

@@ -106,3 +106,18 @@ def test_sigkill_of_the_launcher_ends_torchrun_and_the_ranks_and_cleans_up(
         time.sleep(0.5)
     assert not _procs_with(str(run_dir)), "torchrun or the ranks outlived the launcher"
     assert not run_dir.exists(), "the run's temp folder was left behind"
+
+
+def test_the_signalled_rank_is_the_cause_not_the_ones_torchrun_ended() -> None:
+    from parlab.runtime.launch import _failure_from
+
+    # rank 1 killed; torchrun then ended rank 0 with SIGTERM before it wrote a word
+    f = _failure_from([], 2, 1, {0: -15, 1: -9})
+    assert (f.rank, f.kind) == (1, "crash") and "SIGKILL" in f.message
+    # a rank that timed out reported; torchrun ended the hung one with SIGTERM
+    err = {"rank": 0, "kind": "timeout", "message": "Timed out", "time": 1.0}
+    f = _failure_from([err], 2, 1, {1: -15, 0: 1})
+    assert (f.rank, f.kind) == (1, "timeout")
+    # only SIGTERM and nobody reported: that rank was stopped from outside
+    f = _failure_from([], 2, 1, {1: -15})
+    assert f.rank == 1 and "SIGTERM" in f.message

@@ -107,8 +107,8 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     [
         (["--ep", "4", "--experts", "6"], "6 experts do not divide over --ep 4"),
         (["--experts", "4", "--topk", "5"], "--topk 5"),
-        (["--capacity-factor", "0"], "capacity factor 0.0 must be above 0"),
-        (["--capacity-factor", "-1", "--drop", "probability"], "capacity factor"),
+        (["--capacity-factor", "0"], "--capacity-factor': '0' must be a finite number above 0"),
+        (["--capacity-factor", "-1", "--drop", "probability"], "--capacity-factor"),
         (["--skew", "pareto:2"], "zipf:S"),
         (["--gating", "relu"], "gating"),
     ],

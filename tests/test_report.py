@@ -94,7 +94,7 @@ def populate(root: Path) -> dict[str, Document]:
     docs["serve"] = serving_doc()
     contract.write_result(docs["serve"], root)
     docs["decision"] = decide(root, project="PAR-TRAINING-STATE", command="parlab decide").doc
-    (root / "junk.json").write_text("[1, 2]")
+    (root / "PAR-COLLECTIVES" / "junk.json").write_text("[1, 2]")
     return docs
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.units import shown
 
 RECIPES: dict[str, str] = {
     "fp32": "everything fp32",
@@ -86,7 +87,7 @@ def check_recipe(value: str, choices: Iterable[str] = tuple(RECIPES), flag: str 
         return value
     msg = retired_message(value, flag, allowed)
     if msg is None:
-        msg = f"{flag} {value!r} is not one of {', '.join(allowed)}"
+        msg = f"{flag} {shown(value)} is not one of {', '.join(allowed)}"
         if value in RECIPES:
             msg = f"{flag} {value} is not run here ({RECIPES[value]}): use one of {', '.join(allowed)}"
     raise UsageError(msg)

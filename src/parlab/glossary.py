@@ -131,6 +131,8 @@ TERMS: list[Term] = [
         name="master weights",
         aliases=(
             "mixed precision",
+            "bf16-params",
+            "bf16-compute",
             "bf16-master",
             "fp32 master",
             "main params",
@@ -147,8 +149,8 @@ TERMS: list[Term] = [
         "(fp32 main params in its optimizer); FSDP2 MixedPrecisionPolicy(param_dtype=bf16, "
         "reduce_dtype=fp32): fp32 shards gathered in bf16, gradients reduced in fp32; "
         "torch.autocast is the first recipe.",
-        measure="parlab train --strategy zero1 --dtype bf16 vs --dtype bf16-master; "
-        "parlab ledger --dtype bf16-master (master_params, master_grads)",
+        measure="parlab train --strategy zero1 --dtype bf16-compute vs --dtype bf16-params; "
+        "parlab ledger --dtype bf16-params (master_params, master_grads)",
         group=G_STATE,
     ),
     Term(

@@ -34,7 +34,7 @@ _SUFFIX = {
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _COUNT_RE = re.compile(r"^\s*\+?([0-9]+)\s*$")
-_CLUSTER_RE = re.compile(r"^\s*(?:([0-9]+)\s*[xX*]\s*)?([A-Za-z][A-Za-z0-9._-]*)\s*$")
+_CLUSTER_RE = re.compile(r"^\s*(?:([0-9]+)\s*[xX*]\s*)?([A-Za-z][A-Za-z0-9._-]{0,39})\s*$")
 
 MAX_VALUE = 2**63 - 1
 """The largest whole number or size parlab takes (a signed 64-bit integer)."""

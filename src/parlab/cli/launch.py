@@ -28,7 +28,6 @@ DISTRIBUTED = (
     ("env",),
     ("project", "training-state"),
     ("project", "moe"),
-    ("project", "model-internal"),
     ("profile", "ddp"),
     ("profile", "ddp-buckets"),
     ("profile", "fsdp"),
@@ -95,7 +94,8 @@ def sbatch_script(
     body = [
         "set -euo pipefail",
         "# the rendezvous: the allocation's first node",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        "head_node=${nodes[0]}",
         f'export PARLAB_RDZV_ENDPOINT="$head_node:{port}"',
         *(f"export {k}={shlex.quote(v)}" for k, v in variables.items()),
         "# one parlab launcher per node; each starts torchrun, which starts the node's ranks",

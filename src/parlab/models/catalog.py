@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from parlab.errors import UsageError
 from parlab.models.spec import MLASpec, ModelSpec, MoESpec
+from parlab.units import shown
 
 _HF = "https://huggingface.co/"
 
@@ -275,11 +276,15 @@ def get_spec(name: str) -> ModelSpec:
         return _BY_NAME[key]
     from pathlib import Path
 
-    if name.endswith(".json") or Path(name).is_dir() or Path(name).is_file():
+    try:  # a name too long or odd for a path is no path
+        is_path = name.endswith(".json") or Path(name).is_dir() or Path(name).is_file()
+    except (OSError, ValueError):
+        is_path = False
+    if is_path:
         from parlab.models.hf import load_hf_config
 
         return load_hf_config(name)
     known = ", ".join([*list_specs(), *ALIASES])
     raise UsageError(
-        f"unknown model {name!r}: use one of {known}, or a path to a Hugging Face config.json"
+        f"unknown model {shown(name)}: use one of {known}, or a path to a Hugging Face config.json"
     )

@@ -95,7 +95,7 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
             ffn_hidden=int(cfg.get("n_inner") or 4 * h),
             activation="gelu",
             norm="layernorm",
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5),
             position="learned",
             linear_bias=True,
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -114,11 +114,11 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
         kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=cfg.get("head_dim"),
         activation="swiglu" if act in ("silu", "swish", "swiglu") else "gelu",
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        norm_eps=float(cfg.get("rms_norm_eps") or 1e-5),
+        rope_theta=float(cfg.get("rope_theta") or 10000.0),
         qkv_bias=bool(cfg.get("attention_bias", kind in ("qwen2", "qwen2_moe"))),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        max_seq_len=int(cfg.get("max_position_embeddings") or 2048),
         source=src,
     )
     if kind == "mixtral":

@@ -298,19 +298,23 @@ def _killed_by_signal(errors: list[dict[str, Any]], exits: dict[int, int]) -> Fa
     """A rank that died of a signal without a word (no error file, no fault log): it is the
     cause; its peers' errors ('connection closed by peer') are the consequence."""
     reported = {e["rank"] for e in errors}
-    for rank, code in sorted(exits.items()):
+    signalled = sorted(
+        (code == -signal.SIGTERM, rank, code)
+        for rank, code in exits.items()
+        if code < 0 and rank not in reported
+    )
+    for is_term, rank, code in signalled:
         # torchrun ends the survivors of a failure with SIGTERM: not a cause while another
-        # rank reported an error
-        if code == -signal.SIGTERM and errors:
+        # rank reported an error or died of another signal
+        if is_term and (errors or not signalled[0][0]):
             continue
-        if code < 0 and rank not in reported:
-            name = _signal_name(code)
-            hint = " (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
-            return Failure(
-                kind="crash",
-                message=f"rank {rank} was killed by {name}{hint}; torchrun saw exit code {code}",
-                rank=rank,
-            )
+        name = _signal_name(code)
+        hint = " (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+        return Failure(
+            kind="crash",
+            message=f"rank {rank} was killed by {name}{hint}; torchrun saw exit code {code}",
+            rank=rank,
+        )
     return None
 
 
