@@ -602,30 +602,29 @@ def table_host(rows: list[Row]) -> None:
         )
 
 
-def table_misses(rows: list[Row]) -> None:
-    """The GPU-set runs' misses, counted by cause: not modelled (the note's first clause), a
-    configuration whose repeats spread over 20 % and which the prediction meets on one of them,
-    else named."""
-    gpu = [r for r in rows if r.side.gpu]
-    groups = _groups(gpu)
+def miss_cause(r: Row, groups: dict[str, list[Row]]) -> str:
+    """Why a GPU-set run missed, the first of: not modelled (its note's first clause); a
+    configuration whose repeats (``groups``, by ``group_of``) spread over 20 % and which the
+    prediction meets on one of them; else 'other'."""
     from parlab.plan.fit.calibrate import group_of
 
+    if r.note and not r.note.startswith("cal:"):
+        return "not modelled: " + r.note.split(":")[0].split(" (")[0].split(";")[0]
+    runs = groups.get(group_of(r.doc), [r])
+    times = [o.doc.metric("step_time") for o in runs]
+    if max(times) / min(times) - 1 > 2 * STEP_TARGET and any(o.ok for o in runs):
+        return "repeats spread over 20 %, the prediction within 10 % of one of them"
+    return "other"
+
+
+def table_misses(rows: list[Row]) -> None:
+    """The GPU-set runs' misses counted by cause (``miss_cause``), the 'other' ones named."""
+    gpu = [r for r in rows if r.side.gpu]
+    groups = _groups(gpu)
     by: dict[str, list[str]] = {}
     for r in gpu:
-        if r.ok:
-            continue
-        if r.note and not r.note.startswith("cal:"):
-            cause = "not modelled: " + r.note.split(":")[0].split(" (")[0].split(";")[0]
-        else:
-            runs = groups[group_of(r.doc)]
-            times = [o.doc.metric("step_time") for o in runs]
-            spread = max(times) / min(times) - 1 > 2 * STEP_TARGET
-            cause = (
-                "repeats spread over 20 %, the prediction within 10 % of one of them"
-                if spread and any(o.ok for o in runs)
-                else "other"
-            )
-        by.setdefault(cause, []).append(r.doc.run_id)
+        if not r.ok:
+            by.setdefault(miss_cause(r, groups), []).append(r.doc.run_id)
     print()
     print(f"GPU-set step-time misses by cause ({sum(map(len, by.values()))}):")
     for cause, ids in sorted(by.items(), key=lambda kv: (kv[0] == "other", -len(kv[1]))):

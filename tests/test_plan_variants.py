@@ -195,24 +195,27 @@ def test_the_selective_recompute_run_is_planned_with_the_runtimes_policy() -> No
 
 
 def test_each_miss_gets_the_first_cause_that_fits() -> None:
-    miss, cause = plan_accuracy.Miss, plan_accuracy.miss_cause
+    gpu = plan_accuracy.Side(True, "phases", "t")
+
+    def row(d: Any, pred: float, note: str = "") -> Any:
+        return plan_accuracy.Row(d, gpu, pred, note)
+
+    cause = plan_accuracy.miss_cause
     a = doc("mi-tp2-sp-20261201T000934-45b70c", step=0.10)
     b = doc("mi-tp2-sp-20261201T001008-accd8a", step=0.13)  # the same configuration, 30 % off
     alone = doc("mi-tp2-20261201T001008-aaaaaa", step=0.10)
-    repeats = {
-        calibrate.group_of(a): [(a, 0.10, False), (b, 0.10, False)],
-        calibrate.group_of(alone): [(alone, 0.2, False)],
+    groups = {
+        calibrate.group_of(a): [row(a, 0.10), row(b, 0.10)],
+        calibrate.group_of(alone): [row(alone, 0.2)],
     }
-    assert cause(miss(b, "", True, 1.2), repeats).startswith("host-bound")
-    assert cause(miss(b, "DeepSpeed's engine: its own buckets (x)", False, None), repeats) == (
-        "not modelled: DeepSpeed's engine"
-    )
-    assert cause(miss(b, "", False, 0.95), repeats).startswith("the host alone at 90%")
-    assert cause(miss(b, "", False, 0.5), repeats).startswith("repeats spread over 20 %")
-    assert cause(miss(alone, "", False, None), repeats) == "other"
+    deepspeed = row(b, 0.10, "DeepSpeed's engine: its own buckets (x)")
+    assert cause(deepspeed, groups) == "not modelled: DeepSpeed's engine"
+    assert cause(row(b, 0.10, "cal: gemm"), groups).startswith("repeats spread over 20 %")
+    assert cause(row(b, 0.10), groups).startswith("repeats spread over 20 %")
+    assert cause(row(alone, 0.2), groups) == "other"
     # a spread the prediction meets on none of the repeats is no excuse
-    repeats[calibrate.group_of(a)] = [(a, 0.2, False), (b, 0.2, False)]
-    assert cause(miss(b, "", False, None), repeats) == "other"
+    groups[calibrate.group_of(a)] = [row(a, 0.2), row(b, 0.2)]
+    assert cause(row(b, 0.2), groups) == "other"
 
 
 @pytest.mark.parametrize(
