@@ -7,6 +7,7 @@ the two versions always say the same thing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -96,6 +97,8 @@ class Image:
     """The image."""
     levels: tuple[str, ...] = ()
     """The evidence levels drawn (each panel holds one)."""
+    table: Table | None = None
+    """The figure's numbers as a table, shown under it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,9 +143,12 @@ class Report:
         return out
 
 
+_UNSAFE = re.compile(r"[^a-z0-9._]")
+
+
 def anchor(text: str) -> str:
     """A file- and id-safe form of ``text``."""
-    return "".join(c if c.isalnum() or c in "._" else "-" for c in text.lower()).strip("-")
+    return _UNSAFE.sub("-", text.lower()).strip("-")
 
 
 def doc_anchor(run_id: str) -> str:

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from parlab.contract import Document
-from parlab.report.blocks import Image
+from parlab.report.blocks import Badge, Image, Table
 from parlab.report.format import ERROR_CONVENTION, prediction_error
 from parlab.report.groups import Config, Spread, configs, field, job_title, jobs, main_job
 from parlab.report.plots import Column, Point, Row, Section, bar_rows, scatter_panels
@@ -305,27 +305,24 @@ def accuracy(docs: Sequence[Document]) -> Image | None:
         "planner, simulator), y what it measured. Points in the green band are within 10 %; "
         f"{ERROR_CONVENTION}. Log axes; a zero on either side is left out.",
         svg=scatter_panels(panels, fmt=lambda unit: lambda v: f"{v:g}"),
+        table=accuracy_table(pts),
         levels=tuple(sorted({lvl for _, lvl in order})),
     )
 
 
-def accuracy_rows(docs: Sequence[Document]) -> list[tuple[str, str, int, int, str, str]]:
-    """Per (metric, level): runs, within 10 %, median error, worst error (signed)."""
-    out = []
-    for (name, level), rows in sorted(accuracy_points(docs).items(), key=lambda kv: -len(kv[1])):
-        errs = sorted(e for _, p, m in rows if (e := prediction_error(p, m)) is not None)
-        if not errs:
-            continue
-        worst = max(errs, key=abs)
-        within = sum(abs(e) <= 0.10 for e in errs)
-        out.append(
-            (
-                name,
-                level,
-                len(errs),
-                within,
-                f"{100 * errs[len(errs) // 2]:+.1f} %",
-                f"{100 * worst:+.1f} %",
+def accuracy_table(pts: dict[tuple[str, str], list[tuple[Document, float, float]]]) -> Table:
+    """Per (metric, level): runs, how many within 10 %, the median and the largest error."""
+    rows = []
+    for (name, level), found in sorted(pts.items(), key=lambda kv: -len(kv[1])):
+        errs = sorted(e for _, p, m in found if (e := prediction_error(p, m)) is not None)
+        if errs:
+            worst = max(errs, key=abs)
+            within = sum(abs(e) <= 0.10 for e in errs)
+            median = f"{100 * errs[len(errs) // 2]:+.1f} %"
+            rows.append(
+                (name, Badge(level), str(len(errs)), str(within), median, f"{100 * worst:+.1f} %")
             )
-        )
-    return out
+    return Table(
+        headers=("metric", "measured at", "runs", "within 10 %", "median error", "largest error"),
+        rows=tuple(rows),
+    )

@@ -19,17 +19,18 @@ from parlab.contract import Document
 
 
 def field(doc: Document, path: str) -> Any:
-    """A value by dotted path: ``workload.model.name``, ``layout.knobs.dtype``, ``gpu``."""
+    """A value by dotted path: ``workload.model`` (a model's name), ``layout.knobs.dtype``,
+    ``gpu`` (the first GPU's name)."""
     if path == "gpu":
         gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
         return str(gpus[0].get("name")) if gpus else "no GPU"
-    head, _, rest = path.partition(".")
-    value: Any = {"workload": doc.workload, "layout": doc.layout}.get(head)
-    for key in rest.split(".") if rest else ():
+    keys = path.split(".")
+    value: Any = doc.workload if keys[0] == "workload" else doc.layout
+    for key in keys[1:]:
         if not isinstance(value, dict):
             return None
         value = value.get(key)
-    if head == "workload" and rest == "model" and isinstance(value, dict):
+    if path == "workload.model" and isinstance(value, dict):
         return value.get("name")
     return value
 
@@ -214,11 +215,19 @@ def jobs(docs: Iterable[Document]) -> dict[tuple[Any, ...], list[Document]]:
 
 
 def main_job(
-    docs: Iterable[Document], measured: Callable[[Document], bool]
+    docs: Iterable[Document] | dict[tuple[Any, ...], list[Document]],
+    measured: Callable[[Document], bool],
 ) -> list[Document] | None:
     """The job with the most configurations that ``measured`` something (then the most
-    documents, then the newest): the one a project's answer is about."""
-    groups = [g for g in jobs(docs).values() if any(measured(d) for d in g)]
+    documents, then the newest): the one a project's answer is about. ``docs`` may be grouped
+    by ``jobs`` already."""
+    grouped = docs if isinstance(docs, dict) else jobs(docs)
+    groups = [g for g in grouped.values() if any(measured(d) for d in g)]
     if not groups:
         return None
-    return max(groups, key=lambda g: (len(set(labels(g).values())), len(g), g[-1].created))
+
+    def distinct(g: list[Document]) -> int:  # as many as ``labels`` names, without naming them
+        fields = LABEL_FIELDS.get(g[0].project, ())
+        return len({(*(str(field(d, f)) for f in fields), *sorted(_knobs(d).items())) for d in g})
+
+    return max(groups, key=lambda g: (distinct(g), len(g), g[-1].created))

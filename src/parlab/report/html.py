@@ -109,6 +109,8 @@ def _blocks(blocks: list[Block] | tuple[Block, ...], out: list[str], *, top: boo
                 f"<figcaption>{badges}<b>{e(blk.title)}.</b> {e(blk.caption)}</figcaption>"
                 "</figure>"
             )
+            if blk.table is not None:
+                out += _table(blk.table)
         elif isinstance(blk, Fold):
             attr = f' id="{e(blk.anchor)}"' if blk.anchor else ""
             out.append(f"<details{attr}><summary>{e(blk.summary)}</summary>")

@@ -62,6 +62,8 @@ def _blocks(
             files[name] = blk.svg.encode()
             levels = " ".join(f"`[{lvl}]`" for lvl in blk.levels)
             out.append(f"![{blk.alt}]({name})\n\n**{blk.title}.** {levels} {blk.caption}\n")
+            if blk.table is not None:
+                _blocks((blk.table,), out, files, d)
         elif isinstance(blk, Fold):
             out.append(f"<details><summary>{blk.summary}</summary>\n")
             _blocks(blk.blocks, out, files, d)

@@ -176,9 +176,13 @@ def scatter_panels(
         )
         _band(c, p.sx, p.sy, lo, hi)
         assert p.sx is not None and p.sy is not None
+        drawn = set()  # repeats that land on the same pixel are drawn once
         for pt in pts:
             if pt.predicted > 0 and pt.measured > 0:
-                c.marker(p.sx(pt.predicted), p.sy(pt.measured), colour[pt.group], "o", 2.8)
+                x, y = p.sx(pt.predicted), p.sy(pt.measured)
+                if (key := (round(x), round(y), pt.group)) not in drawn:
+                    drawn.add(key)
+                    c.marker(x, y, colour[pt.group], "o", 2.8)
     entries = [("measured = predicted", "#111", "line"), ("within +-10 %", "#16a34a", "band")]
     entries += [(g, colour[g], "o") for g in groups]
     legend(c, 10 + pad_l, rows * ph + 14, width - pad_l - 20, entries)

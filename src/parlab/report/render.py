@@ -2,8 +2,8 @@
 
 1. the answers (``summary``): per project, question, baseline, candidates, failures and
    decision in one sentence each, with numbers, evidence level and links to the documents;
-2. one figure per question (``figures``, ``figures_time``), with the accuracy table under
-   the predicted-against-measured figure;
+2. one figure per question (``figures``, ``figures_time``), each with its table where it has
+   one (the prediction errors under the predicted-against-measured figure);
 3. the evidence levels;
 4. the asset table, last and folded: every document with its headline metric and a link to
    its JSON file, the failures with their messages, and the files that are no documents.
@@ -59,8 +59,9 @@ def _rel(path: Path, out_dir: Path) -> str:
     return Path(os.path.relpath(path, out_dir)).as_posix()
 
 
-def asset_table(entries: Sequence[Entry], out_dir: Path) -> Table:
+def asset_table(entries: Sequence[Entry], root: Path, out_dir: Path) -> Table:
     """One row per document, its run id linking to its JSON file, its row id to link to."""
+    up, cut = _rel(root, out_dir), len(str(root)) + 1
     rows = []
     for e in entries:
         d = e.doc
@@ -73,7 +74,7 @@ def asset_table(entries: Sequence[Entry], out_dir: Path) -> Table:
                 Badge(d.evidence_level),
                 _status(d),
                 f"{h[0]} = {fmt_metric(h[1])}" if h else "-",
-                Link(d.run_id, _rel(e.path, out_dir)),
+                Link(d.run_id, f"{up}/{Path(str(e.path)[cut:]).as_posix()}"),
                 d.created,
             )
         )
@@ -140,27 +141,6 @@ def _machine(docs: Sequence[Document]) -> Para | None:
     )
 
 
-def _accuracy_blocks(docs: Sequence[Document]) -> list[Block]:
-    rows = figures.accuracy_rows(docs)
-    if not rows:
-        return []
-    return [
-        Table(
-            headers=(
-                "metric",
-                "measured at",
-                "runs",
-                "within 10 %",
-                "median error",
-                "largest error",
-            ),
-            rows=tuple(
-                (n, Badge(lvl), str(r), str(w), med, worst) for n, lvl, r, w, med, worst in rows
-            ),
-        )
-    ]
-
-
 def build_blocks(
     entries: Sequence[Entry],
     skipped: Sequence[Skipped],
@@ -202,8 +182,6 @@ def build_blocks(
         if fig is not None:
             b.append(Heading(depth=3, text=name, anchor=f"figure-{fig.key}"))
             b.append(fig)
-            if fig.key == "accuracy":
-                b += _accuracy_blocks(docs)
     b.append(Heading(depth=2, text="Evidence levels", anchor="evidence-levels"))
     b.append(
         Table(
@@ -214,7 +192,7 @@ def build_blocks(
         )
     )
     b.append(Heading(depth=2, text="Asset table", anchor="assets"))
-    folded: list[Block] = [asset_table(entries, out_dir)]
+    folded: list[Block] = [asset_table(entries, root, out_dir)]
     if (ft := failure_table(entries)) is not None:
         folded += [Heading(depth=3, text="Failures", anchor="failures"), ft]
     if skipped:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from parlab.contract import Document
 from parlab.report.blocks import Badge, Inline, Link, Parts, doc_anchor
@@ -161,9 +162,9 @@ def decision_line(
     )
 
 
-def all_labels(runs: Sequence[Document]) -> dict[str, str]:
-    """run id -> configuration name, each named inside its own job."""
-    return {k: v for g in jobs(runs).values() for k, v in labels(g).items()}
+def all_labels(grouped: dict[tuple[Any, ...], list[Document]]) -> dict[str, str]:
+    """run id -> configuration name, each named inside its own job (``jobs``' groups)."""
+    return {k: v for g in grouped.values() for k, v in labels(g).items()}
 
 
 def pct(a: float, b: float) -> str:
@@ -180,7 +181,8 @@ def compare(
 ) -> Answer | None:
     """Baseline against candidates on one job: the answer shape of training and serving."""
     runs = [d for d in docs if d.role != "decision" and not is_probe(d)]
-    job = main_job(runs, lambda d: d.metric(objective) is not None)
+    grouped = jobs(runs)
+    job = main_job(grouped, lambda d: d.metric(objective) is not None)
     title, question = QUESTIONS[project]
     if job is None:
         return None
@@ -215,7 +217,7 @@ def compare(
         ]
     if len(others) > 4:
         cand.append(f"; {len(others) - 4} more in the figures")
-    rest = [g for g in jobs(runs).values() if g[0].run_id != job[0].run_id]
+    rest = [g for g in grouped.values() if g[0].run_id != job[0].run_id]
     if rest:
         cand.append(
             f". {len(rest)} other job(s), {sum(map(len, rest))} run(s), are in the "
@@ -228,7 +230,7 @@ def compare(
             f"against {base.label})",
             others[0].nearest(objective),
         )
-    names = all_labels(runs)
+    names = all_labels(grouped)
     return Answer(
         project=project,
         title=title,

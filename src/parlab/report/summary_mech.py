@@ -35,7 +35,8 @@ def model_internal(docs: Sequence[Document]) -> Answer | None:
     base_parts: list[Inline] = ["one GPU runs each job's whole batch: "]
     cand_parts: list[Inline] = ["per job, the split with the largest speed-up over one GPU: "]
     best_all = None
-    for i, job in enumerate(g for g in jobs(runs).values() if len(g) > 1):
+    grouped = jobs(runs)
+    for i, job in enumerate(g for g in grouped.values() if len(g) > 1):
         cfgs = configs(job)
         single = [c for c in cfgs if all(d.layout.get("world_size") == 1 for d in c.docs)]
         split = [c for c in cfgs if c not in single and c.spread("speedup_vs_single")]
@@ -65,7 +66,7 @@ def model_internal(docs: Sequence[Document]) -> Answer | None:
     if best_all is None:
         return compare("PAR-MODEL-INTERNAL", docs, objective="tokens_per_s_per_gpu", higher=True)
     title, question = QUESTIONS["PAR-MODEL-INTERNAL"]
-    names = all_labels(runs)
+    names = all_labels(grouped)
     return Answer(
         project="PAR-MODEL-INTERNAL",
         title=title,
