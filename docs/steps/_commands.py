@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "profile-buckets": "parlab profile ddp-buckets --buckets 1,25,250 --model 1.3b --seq 4096",
     "profile-fsdp": "parlab profile fsdp --model 1.3b --seq 4096",
     "profile-tp": "parlab profile tp --model 1.3b",
+    "explain-bucket": "parlab explain bucket",
     "fit-calibration": "parlab collectives --fit "
     "results/PAR-COLLECTIVES/collectives-20261130T140456-7d5586.json",
     # T6 admission and decision

@@ -40,6 +40,11 @@ _OUT: dict[str, str] = {}
 _DOCS: dict[Path, list[tuple[Path, Document]]] = {}
 _SCRATCH = Path(tempfile.mkdtemp(prefix="parlab-steps-"))
 _STAMP = re.compile(r"\d{8}T\d{6}-[0-9a-f]{6}")
+_VOLATILE = (
+    (re.compile(r"searched (\d+) candidates in [\d.]+ s"), r"searched \1 candidates in <time> s"),
+    (re.compile(r"wall_s: [\d.e+-]+"), "wall_s: <time>"),
+)
+"""What changes from one run of a command to the next (timings), shown as placeholders."""
 
 
 def cmd(key: str) -> str:
@@ -64,6 +69,8 @@ def run(key: str) -> str:
                     raise RuntimeError(f"{line!r} exited {exc.code}: {out.getvalue()}") from None
         text = out.getvalue().replace(str(_SCRATCH), "parlab-results")
         text = _STAMP.sub("<run id>", text)
+        for pattern, repl in _VOLATILE:
+            text = pattern.sub(repl, text)
         _OUT[line] = "\n".join(ln.rstrip() for ln in text.splitlines()) + "\n"
     return _OUT[line]
 
