@@ -60,13 +60,20 @@ def run(key: str) -> str:
         from parlab.cli import main
 
         out = io.StringIO()
+        saved = os.environ.get("PARLAB_RESULTS")
         os.environ["PARLAB_RESULTS"] = str(_SCRATCH)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), contextlib.chdir(ROOT):
-            try:
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
+                    contextlib.chdir(ROOT):  # fmt: skip
                 main(shlex.split(line)[1:])
-            except SystemExit as exc:
-                if exc.code not in (0, None):
-                    raise RuntimeError(f"{line!r} exited {exc.code}: {out.getvalue()}") from None
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise RuntimeError(f"{line!r} exited {exc.code}: {out.getvalue()}") from None
+        finally:
+            if saved is None:
+                os.environ.pop("PARLAB_RESULTS", None)
+            else:
+                os.environ["PARLAB_RESULTS"] = saved
         text = out.getvalue().replace(str(_SCRATCH), "parlab-results")
         text = _STAMP.sub("<run id>", text)
         for pattern, repl in _VOLATILE:
