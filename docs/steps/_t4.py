@@ -31,7 +31,7 @@ def _serving_job() -> list[Config]:
 
 
 def mechanism() -> str:
-    uni = next(d for d in _moe_job() if d.workload.get("kind") == "uniform")
+    uni = next(d for d in reversed(_moe_job()) if d.workload.get("kind") == "uniform")
     k, h = uni.layout["top_k"], uni.workload["hidden"]
     tok, experts, cf = uni.workload["tokens_per_rank"], uni.layout["experts"], uni.layout["capacity_factor"]
     ep = uni.layout["world_size"]

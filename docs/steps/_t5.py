@@ -66,13 +66,16 @@ as all its gradients are ready, while backward continues on earlier layers. A bu
 once it holds at least `bucket_cap_mb` (torch's default 25 MB) and a gradient is never split
 (`parlab.ledger.sharding.gradient_buckets`). For {MODEL}'s fp32 gradients:
 
-{table(["bucket_cap_mb", "all-reduces per step", "the last bucket", "if gradients were split evenly"],
-       rows)}
+{table(["bucket_cap_mb", "all-reduces per step", "the last bucket",
+        "the wire table's count (an even split)"], rows)}
 
 Small buckets start the sync early but pay the fixed cost alpha (T1) per call; large buckets
 pay it rarely but start late. Whatever the cap, the last bucket can only start when backward
 reaches the first layers, and its all-reduce finishes after backward: that part is always
-exposed. Here the last bucket is the embedding's gradient, alone in its bucket at every cap.
+exposed. Here the last bucket holds the embedding's gradient (the first parameter, so the
+last gradient) at every cap. parlab's wire table (`parlab.ledger.traffic`) splits the
+gradients evenly into buckets: its count is right for large buckets and far off for small
+ones, where whole matrices set the count.
 
 **FSDP's prefetch** issues the next layer's all-gather before the current layer's compute, so
 the gather overlaps it; without prefetch each gather waits in line. **Tensor parallelism's**

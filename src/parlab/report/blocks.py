@@ -154,16 +154,3 @@ def anchor(text: str) -> str:
 def doc_anchor(run_id: str) -> str:
     """The id of a document's row in the asset table."""
     return "doc-" + anchor(run_id)
-
-
-def plain(parts: Parts) -> str:
-    """The text of inline parts, without markup."""
-    out = []
-    for p in parts:
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, (Link, Strong)):
-            out.append(p.text)
-        else:
-            out.append(f"[{p.level}]")
-    return "".join(out)

@@ -118,7 +118,10 @@ def job_title(doc: Document) -> str:
     world = doc.layout.get("world_size")
     fields = JOB_FIELDS.get(doc.project, ("layout.world_size",))
     gpu = str(field(doc, "gpu"))
-    parts.append(f"{world} x {gpu}" if world and "layout.world_size" in fields else gpu)
+    if gpu == "no GPU":
+        parts.append(f"{world} CPU ranks" if world and "layout.world_size" in fields else "CPU")
+    else:
+        parts.append(f"{world} x {gpu}" if world and "layout.world_size" in fields else gpu)
     return ", ".join(parts)
 
 
