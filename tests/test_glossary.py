@@ -61,3 +61,28 @@ def test_aliases_are_unambiguous() -> None:
     for t in TERMS:
         for k in (t.name, *t.aliases):
             assert seen.setdefault(_key(k), t.name) == t.name, k
+
+
+@pytest.mark.parametrize(
+    ("query", "name"),
+    [
+        ("ledger", "ledger"), ("roofline", "roofline"), ("pareto", "Pareto front"),
+        ("sync points", "sync points"), ("kv cache", "KV cache"), ("prefill", "prefill and decode"),
+        ("decode", "prefill and decode"), ("continuous batching", "continuous batching"),
+        ("PagedAttention", "paged attention"),
+    ],
+)  # fmt: skip
+def test_parlabs_own_words_and_serving_basics_have_a_formula(query: str, name: str) -> None:
+    t = lookup(query)
+    assert t.name == name and t.formula and t.measure.startswith("parlab ")
+
+
+def test_explain_prints_the_formula(capsys: pytest.CaptureFixture[str]) -> None:
+    from parlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["explain", "kv cache"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "formula: KV bytes per token = 2 (K and V) x layers x KV heads" in " ".join(out.split())
+    assert "**Formula:** KV bytes per token" in render_markdown()

@@ -50,7 +50,7 @@ pytestmark = [
 
 PROBE = """JSON.stringify({
   title: document.title,
-  text: document.body.innerText,
+  text: document.body.textContent,
   images: Array.from(document.images).map(i => ({
     ok: i.complete && i.naturalWidth > 0,
     w: i.getBoundingClientRect().width,
@@ -58,6 +58,15 @@ PROBE = """JSON.stringify({
     alt: i.alt})),
   figures: document.querySelectorAll('figure').length,
   tables: document.querySelectorAll('table').length,
+  first: Array.from(document.body.children).slice(0, 2).map(e => e.tagName + '#' + e.id),
+  summaryTop: (document.querySelector('section#summary') || {getBoundingClientRect: () =>
+    ({top: -1})}).getBoundingClientRect().top,
+  figureTops: Array.from(document.querySelectorAll('figure')).map(f =>
+    f.getBoundingClientRect().top),
+  captions: Array.from(document.querySelectorAll('figure')).map(f => ({
+    alt: (f.querySelector('img') || {}).alt || '',
+    caption: (f.querySelector('figcaption') || {}).innerText || ''})),
+  folded: Array.from(document.querySelectorAll('details')).map(d => d.open),
 })"""
 
 
@@ -157,6 +166,17 @@ def inspect_in_chromium(paths: list[Path]) -> list[tuple[dict[str, Any], list[st
         shutil.rmtree(user_dir, ignore_errors=True)
 
 
+def caption_problems(captions: list[dict[str, str]]) -> list[str]:
+    """Figures without a real alt text or without a caption that names the evidence level."""
+    out = []
+    for i, fig in enumerate(captions):
+        if len(fig["alt"]) <= 40:
+            out.append(f"figure {i}: alt text {fig['alt']!r}")
+        if "Evidence level" not in fig["caption"]:
+            out.append(f"figure {i}: caption {fig['caption']!r}")
+    return out
+
+
 def test_report_renders_in_chromium_with_plots_and_no_errors(tmp_path: Path) -> None:
     from parlab.report import build_report
     from tests.test_report import populate
@@ -167,6 +187,7 @@ def test_report_renders_in_chromium_with_plots_and_no_errors(tmp_path: Path) -> 
     broken.write_text(
         "<!DOCTYPE html><html><head><title>broken</title></head><body>"
         '<img alt="bad" src="data:image/png;base64,AAAA">'
+        '<figure><img src="data:image/png;base64,AAAA"></figure>'
         "<script>console.error('planted'); undefinedFunction();</script></body></html>"
     )
     (report, errors), (bad, bad_errors) = inspect_in_chromium([out.html, broken])
@@ -175,14 +196,21 @@ def test_report_renders_in_chromium_with_plots_and_no_errors(tmp_path: Path) -> 
     assert report["title"].startswith("parlab report")
     for d in docs.values():
         assert d.run_id in report["text"] and d.evidence_level in report["text"]
-    assert len(report["images"]) == out.figures + 1 >= 9
+    # the summary is the first thing on the page, above every figure
+    assert report["first"] == ["H1#top", "SECTION#summary"], report["first"]
+    assert 0 <= report["summaryTop"] < min(report["figureTops"])
+    # every figure has alt text and a caption naming its evidence level
+    assert len(report["captions"]) == out.figures >= 6
+    assert caption_problems(report["captions"]) == []
+    assert len(report["images"]) == out.figures
     for img in report["images"]:
         assert img["ok"], f"image did not decode: {img['alt']}"
-        if img["alt"].startswith("PAR-"):  # the report's own figures (artifacts may be tiny)
-            assert img["w"] > 300 and img["h"] > 150, img
-    assert report["figures"] == len(report["images"]) and report["tables"] >= 10
+        assert img["w"] > 300 and img["h"] > 100, img
+    assert report["figures"] == len(report["images"]) and report["tables"] >= 3
+    assert report["folded"] == [False]  # the asset table starts folded
 
     # the same checks do catch a broken page
-    assert not bad["images"][0]["ok"]
+    assert not bad["images"][0]["ok"] and bad["first"] != report["first"]
+    assert caption_problems(bad["captions"]) != []
     assert any("planted" in e for e in bad_errors), bad_errors
     assert any("undefinedFunction" in e for e in bad_errors), bad_errors

@@ -113,7 +113,8 @@ def explain_cmd(
     term: str | None = typer.Argument(None, help="A term: ZeRO-3, busbw, TTFT, bubble, ..."),
     list_: bool = typer.Option(False, "--list", help="List every term."),
 ) -> None:
-    """The glossary: what a term means, what frameworks call it, the command that measures it."""
+    """The glossary: what a term means, its formula, what frameworks call it, the command that
+    measures it."""
     from parlab.glossary import TERMS, lookup
 
     if list_ or term is None:
@@ -125,6 +126,8 @@ def explain_cmd(
     t = lookup(term)
     console.print(f"[bold]{escape(t.name)}[/bold]  ({escape(t.group)})")
     console.print(escape(t.meaning))
+    if t.formula:
+        console.print(f"[bold]formula[/bold]: {escape(t.formula)}")
     if t.elsewhere:
         console.print(f"[bold]elsewhere[/bold]: {escape(t.elsewhere)}")
     console.print(f"[bold]measure it[/bold]: {escape(t.measure)}")

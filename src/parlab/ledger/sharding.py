@@ -159,8 +159,8 @@ def check_tp(spec: ModelSpec, tp: int, *, kv_replicate: bool = True) -> None:
 def chunk_sizes(layers: int, chunks: int) -> tuple[int, ...]:
     """Layers of each of ``chunks`` model chunks (pipeline stages x virtual stages, in model
     order): equal where ``chunks`` divides ``layers``; otherwise the embedding and the output
-    head each count as one layer, as Megatron's ``--account-for-embedding-in-pipeline-split``
-    and ``--account-for-loss-in-pipeline-split`` and Llama 3's 405B (126 layers on 16 stages:
+    head each count as one layer, as Megatron's options to account for the embedding and the
+    loss in the pipeline split and Llama 3's 405B (126 layers on 16 stages:
     7, then 14 stages of 8, then 7) count them: ``layers + 2`` slots shared as evenly as they
     go (the extra slots to the first and last chunk, then to those after the first), the first
     and the last chunk one layer short. ``UsageError`` where a chunk would hold no layer."""

@@ -1,15 +1,14 @@
-"""parlab.report: a results folder as one self-contained HTML file and a Markdown twin.
+"""parlab.report: a results folder as one self-contained HTML page and a Markdown twin.
 
-Built from ``distributed-benchmark/v1`` documents ALONE (``read_results``), so
-any report can be rebuilt from the results folder: the asset table, then per
-project its figures (one evidence level per figure), its predicted-against-
-measured table, and every baseline / candidate / failure / decision document
-with its metrics, failure, decision, notes and artifacts (PNG artifacts are
-embedded). Nothing crosses any wire; nothing is measured here.
+Built from ``distributed-benchmark/v1`` documents alone (``read_results``), so any report
+can be rebuilt from the results folder. The page answers first -- per project the question,
+baseline, candidates, failures and decision, each with its numbers, evidence level and links
+to its documents -- then shows one figure per question, and ends with the asset table, folded.
+Nothing crosses any wire; nothing is measured here.
 
-``build_report(results_dir, out_dir)`` writes ``report.html`` (images as
-base64 data URIs, no script, nothing fetched) and ``report.md`` (images in
-``report_files/`` beside it).
+``build_report(results_dir, out_dir)`` writes ``report.html`` (figures as inline SVG, no
+script, nothing fetched) and ``report.md`` (figures in ``report_files/`` beside it). A folder
+with no readable document is bad input (``UsageError``): nothing is written.
 """
 
 from __future__ import annotations
@@ -34,34 +33,45 @@ class ReportOutcome:
     skipped: int
     """Files under the results folder that are not readable documents."""
     figures: int
-    """Figures drawn from metrics (artifacts not counted)."""
+    """Figures drawn."""
     run_ids: tuple[str, ...]
     """Every document included."""
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> ReportOutcome:
     """Render ``results_dir`` into ``out_dir`` (default ``<results_dir>/report``)."""
-    from parlab.report.render import build_blocks, to_html, to_markdown
+    from parlab.report.html import to_html
+    from parlab.report.markdown import to_markdown
+    from parlab.report.render import build_blocks
 
     root = Path(results_dir)
     entries, skipped = read_results(root)
+    if not entries:
+        why = (
+            f"{len(skipped)} JSON file(s), none a readable document (first: {skipped[0].path}: "
+            f"{skipped[0].reason})"
+            if skipped
+            else "no JSON document"
+        )
+        raise UsageError(
+            f"nothing to report in {root}: {why}; run a parlab command there first "
+            "(parlab demo) or pass the folder that holds the documents"
+        )
     out = Path(out_dir) if out_dir is not None else root / "report"
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
     rep = build_blocks(entries, skipped, root=root, out_dir=out, generated=now_iso())
-    html_path = out / "report.html"
-    atomic_write_text(html_path, to_html(rep))
     md, files = to_markdown(rep)
     for name, data in files.items():
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    md_path = out / "report.md"
-    atomic_write_text(md_path, md)
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", to_html(rep))
     return ReportOutcome(
-        html=html_path,
-        markdown=md_path,
+        html=out / "report.html",
+        markdown=out / "report.md",
         documents=len(entries),
         skipped=len(skipped),
         figures=len(rep.figures),

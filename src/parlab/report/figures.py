@@ -1,329 +1,328 @@
-"""The report's figures: PNG bytes drawn with matplotlib (Agg), from contract documents alone.
-
-Each figure holds documents of ONE evidence level (its title and caption name
-it), so a CPU mechanism run is never drawn beside a GPU measurement as if they
-were the same kind of number. Figures made here:
-
-- ``tokens_per_s_per_gpu``, ``mfu``, ``step_time``: one bar per document;
-- ``peak_memory``: per-rank bars where the document has them, with the GPU's
-  capacity from the document's environment as a dashed line;
-- busbw per size: every document whose ``workload.measurements`` holds
-  ``{op, size, busbw}`` rows (``parlab collectives`` sweeps), one line per op;
-- serving latency: TTFT and TPOT (mean / median / p99, ms) per document;
-- predicted against measured: for each metric that documents both predict and
-  measure, the two bars side by side with the relative error above them.
-
-Documents without the metric are left out of that figure; unknown values are
-not drawn (their tables say "unknown").
-"""
+"""The report's figures, one per question, each from contract documents alone and each panel
+holding one evidence level: busbw against size (collectives), tokens/s per GPU and peak
+memory by strategy (training, one section per model; model internals, one per job), and
+predicted against measured with the +-10 % band. The routing and overlap figures are in
+``figures_time``. Every figure comes with alt text that states its main number, and a caption
+that says what is drawn, from which documents and at which evidence level."""
 
 from __future__ import annotations
 
-import io
-import math
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from parlab.contract import Document
-from parlab.report.format import LEVEL_COLOUR, doc_label, fmt_value, relative_error
+from parlab.report.blocks import Badge, Image, Table
+from parlab.report.format import ERROR_CONVENTION, prediction_error
+from parlab.report.groups import Config, Spread, configs, field, job_title, jobs, main_job
+from parlab.report.plots import Column, Point, Row, Section, bar_rows, scatter_panels
+from parlab.report.plots_comm import Series, SizePanel, size_panels
+from parlab.report.summary import is_probe
+from parlab.report.sweeps import curves, link_bw
 
-_DPI = 90
-_MAX_DOCS = 24
-"""At most this many documents per bar figure (the newest); tables list them all."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Figure:
-    """One rendered figure."""
-
-    key: str
-    """File-safe identifier, unique within a report."""
-    title: str
-    """What it shows (the evidence level is part of it)."""
-    level: str
-    """The one evidence level of every document drawn."""
-    caption: str
-    """One or two sentences: what is drawn, from which documents, how measured."""
-    png: bytes
-    """The image."""
+MAX_ROWS = 12
+"""Configurations drawn per section (those with the most runs); the asset table has all."""
 
 
-def _plt():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> bytes:  # type: ignore[no-untyped-def]
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=_DPI)
-    _plt().close(fig)
-    return buf.getvalue()
-
-
-def _scalar_bars(
-    docs: Sequence[Document],
-    metric: str,
-    *,
-    level: str,
-    ylabel: str,
-    scale: float = 1.0,
-) -> bytes | None:
-    rows = [(d, d.metric(metric)) for d in docs]
-    rows = [(d, v) for d, v in rows if v is not None and math.isfinite(v)][-_MAX_DOCS:]
-    if not rows:
+def main_level(docs: Sequence[Document]) -> str | None:
+    """The evidence level a figure draws: the one with the most documents, GPU levels first."""
+    count = Counter(d.evidence_level for d in docs)
+    if not count:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 0.5 + 0.35 * len(rows) + 1.0))
-    labels = [doc_label(d) for d, _ in rows]
-    values = [v * scale for _, v in rows]
-    ax.barh(range(len(rows)), values, color=LEVEL_COLOUR.get(level, "#444"))
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.invert_yaxis()
-    for i, (d, v) in enumerate(rows):
-        ax.text(v * scale, i, " " + fmt_value(v, d.metrics[metric].unit), va="center", fontsize=7)
-    ax.set_xlabel(ylabel)
-    ax.set_title(f"{metric}  [{level}]", fontsize=10)
-    ax.margins(x=0.25)
-    return _png(fig)
+    return max(count, key=lambda lvl: (lvl not in ("cpu-mechanism", "analytic"), count[lvl]))
 
 
-def _peak_memory(docs: Sequence[Document], *, level: str) -> bytes | None:
-    rows = [d for d in docs if d.metric("peak_memory") is not None][-_MAX_DOCS:]
-    if not rows:
+def _scaled(s: Spread, k: float) -> Spread:
+    return Spread(s.median * k, s.lo * k, s.hi * k, s.n)
+
+
+def busbw(docs: Sequence[Document]) -> Image | None:
+    """Busbw per size for every op on the default path, and the small all_reduce's time on
+    every path."""
+    sweeps = [d for d in docs if d.workload.get("kind") == "collectives-sweep"]
+    level = main_level(sweeps)
+    sweeps = [d for d in sweeps if d.evidence_level == level]
+    cs = curves(sweeps)
+    if not cs:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.4))
-    x = 0.0
-    ticks, labels = [], []
-    capacity = None
-    for d in rows:
-        m = d.metrics["peak_memory"]
-        vals = [v for v in (m.per_rank or [m.value]) if v is not None]
-        width = 0.8 / max(1, len(vals))
-        for i, v in enumerate(vals):
-            ax.bar(x - 0.4 + width * (i + 0.5), v / 2**30, width * 0.9, color=LEVEL_COLOUR[level])
-        ticks.append(x)
-        labels.append(doc_label(d))
+    link = link_bw(sweeps)
+    left = [
+        c
+        for c in cs
+        if c.path.startswith("torch")
+        and "CUDA graph" not in c.path
+        and "bfloat16" not in c.path
+        and len(c.busbw) > 1
+    ]
+    series_l = tuple(
+        Series(
+            label=c.op if c.path == "torch" else f"{c.op}, {c.path.removeprefix('torch + ')}",
+            points=tuple((s, _scaled(v, 1e-9)) for s, v in c.busbw.items()),
+            dash=c.path != "torch",
+        )
+        for c in sorted(left, key=lambda c: (c.path != "torch", c.op))
+    )
+    small = [c for c in cs if c.op == "all_reduce" and sum(s <= 2**20 for s in c.time) >= 4]
+    series_r = tuple(
+        Series(
+            label=c.path,
+            points=tuple((s, _scaled(v, 1e6)) for s, v in c.time.items() if s <= 2**20),
+        )
+        for c in small
+    )
+    panels = [
+        SizePanel(
+            title="bus bandwidth per op",
+            ylabel="busbw (GB/s)",
+            series=series_l,
+            ref=link / 1e9 if link else None,
+            ref_label="link peak per direction" if link else "",
+        )
+    ]
+    if series_r:
+        panels.append(
+            SizePanel(
+                title="small all_reduce: time per call, per path",
+                ylabel="time (us)",
+                series=series_r,
+            )
+        )
+    best = max(
+        (c for c in left if c.path == "torch"),
+        key=lambda c: max(v.median for v in c.busbw.values()),
+        default=None,
+    )
+    alt = f"Bus bandwidth against message size for {len(series_l)} collective(s)"
+    if best is not None:
+        peak = max(v.median for v in best.busbw.values())
+        share = f", {100 * peak / link:.0f} % of the {link / 1e9:.0f} GB/s link" if link else ""
+        alt += f"; {best.op} peaks at {peak / 1e9:.0f} GB/s{share}"
+    return Image(
+        key="busbw",
+        alt=alt + ".",
+        title="Collectives: busbw against message size",
+        caption=f"Evidence level: {level}, {len(sweeps)} sweep document(s) of parlab "
+        "collectives. Left: busbw = algbw x the nccl-tests factor (all_reduce 2(n-1)/n; "
+        "all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce, send_recv 1), size "
+        "in bytes as nccl-tests counts it, through torch's c10d (dashed: the same with an NCCL "
+        "variable that differs between the sweeps); the dashed red line is the link's peak per "
+        "direction recorded by the sweep. Right: time per small all_reduce on every path "
+        "measured (torch or NCCL called directly, with or without CUDA graphs). Lines are the "
+        "median of the repeats, the shaded band their range.",
+        svg=size_panels(panels),
+        levels=(level,) if level else (),
+    )
+
+
+def _gpu_memory(docs: Sequence[Document]) -> float | None:
+    for d in docs:
         gpus = ((d.environment or {}).get("hardware") or {}).get("gpus") or []
         if gpus and gpus[0].get("memory_bytes"):
-            capacity = max(capacity or 0, gpus[0]["memory_bytes"])
-        x += 1.0
-    if capacity:
-        ax.axhline(capacity / 2**30, ls="--", color="#b91c1c", lw=1)
-        ax.text(x - 0.5, capacity / 2**30, "GPU memory", color="#b91c1c", fontsize=7, va="bottom")
-    ax.set_xticks(ticks, labels, rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel("peak memory per rank (GiB)")
-    ax.set_title(f"peak_memory (one bar per rank)  [{level}]", fontsize=10)
-    return _png(fig)
+            return float(gpus[0]["memory_bytes"])
+    return None
 
 
-def sweep_rows(doc: Document) -> list[dict]:
-    """The ``{op, size, busbw}`` rows of a collectives sweep document (empty when none)."""
-    rows = doc.workload.get("measurements")
-    if not isinstance(rows, list):
-        return []
-    return [
-        r
-        for r in rows
-        if isinstance(r, dict)
-        and isinstance(r.get("size"), (int, float))
-        and isinstance(r.get("busbw"), (int, float))
-        and r.get("size", 0) > 0
-    ]
-
-
-def _busbw(docs: Sequence[Document], *, level: str) -> bytes | None:
-    docs = [d for d in docs if sweep_rows(d)][-6:]
-    if not docs:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.6))
-    for d in docs:
-        by_op: dict[str, list[tuple[float, float]]] = {}
-        for r in sweep_rows(d):
-            by_op.setdefault(str(r.get("op", "?")), []).append((r["size"], r["busbw"]))
-        for op, pts in by_op.items():
-            pts.sort()
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] / 1e9 for p in pts],
-                marker=".",
-                lw=1,
-                label=f"{op} ({doc_label(d)})" if len(docs) > 1 else op,
-            )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size S (bytes, nccl-tests convention)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"busbw per size  [{level}]", fontsize=10)
-    ax.legend(fontsize=6, ncol=2)
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-_LAT_STATS = ("mean", "median", "p99")
-
-
-def _serving(docs: Sequence[Document], *, level: str) -> bytes | None:
-    docs = [
-        d
-        for d in docs
-        if any(d.metric(f"{s}_{k}_ms") is not None for s in _LAT_STATS for k in ("ttft", "tpot"))
-    ][-8:]
-    if not docs:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(8.0, 3.4))
-    for ax, kind in zip(axes, ("ttft", "tpot"), strict=True):
-        width = 0.8 / len(_LAT_STATS)
-        for j, stat in enumerate(_LAT_STATS):
-            vals = [d.metric(f"{stat}_{kind}_ms") for d in docs]
-            xs = [i - 0.4 + width * (j + 0.5) for i in range(len(docs))]
-            ax.bar(
-                [x for x, v in zip(xs, vals, strict=True) if v is not None],
-                [v for v in vals if v is not None],
-                width * 0.9,
-                label=stat,
-            )
-        ax.set_xticks(range(len(docs)), [doc_label(d) for d in docs], rotation=20, ha="right")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_ylabel(f"{kind.upper()} (ms)")
-        ax.set_title(f"{kind.upper()}  [{level}]", fontsize=10)
-        ax.legend(fontsize=7)
-    return _png(fig)
-
-
-def prediction_pairs(doc: Document) -> list[tuple[str, float | None, float | None, str, str]]:
-    """``(metric, predicted, measured, unit, model)`` for each prediction the document carries."""
-    out = []
-    for name, p in doc.predictions.items():
-        measured = doc.metric(name)
-        unit = doc.metrics[name].unit if name in doc.metrics else p.unit
-        out.append((name, p.value, measured, unit, p.model))
-    return out
-
-
-def _predicted_vs_measured(docs: Sequence[Document], metric: str, *, level: str) -> bytes | None:
-    rows = []
-    for d in docs:
-        for name, pred, meas, unit, _model in prediction_pairs(d):
-            if name == metric and pred is not None and meas is not None:
-                rows.append((d, pred, meas, unit))
-    rows = rows[-_MAX_DOCS:]
-    if not rows:
-        return None
-    unit = rows[0][3]
-    scale, shown = {"B": (2**-30, "GiB"), "B/s": (1e-9, "GB/s")}.get(unit, (1.0, unit))
-    rows = [(d, p * scale, m * scale, shown) for d, p, m, _u in rows]
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.4))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.38, color="#9ca3af", label="predicted")
-    ax.bar(
-        [x + 0.2 for x in xs],
-        [r[2] for r in rows],
-        0.38,
-        color=LEVEL_COLOUR[level],
-        label=f"measured [{level}]",
+def _row(c: Config, metrics: Sequence[str], *, muted: bool = False) -> Row:
+    values: list[Spread | str | None] = []
+    for m in metrics:
+        s = c.spread(m)
+        if s is None and c.failed and c.failed[-1].failure:
+            values.append(f"failed: {c.failed[-1].failure.kind}")
+        else:
+            values.append(s)
+    runs = len(c.docs)
+    base = " (baseline)" if any(d.role == "baseline" for d in c.docs) else ""
+    return Row(
+        label=f"{c.label}{base}" + (f"  x{runs}" if runs > 1 else ""),
+        values=tuple(values),
+        muted=muted,
     )
-    for x, (_d, pred, meas, _u) in zip(xs, rows, strict=True):
-        err = relative_error(pred, meas)
-        if err is not None:
-            ax.text(x, max(pred, meas), f"{100 * err:+.1f}%", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(list(xs), [doc_label(r[0]) for r in rows], rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel(f"{metric} ({rows[0][3]})")
-    ax.set_title(f"{metric}: predicted vs measured  [{level}]", fontsize=10)
-    ax.legend(fontsize=7)
-    ax.margins(y=0.15)
-    return _png(fig)
 
 
-PREDICTION_FIRST = (
-    "step_time",
+def _rows(job: Sequence[Document], metrics: Sequence[str]) -> list[tuple[Config, Row]]:
+    cfgs = sorted(configs(job), key=lambda c: -len(c.docs))[:MAX_ROWS]
+    first = metrics[0]
+    cfgs.sort(key=lambda c: -(c.spread(first).median if c.spread(first) else -1.0))
+    return [(c, _row(c, metrics)) for c in cfgs]
+
+
+def training(docs: Sequence[Document]) -> Image | None:
+    """Tokens/s per GPU and peak memory by strategy, one section per model."""
+    runs = [d for d in docs if d.role != "decision" and not is_probe(d)]
+    level = main_level([d for d in runs if d.metric("tokens_per_s_per_gpu") is not None])
+    runs = [d for d in runs if d.evidence_level == level]
+    by_model: dict[str, list[Document]] = defaultdict(list)
+    for d in runs:
+        by_model[str(field(d, "workload.model"))].append(d)
+    sections = []
+    for group in sorted(by_model.values(), key=len, reverse=True):
+        job = main_job(group, lambda d: d.metric("tokens_per_s_per_gpu") is not None)
+        if job:
+            rows = _rows(job, ("tokens_per_s_per_gpu", "peak_memory"))
+            sections.append(
+                Section(
+                    title=f"{job_title(job[0])} ({len(job)} runs)",
+                    rows=tuple(r for _, r in rows),
+                    refs=(None, _gpu_memory(job)),
+                )
+            )
+    if not sections:
+        return None
+    cols = (
+        Column(title="tokens/s per GPU"),
+        Column(
+            title="peak memory per GPU (GiB)",
+            scale=2**-30,
+            colour="#6b7280",
+            ref_label="the GPU's memory",
+        ),
+    )
+    top = sections[0].rows[0]
+    return Image(
+        key="training",
+        alt=f"Tokens per second per GPU and peak memory by strategy for {len(sections)} "
+        f"model(s); the fastest configuration of the first is {top.label.strip()}.",
+        title="Training state: tokens/s per GPU and peak memory by strategy, one section per model",
+        caption=f"Evidence level: {level}. For each model, the job (sequence, global batch, "
+        "GPUs) with the most configurations; a configuration is the strategy plus every knob "
+        "that varies inside the job; bars are the median of its repeats (xN), whiskers their "
+        f"range; at most {MAX_ROWS} configurations per model. Peak memory is the CUDA "
+        "allocator's high-water mark; the dashed line is the GPU's memory from the documents' "
+        "environment.",
+        svg=bar_rows(sections, cols),
+        levels=(level,) if level else (),
+    )
+
+
+def model_internal(docs: Sequence[Document]) -> Image | None:
+    """Speed-up over one GPU and peak memory per GPU, one section per job (TP, PP, CP)."""
+    runs = [d for d in docs if d.role != "decision" and not is_probe(d)]
+    level = main_level(runs)
+    runs = [d for d in runs if d.evidence_level == level]
+    sections = []
+    for job in jobs(runs).values():
+        if not any(d.metric("speedup_vs_single") is not None for d in job):
+            continue
+        rows = []
+        for c, r in _rows(job, ("speedup_vs_single", "peak_memory")):
+            if all(d.layout.get("world_size") == 1 for d in c.docs):  # the reference: 1x
+                r = Row(
+                    label=f"{c.label} (one GPU)",
+                    values=(Spread(1.0, 1.0, 1.0, 1), r.values[1]),
+                    muted=True,
+                )
+            rows.append(r)
+        world = max(int(d.layout.get("world_size") or 1) for d in job)
+        sections.append(
+            Section(
+                title=f"{job_title(job[0])} ({len(job)} runs)",
+                rows=tuple(rows),
+                refs=(float(world), _gpu_memory(job)),
+            )
+        )
+    cols = (
+        Column(title="speed-up over one GPU (x)", ref_label="perfect scaling (x GPUs)"),
+        Column(
+            title="peak memory per GPU (GiB)",
+            scale=2**-30,
+            colour="#6b7280",
+            ref_label="the GPU's memory",
+        ),
+    )
+    return Image(
+        key="model-internal",
+        alt=f"Speed-up over one GPU and peak memory per GPU for the tensor, pipeline and "
+        f"context parallel layouts of {len(sections)} job(s).",
+        title="Model internal: speed-up over one GPU and memory per GPU, one section per job",
+        caption=f"Evidence level: {level}. speedup_vs_single = the one-GPU run's step time over "
+        "the split run's, same global batch; the one-GPU rows are the reference (1x). Bars are "
+        "the median of the repeats (xN), whiskers their range.",
+        svg=bar_rows(sections, cols),
+        levels=(level,) if level else (),
+    )
+
+
+ACCURACY_FIRST = (
     "peak_memory",
-    "tokens_per_s_per_gpu",
+    "step_time",
     "comm_bytes_per_step",
-    "dispatch_time",
     "mean_ttft_ms",
     "mean_tpot_ms",
+    "dispatch_time",
+    "state_bytes.optimizer",
+    "pp_bubble",
 )
-"""Predicted-vs-measured figures for these metrics come first."""
-MAX_PREDICTION_FIGURES = 6
-"""At most this many predicted-vs-measured figures per project and level (the table has all)."""
-
-SCALAR_FIGURES: tuple[tuple[str, str, float], ...] = (
-    ("tokens_per_s_per_gpu", "tokens/s per GPU", 1.0),
-    ("mfu", "MFU (%)", 100.0),
-    ("step_time", "step time (s)", 1.0),
-)
-"""Metric, axis label, scale: the one-bar-per-document figures."""
+"""Predicted-vs-measured panels in this order (then by count), at most six."""
 
 
-def project_figures(project: str, docs: Sequence[Document], key_prefix: str) -> list[Figure]:
-    """Every figure for one project's documents, one evidence level per figure."""
-    out: list[Figure] = []
-    levels = sorted({d.evidence_level for d in docs})
-    for level in levels:
-        group = [d for d in docs if d.evidence_level == level and d.role != "decision"]
-        if not group:
-            continue
-
-        def add(name: str, title: str, caption: str, png: bytes | None, level: str = level) -> None:
-            if png:
-                out.append(
-                    Figure(
-                        key=f"{key_prefix}-{level}-{name}".replace(".", "_"),
-                        title=f"{project}: {title} [{level}]",
-                        level=level,
-                        caption=f"Evidence level: {level}. {caption}",
-                        png=png,
-                    )
-                )
-
-        for metric, label, scale in SCALAR_FIGURES:
-            add(
-                metric,
-                metric,
-                f"One bar per document that measured {metric}; bars are labelled by layout "
-                "and the tail of the run id.",
-                _scalar_bars(group, metric, level=level, ylabel=label, scale=scale),
-            )
-        add(
-            "peak_memory",
-            "peak memory per rank",
-            "Peak device memory of each rank (torch's max allocated where measured on a GPU); "
-            "the dashed line is the GPU's capacity from the document's environment.",
-            _peak_memory(group, level=level),
-        )
-        add(
-            "busbw",
-            "busbw per message size",
-            "Bus bandwidth per size from the documents' measurement rows "
-            "(busbw = algbw x the nccl-tests factor of the op).",
-            _busbw(group, level=level),
-        )
-        add(
-            "serving",
-            "TTFT and TPOT",
-            "Time to first token and time per output token (mean, median, p99; ms) "
-            "as the load generator measured them.",
-            _serving(group, level=level),
-        )
-        predicted = sorted(
-            {n for d in group for n in d.predictions if n in d.metrics},
-            key=lambda n: (PREDICTION_FIRST.index(n) if n in PREDICTION_FIRST else 99, n),
-        )
-        for metric in predicted[:MAX_PREDICTION_FIGURES]:
-            add(
-                f"pred-{metric}",
-                f"{metric} predicted vs measured",
-                f"Grey: the analytic prediction the document recorded before the run; coloured: "
-                f"the measurement. The label is the relative error (predicted - measured) / "
-                f"measured of {metric}.",
-                _predicted_vs_measured(group, metric, level=level),
-            )
+def accuracy_points(
+    docs: Sequence[Document],
+) -> dict[tuple[str, str], list[tuple[Document, float, float]]]:
+    """(metric, level) -> (document, predicted, measured) for every recorded prediction that
+    the same document measured."""
+    out: dict[tuple[str, str], list[tuple[Document, float, float]]] = defaultdict(list)
+    for d in docs:
+        for name, p in d.predictions.items():
+            m = d.metric(name)
+            if p.value is not None and m is not None and p.value > 0 and m > 0:
+                out[(name, d.evidence_level)].append((d, float(p.value), float(m)))
     return out
+
+
+_UNIT_SCALE = {"B": (2**-30, "GiB"), "s": (1e3, "ms"), "fraction": (100, "%")}
+
+
+def accuracy(docs: Sequence[Document]) -> Image | None:
+    """Measured against predicted, one panel per metric, with the +-10 % band."""
+    pts = accuracy_points(docs)
+    if not pts:
+        return None
+    order = sorted(
+        pts,
+        key=lambda k: (ACCURACY_FIRST.index(k[0]) if k[0] in ACCURACY_FIRST else 99, -len(pts[k])),
+    )[:6]
+    panels, said = [], []
+    for name, level in order:
+        rows = pts[(name, level)]
+        unit = rows[0][0].metrics[name].unit
+        k, shown = _UNIT_SCALE.get(unit, (1.0, unit))
+        within = sum(abs(prediction_error(p, m) or 0) <= 0.10 for _, p, m in rows)
+        points = [
+            Point(predicted=p * k, measured=m * k, group=d.project.removeprefix("PAR-").lower())
+            for d, p, m in rows
+        ]
+        panels.append(
+            (f"{name} [{level}]\n{within} of {len(rows)} runs within 10 %", shown, points)
+        )
+        said.append(f"{name} {within} of {len(rows)} within 10 %")
+    return Image(
+        key="accuracy",
+        alt="Measured against predicted, one panel per metric: " + "; ".join(said) + ".",
+        title="Predicted against measured, with the +-10 % band",
+        caption="Evidence levels: "
+        + ", ".join(sorted({lvl for _, lvl in order}))
+        + " for the measurements (one per panel, in its title), analytic for the predictions. "
+        "Each point is one run: x the prediction its document recorded before the run (ledger, "
+        "planner, simulator), y what it measured. Points in the green band are within 10 %; "
+        f"{ERROR_CONVENTION}. Log axes; a zero on either side is left out.",
+        svg=scatter_panels(panels, fmt=lambda unit: lambda v: f"{v:g}"),
+        table=accuracy_table(pts),
+        levels=tuple(sorted({lvl for _, lvl in order})),
+    )
+
+
+def accuracy_table(pts: dict[tuple[str, str], list[tuple[Document, float, float]]]) -> Table:
+    """Per (metric, level): runs, how many within 10 %, the median and the largest error."""
+    rows = []
+    for (name, level), found in sorted(pts.items(), key=lambda kv: -len(kv[1])):
+        errs = sorted(e for _, p, m in found if (e := prediction_error(p, m)) is not None)
+        if errs:
+            worst = max(errs, key=abs)
+            within = sum(abs(e) <= 0.10 for e in errs)
+            median = f"{100 * errs[len(errs) // 2]:+.1f} %"
+            rows.append(
+                (name, Badge(level), str(len(errs)), str(within), median, f"{100 * worst:+.1f} %")
+            )
+    return Table(
+        headers=("metric", "measured at", "runs", "within 10 %", "median error", "largest error"),
+        rows=tuple(rows),
+    )

@@ -1,11 +1,12 @@
-"""Formatting of values, labels and evidence levels for the report (no plotting, no I/O)."""
+"""Formatting of values, labels, errors and evidence levels for the report (no plotting, no
+I/O)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from parlab.contract import Document, Metric
+from parlab.contract import Metric
 from parlab.units import format_bytes, format_seconds
 
 LEVEL_MEANING: dict[str, str] = {
@@ -58,36 +59,19 @@ def fmt_metric(m: Metric) -> str:
     return fmt_value(m.value, m.unit)
 
 
-def fmt_per_rank(m: Metric) -> str:
-    """The per-rank values, in full up to 8 ranks, else min / max."""
-    if not m.per_rank:
-        return ""
-    vals = m.per_rank
-    if len(vals) <= 8:
-        return ", ".join(fmt_value(v, m.unit) for v in vals)
-    known = [v for v in vals if v is not None]
-    if not known:
-        return f"{len(vals)} ranks, all unknown"
-    return (
-        f"{len(vals)} ranks: min {fmt_value(min(known), m.unit)}, "
-        f"max {fmt_value(max(known), m.unit)}"
-    )
+ERROR_CONVENTION = (
+    "error = (measured - predicted) / predicted, the sign docs/accuracy.md uses: positive "
+    "means the run needed more (memory, time, bytes) than predicted"
+)
+"""The sign of every prediction error the report shows, in words."""
 
 
-def relative_error(predicted: float | None, measured: float | None) -> float | None:
-    """``(predicted - measured) / measured`` as a fraction; None when either is unknown or 0."""
-    if predicted is None or measured is None or measured == 0:
+def prediction_error(predicted: float | None, measured: float | None) -> float | None:
+    """``(measured - predicted) / predicted`` as a fraction (``ERROR_CONVENTION``); None when
+    either is unknown or the prediction is 0."""
+    if predicted is None or measured is None or predicted == 0:
         return None
-    return (predicted - measured) / measured
-
-
-def fmt_error(err: float | None) -> str:
-    return "unknown" if err is None else f"{100 * err:+.1f} %"
-
-
-def short_id(run_id: str) -> str:
-    """The random tail of a run id (``...-1a2b3c``), enough to tell documents apart in plots."""
-    return run_id.rsplit("-", 1)[-1]
+    return (measured - predicted) / predicted
 
 
 def layout_label(layout: dict[str, Any]) -> str:
@@ -102,50 +86,3 @@ def layout_label(layout: dict[str, Any]) -> str:
     if not parts:
         parts.append(f"world={layout.get('world_size')}")
     return " ".join(parts)
-
-
-def doc_label(doc: Document) -> str:
-    """A short label for plots: layout and the run id's tail."""
-    return f"{layout_label(doc.layout)} ({short_id(doc.run_id)})"
-
-
-def gpu_summary(environment: dict[str, Any]) -> str:
-    """``2 x NVIDIA H200`` or ``no GPU``, from an environment snapshot."""
-    hw = (environment or {}).get("hardware") or {}
-    gpus = hw.get("gpus") or []
-    if not gpus:
-        return "no GPU"
-    names = sorted({str(g.get("name")) for g in gpus})
-    hosts = hw.get("host_count") or 1
-    text = f"{len(gpus)} x {' + '.join(names)}"
-    return text + (f" on {hosts} hosts" if hosts and hosts > 1 else "")
-
-
-def scalar_items(data: dict[str, Any], *, limit: int = 12) -> list[tuple[str, str]]:
-    """The short scalar entries of a dict (long lists and nested dicts summarised)."""
-    out: list[tuple[str, str]] = []
-    for k, v in data.items():
-        if isinstance(v, bool) or v is None or isinstance(v, (int, float, str)):
-            text = str(v)
-            if len(text) > 80:
-                text = text[:77] + "..."
-        elif isinstance(v, dict):
-            if "name" in v and isinstance(v["name"], str):
-                text = v["name"]
-            else:
-                inner = ", ".join(
-                    f"{ik}={iv}" for ik, iv in v.items() if isinstance(iv, (int, float, str))
-                )
-                text = inner[:80] + ("..." if len(inner) > 80 else "") if inner else "{...}"
-        elif isinstance(v, list):
-            text = (
-                ", ".join(str(x) for x in v)
-                if len(v) <= 6 and all(isinstance(x, (int, float, str)) for x in v)
-                else f"[{len(v)} items]"
-            )
-        else:
-            text = type(v).__name__
-        out.append((str(k), text))
-        if len(out) >= limit:
-            break
-    return out
