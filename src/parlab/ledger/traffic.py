@@ -17,7 +17,8 @@ Per strategy (Psi: this rank's parameter elements; u: one unit; m: micro-batches
 
 ==============  ===========================================================================
 ddp             all-reduce of every gradient over dp, in buckets of ``bucket_bytes``
-                (default 25 MiB, torch's), once per step, overlapping backward: Psi x grad bytes
+                (default 25 MiB, torch's; a bucket closes once it holds that much, and a
+                gradient is never split), once per step, overlapping backward: Psi x grad bytes
 zero1           reduce-scatter of each unit's padded flat gradients after backward (once per
                 step) + all-gather of each unit's padded flat params after the step
 zero2           as zero1, but the reduce-scatter runs per unit per micro-batch during backward
@@ -42,12 +43,19 @@ ep              per MoE layer per micro-batch: all-to-all dispatch + combine for
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from parlab.ledger.predict import check_layout, dtype_policy
-from parlab.ledger.sharding import flat_shard_numel, holding, stage_layers, unit_dim0_numel
+from parlab.ledger.sharding import (
+    flat_shard_numel,
+    gradient_buckets,
+    holding,
+    stage_layers,
+    unit_dim0_numel,
+)
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
 
@@ -108,6 +116,17 @@ def _by_size(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return sorted(c.items(), key=lambda kv: -kv[0])
 
 
+def _backward_grad_bytes(h: Any, *, expert: bool, grad_bytes: int) -> list[int]:
+    """Each parameter's gradient bytes in the order backward makes them (the reverse of the
+    forward order), of the routed experts' units or of the others."""
+    out = []
+    for name, params in reversed(h.units):
+        if name.endswith(".experts") != expert:
+            continue
+        out += [math.prod(shape) * grad_bytes for _, shape in reversed(params)]
+    return out
+
+
 def traffic(
     spec: ModelSpec,
     topology: Topology | None = None,
@@ -164,11 +183,11 @@ def traffic(
     dense_units = [(u, c) for u, c in h.groups if not u.expert]
     exp_units = [(u, c) for u, c in h.groups if u.expert]
     if strategy == "ddp":
-        for units, axis, group in ((dense_units, "dp", dp), (exp_units, "edp", dp // ep)):
-            total = sum(u.numel * c for u, c in units) * gb
-            if total:
-                full, rest = divmod(total, bucket_bytes)
-                sizes = [(bucket_bytes, full), (rest, 1)]
+        for expert, axis, group in ((False, "dp", dp), (True, "edp", dp // ep)):
+            grads = _backward_grad_bytes(h, expert=expert, grad_bytes=gb)
+            if grads:
+                buckets = gradient_buckets(grads, bucket_bytes)  # torch never splits a gradient
+                sizes = [(sum(grads[i] for i in b), 1) for b in buckets]
                 add("all-reduce", axis, group, sizes, 1, "backward", False, "ddp",
                     "gradient buckets, averaged; once per step (no_sync while accumulating)")  # fmt: skip
     elif strategy in ("zero1", "zero2", "zero3"):
