@@ -275,8 +275,9 @@ def test_no_documents_or_only_broken_ones_is_one_line_and_exit_2(
 ) -> None:
     with pytest.raises(UsageError, match=r"nothing to report in .*: no JSON document"):
         build_report(tmp_path)
-    (tmp_path / "a.json").write_text("{not json")
-    (tmp_path / "b.json").write_text('{"schema": "other"}')
+    (tmp_path / "PAR-TRAINING-STATE").mkdir()
+    (tmp_path / "PAR-TRAINING-STATE" / "a.json").write_text("{not json")
+    (tmp_path / "PAR-TRAINING-STATE" / "b.json").write_text('{"schema": "other"}')
     with pytest.raises(UsageError, match=r"2 JSON file\(s\), none a readable document"):
         build_report(tmp_path)
     assert not (tmp_path / "report").exists()  # nothing half-written

@@ -224,6 +224,12 @@ def print_plan(
             console.print(escape(f"  {v.cand.name}: {summary.apart[v.cand.name]}"))
     _print_top(result)
     _print_rejected(result)
+    console.print(escape(
+        "Pareto front: " + "; ".join(
+            f"{v.cand.name} ({fmt(v.tokens_per_s_per_gpu)} tok/s, {v.peak_bytes / 2**30:.0f} GiB)"
+            for v in result.pareto[:6]
+        )
+    ))  # fmt: skip
     for n in result.notes:
         console.print(escape(f"- {n}"))
     if band is not None:

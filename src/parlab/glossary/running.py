@@ -237,8 +237,7 @@ TERMS: list[Term] = [
         elsewhere="PyTorch performance guides 'CPU overhead' / 'launch-bound' (CUDA graphs and "
         "torch.compile remove it); HTA's 'idle time'.",
         measure="parlab profile (per-step idle: the GPU waiting on the host); parlab train "
-        "(workload.phase_times: each phase's host and device time, printed after the run); "
-        "python benchmarks/plan_accuracy.py (which side set each run's step)",
+        "(workload.phase_times: each phase's host and device time, printed after the run)",
         group=G_TIME,
     ),
     Term(

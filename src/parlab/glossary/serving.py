@@ -146,7 +146,7 @@ TERMS: list[Term] = [
         "micro-batches in flight x layers x bytes per token per layer x tokens",
         elsewhere="DeepSpeed estimate_zero3_model_states_mem_needs and accelerate estimate-memory "
         "(states only); PyTorch's memory snapshot (measured, not predicted).",
-        measure="parlab ledger 1.3b --strategy zero3 --dp 2 --seq 4096 --batch 2; parlab fit",
+        measure="parlab ledger 1.3b --strategy zero3 --dp 2 --seq 4096 --micro-batch 2; parlab fit",
         group=G_PARLAB,
     ),
     Term(
@@ -186,7 +186,7 @@ TERMS: list[Term] = [
         "(parlab.ledger.traffic)",
         elsewhere="Megatron and torchtitan do not name them; Nsight Systems shows them as NCCL "
         "kernels the compute stream waits on.",
-        measure="parlab fit llama3.1-8b --gpu H100 (the sync points column); parlab ledger 1.3b "
+        measure="parlab fit llama3.1-8b --gpus H100 (the sync points column); parlab ledger 1.3b "
         "--strategy zero3 --dp 2",
         group=G_PARLAB,
     ),
