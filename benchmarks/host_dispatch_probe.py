@@ -8,7 +8,7 @@ local op), and the host falls behind the GPU. The planner prices that as
 (``parlab.plan.host``). This probe measures both factors.
 
 What runs: on 2 ranks, the step of those runs (``parlab.projects.model_internal``, impl
-``torch``: ``_torch_tp``'s ``parallelize_module`` -- ColwiseParallel wq/wk/wv/w1/w3,
+``torch``: ``apply_torch_tensor_parallel``'s ``parallelize_module`` -- ColwiseParallel wq/wk/wv/w1/w3,
 RowwiseParallel wo/w2, no sequence parallel, embeddings and output whole, the logits replicated;
 ``F.cross_entropy`` on fp32 logits; ``make_optimizer``'s AdamW, fused over plain parameters and
 foreach over DTensor ones; the loss read back each step) on the same model with the same
@@ -107,10 +107,11 @@ class DTensorStep:
     ):
         from parlab.data import SyntheticTokens
         from parlab.models.reference import build_model
-        from parlab.projects.model_internal import _torch_tp, make_optimizer
+        from parlab.parallel.tensor import apply_torch_tensor_parallel
+        from parlab.projects.model_internal import make_optimizer
 
         self.model = build_model(spec, device=dev, dtype=dtype, seed=0)
-        _torch_tp(self.model, mesh["tp"])
+        apply_torch_tensor_parallel(self.model, mesh["tp"])
         self.opt = make_optimizer([p for p in self.model.parameters() if p.requires_grad], dev)
         self.data = SyntheticTokens(vocab_size=spec.vocab_size, seq=seq, seed=0)
         self.dev, self.mb = dev, mb

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from parlab.data import SyntheticTokens, rank_batch
 from parlab.parallel.data_comm import FlatUnit, all_gather_, all_reduce_, reduce_scatter_
 from parlab.runtime import meters
+from parlab.runtime.comm_meter import CommMeter
 from parlab.runtime.context import RankContext
 from parlab.runtime.testing import run_ranks
 
@@ -57,7 +58,7 @@ def test_cpu_memory_cap_raises_out_of_memory() -> None:
 
 
 def _comm_rank(ctx: RankContext) -> dict:
-    comm = meters.CommMeter()
+    comm = CommMeter()
     n = ctx.world_size
     with comm:
         x = torch.ones(10)

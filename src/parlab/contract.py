@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import secrets
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -323,6 +324,16 @@ def write_result(doc: Document, results_dir: str | Path) -> Path:
     validate(json.loads(text))
     path = Path(results_dir) / doc.project / f"{doc.run_id}.json"
     atomic_write_text(path, text + "\n")
+    return path
+
+
+def write_document(doc: Document, results_dir: str | Path, *, quiet: bool = False) -> Path:
+    """``write_result``, then one line on stderr saying where it went (``quiet``: none): how
+    every layer writes a document a person is running."""
+    path = write_result(doc, results_dir)
+    if not quiet:
+        sys.stderr.write(f"wrote {path} ({doc.evidence_level}, {doc.role})\n")
+        sys.stderr.flush()
     return path
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from parlab.contract import Document, write_result
+from parlab.contract import write_document
 from parlab.errors import UsageError
 
 DEFAULT_RESULTS = "parlab-results"
@@ -49,11 +49,8 @@ def reproduce_command() -> str:
     return shlex.join(["parlab", *args])
 
 
-def write(doc: Document, results: Path, *, quiet: bool = False) -> Path:
-    path = write_result(doc, results)
-    if not quiet:
-        err_console.print(f"wrote {path} ({doc.evidence_level}, {doc.role})")
-    return path
+write = write_document
+"""Write a document and say where it went (``parlab.contract.write_document``)."""
 
 
 def print_json(data: Any) -> None:
