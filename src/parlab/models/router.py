@@ -1,9 +1,10 @@
 """Token -> expert routing: gating, capacity, dropping, load balancing (no process group).
 
-Nothing crosses the wire here: the router runs on each rank's own tokens.
-Its output (``Routing``) is what the expert-parallel layer turns into a
-dispatch plan (``parlab.parallel.expert_comm``). Load counts that must be
-global (for the aux-loss-free bias update) are all-reduced by the caller.
+The one router of parlab's MoE layers (``parlab.models.moe.MoE``, the reference model's MoE
+blocks, and their expert-parallel shards). Nothing crosses the wire here: the router runs on
+each rank's own tokens. Its output (``Routing``) is what the expert-parallel layer turns into
+a dispatch plan (``parlab.parallel.expert_comm``). Load counts that must be global (for the
+aux-loss-free bias update) are all-reduced by the caller.
 
 Gating (``RouterConfig.gating``):
 - ``softmax``: probabilities ``p = softmax(x W)``; the top-k experts by
