@@ -18,12 +18,10 @@ from parlab.report.render import Block, Image, Report, to_markdown
 
 def figure(fig: Any, *, key: str, title: str, caption: str, level: str | None) -> Image:
     """A matplotlib figure as an ``Image`` block (PNG at 110 dpi; the figure is closed)."""
-    import matplotlib.pyplot as plt  # heavy: loaded only where a figure was drawn
-
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return Image(key=key, title=title, caption=caption, data=buf.getvalue(), level=level)
 
 

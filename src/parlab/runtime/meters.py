@@ -31,8 +31,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+    is_traceable_wrapper_subclass,
+)
 from torch.utils._pytree import tree_flatten
+
+from parlab.hardware.catalog import peak_flops
+from parlab.models import flops
 
 # ---------------------------------------------------------------------------
 # State bytes
@@ -178,8 +185,6 @@ def resize_storage(t: torch.Tensor, nbytes: int) -> None:
     The trick ZeRO-3 and FSDP use to free gathered parameters that autograd still refers
     to; the CPU memory meter is told, since no op it can see allocates or frees the bytes.
     """
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
     s = t.untyped_storage()
     if s.nbytes() == nbytes:
         return
@@ -350,9 +355,6 @@ def mfu(
 
     The definition is ``parlab.models.flops.mfu``; this only looks up the device's peak.
     """
-    from parlab.hardware.catalog import peak_flops
-    from parlab.models import flops
-
     if flops_per_token is None:
         return None
     return flops.mfu(tokens_per_s, flops_per_token, 1, peak_flops(device, dtype))

@@ -27,6 +27,7 @@ from parlab.models import get_spec
 from parlab.models.reference import build_model
 from parlab.parallel import data, fsdp, zero
 from parlab.parallel.compose import ParallelPlan, parallelize
+from parlab.parallel.deepspeed import DeepSpeedZero
 from parlab.profile.capture import maybe_profile
 from parlab.projects.training_state.config import DTYPES, PROJECT
 from parlab.runtime import meters
@@ -65,9 +66,6 @@ def build_strategy(ctx: RankContext, cfg: dict[str, Any], model: torch.nn.Module
             model, group, make_opt, bucket_bytes=int(cfg["bucket_mb"] * 2**20)
         )
     if name.startswith("deepspeed-zero"):
-        # DeepSpeed is optional: it loads only for its own strategies
-        from parlab.parallel.deepspeed import DeepSpeedZero
-
         return DeepSpeedZero(
             model,
             make_opt,
