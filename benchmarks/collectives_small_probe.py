@@ -626,7 +626,9 @@ def main() -> int:
         "--standalone",
         f"--nproc-per-node={a.nproc}",
         __file__,
-        *sys.argv[1:],
+        # the ranks' own arguments (torchrun's parser would take an abbreviated --nproc)
+        *["--out", a.out, "--tag", a.tag, "--only", a.only],
+        *(["--sizes", a.sizes] if a.sizes else []),
     ]
     return subprocess.call(cmd)
 
