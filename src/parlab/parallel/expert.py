@@ -97,9 +97,9 @@ class ExpertParallelMoE(MoE):
         x_TH: torch.Tensor,
         *,
         forced_idx_TK: torch.Tensor | None = None,
-        timer: comm.PhaseTimer | None = None,
+        timer: comm.BarrierTimer | None = None,
     ) -> MoEOutput:
-        timer = timer or comm.PhaseTimer(device=x_TH.device, barrier=False)
+        timer = timer or comm.BarrierTimer(device=x_TH.device, barrier=False)
         t = timer.start()
         routing = self.router(x_TH, forced_idx_TK)
         timer.stop("route", t)
@@ -116,7 +116,7 @@ class ExpertParallelMoE(MoE):
         )
 
     def _a2a(
-        self, x_TH: torch.Tensor, routing: Routing, timer: comm.PhaseTimer
+        self, x_TH: torch.Tensor, routing: Routing, timer: comm.BarrierTimer
     ) -> tuple[torch.Tensor, comm.DispatchPlan]:
         T, H = x_TH.shape
         K = routing.expert_idx_TK.shape[1]
@@ -165,7 +165,7 @@ class ExpertParallelMoE(MoE):
         return y_TH, plan
 
     def _naive(
-        self, x_TH: torch.Tensor, routing: Routing, timer: comm.PhaseTimer
+        self, x_TH: torch.Tensor, routing: Routing, timer: comm.BarrierTimer
     ) -> tuple[torch.Tensor, None]:
         T, H = x_TH.shape
         K = routing.expert_idx_TK.shape[1]

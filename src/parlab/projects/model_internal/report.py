@@ -50,36 +50,14 @@ def _runs(docs: list[Document]) -> list[Block]:
         if lay.get("implementation") == "torch":
             mesh += " (torch)"
         status = "ok" if d.failure is None else f"failed ({d.failure.kind})"
-        rows.append(
-            [
-                lay["strategy"],
-                d.role,
-                mesh or "1 rank",
-                f"{d.workload['global_batch']}x{d.workload['seq']}",
-                status,
-                _cell(d, "step_time"),
-                _cell(d, "tokens_per_s_per_gpu"),
-                _cell(d, "mfu"),
-                _cell(d, "scaling_efficiency"),
-                _cell(d, "peak_memory"),
-                f"{_cell(d, 'param_bytes')} / {_pred(d, 'param_bytes')}",
-                f"{_cell(d, 'activation_bytes')} / {_pred(d, 'activation_bytes')}",
-            ]
-        )
-    head = [
-        "run",
-        "role",
-        "mesh",
-        "batch x seq",
-        "status",
-        "step time",
-        "tokens/s/GPU",
-        "MFU",
-        "scaling eff.",
-        "peak mem",
-        "params (measured / ledger)",
-        "activations (measured / ledger)",
-    ]
+        rows.append([lay["strategy"], d.role, mesh or "1 rank",
+            f"{d.workload['global_batch']}x{d.workload['seq']}", status, _cell(d, "step_time"),
+            _cell(d, "tokens_per_s_per_gpu"), _cell(d, "mfu"), _cell(d, "scaling_efficiency"),
+            _cell(d, "peak_memory"), f"{_cell(d, 'param_bytes')} / {_pred(d, 'param_bytes')}",
+            f"{_cell(d, 'activation_bytes')} / {_pred(d, 'activation_bytes')}"])  # fmt: skip
+    head = ["run", "role", "mesh", "batch x seq", "status", "step time", "tokens/s/GPU", "MFU",
+        "scaling eff.", "peak mem", "params (measured / ledger)",
+        "activations (measured / ledger)"]  # fmt: skip
     return [Heading(depth=2, text="Runs"), Table(headers=head, rows=rows)]
 
 
@@ -94,17 +72,9 @@ def _comm(docs: list[Document]) -> list[Block]:
                 for k, m in d.metrics.items()
                 if k.startswith(f"comm_op_bytes.{axis}.")
             )
-            rows.append(
-                [
-                    d.layout["strategy"],
-                    axis,
-                    _cell(d, f"comm_count_per_step.{axis}"),
-                    _cell(d, f"comm_bytes_per_step.{axis}"),
-                    _pred(d, f"comm_bytes_per_step.{axis}"),
-                    _cell(d, f"comm_time.{axis}"),
-                    ops,
-                ]
-            )
+            rows.append([d.layout["strategy"], axis, _cell(d, f"comm_count_per_step.{axis}"),
+                _cell(d, f"comm_bytes_per_step.{axis}"), _pred(d, f"comm_bytes_per_step.{axis}"),
+                _cell(d, f"comm_time.{axis}"), ops])  # fmt: skip
     head = ["run", "axis", "calls", "bytes", "ledger bytes", "time (replayed alone)", "by op"]
     return [
         Heading(depth=2, text="Communication per axis (metered step, per rank, max over ranks)"),
@@ -122,15 +92,8 @@ def _bubble(docs: list[Document]) -> list[Block]:
         sched, vpp = d.layout["pp_schedule"], d.layout.get("vpp", 1)
         known = sched in SCHEDULES  # torch's own schedule: no parlab formula, no grid
         f = formula(sched, p, m, vpp) if known else None
-        rows.append(
-            [
-                d.layout["strategy"],
-                f"p={p}, m={m}",
-                _cell(d, "pp_bubble"),
-                _cell(d, "pp_idle_mean"),
-                "-" if f is None else fmt_value(f["of_step"], "fraction"),
-            ]
-        )
+        rows.append([d.layout["strategy"], f"p={p}, m={m}", _cell(d, "pp_bubble"),
+            _cell(d, "pp_idle_mean"), "-" if f is None else fmt_value(f["of_step"], "fraction")])  # fmt: skip
         if known:
             grids += [
                 Heading(depth=3, text=f"{sched} schedule, p={p}, m={m} (step x rank)"),
@@ -192,16 +155,8 @@ def _cp_memory(docs: list[Document], pairs: list[tuple[RunConfig, RunConfig]]) -
                 _cell(one, "peak_memory") if one.failure is None else f"failed ({one.failure.kind})"
             )
         d = by[c.name]
-        rows.append(
-            [
-                c.name,
-                str(c.seq),
-                one_peak,
-                _cell(d, "peak_memory"),
-                _cell(d, "memory_saved_vs_single"),
-                _pred(d, "peak_memory"),
-            ]
-        )
+        rows.append([c.name, str(c.seq), one_peak, _cell(d, "peak_memory"),
+            _cell(d, "memory_saved_vs_single"), _pred(d, "peak_memory")])  # fmt: skip
     head = ["run", "seq", "1 rank peak", "CP2 peak per rank", "saved per rank", "ledger CP2 peak"]
     return [
         Heading(depth=2, text="Context parallel: memory per rank"),

@@ -9,7 +9,7 @@
    and capacity and dropping apply as configured. Each workload runs ``warmup`` + ``iters``
    forwards of the expert-parallel layer (all-to-all) and of the naive one (all-gather +
    reduce-scatter), every phase bracketed by a barrier and a device synchronisation
-   (``expert_comm.PhaseTimer``): collective times are the collectives' own, compute times each
+   (``expert_comm.BarrierTimer``): collective times are the collectives' own, compute times each
    rank's own;
 3. **capacity-factor sweep**: the overflow rate of each workload at each factor (routing only,
    no exchange; counts summed with one all-reduce);
@@ -80,7 +80,7 @@ def _reference_a2a(
         y = torch.empty_like(x)
         times = []
         for i in range(warmup + iters):
-            timer = comm.PhaseTimer(device=device, group=group)
+            timer = comm.BarrierTimer(device=device, group=group)
             t0 = timer.start()
             if n > 1:
                 dist.all_to_all_single(y, x, group=group)
@@ -160,7 +160,7 @@ def _time_layer(
     out = None
     with torch.no_grad():
         for i in range(cfg.warmup + cfg.iters):
-            timer = comm.PhaseTimer(device=x.device, group=group)
+            timer = comm.BarrierTimer(device=x.device, group=group)
             out = layer(x, forced_idx_TK=forced, timer=timer)
             if i >= cfg.warmup:
                 per_iter.append(dict(timer.seconds))

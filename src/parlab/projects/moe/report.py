@@ -244,22 +244,9 @@ def _workloads(loads: list[Document], n: int) -> list[Block]:
         ]
         for d in loads
     ]
-    head = [
-        "workload",
-        "overflow",
-        "expert max/mean",
-        "expert MaxVio",
-        "rank max/mean",
-        "dispatch",
-        "combine",
-        "a2a busbw",
-        "vs plain a2a",
-        "vs calibration",
-        "expert compute (max)",
-        "slowest rank",
-        "layer",
-        "naive layer",
-    ]
+    head = ["workload", "overflow", "expert max/mean", "expert MaxVio", "rank max/mean",
+        "dispatch", "combine", "a2a busbw", "vs plain a2a", "vs calibration",
+        "expert compute (max)", "slowest rank", "layer", "naive layer"]  # fmt: skip
     correct = "; ".join(
         f"{d.workload['name']}: expert-parallel vs unsharded layer {cell(d, 'unsharded_max_abs_diff')}, "
         f"naive vs expert-parallel {cell(d, 'naive_max_abs_diff')} (largest |y| {cell(d, 'output_max_abs')})"
@@ -359,14 +346,8 @@ def _training(train: Document) -> list[Block]:
         ]
         for mode in train.workload["per_step"]
     ]
-    head = [
-        "balancing",
-        "MaxVio first step",
-        "MaxVio last step",
-        "overflow last step",
-        "loss last step",
-        "step time",
-    ]
+    head = ["balancing", "MaxVio first step", "MaxVio last step", "overflow last step",
+        "loss last step", "step time"]  # fmt: skip
     return [
         Heading(depth=2, text="Learned routing (a few training steps)"),
         Para(text=f"Data: {train.workload['data']}."),

@@ -63,57 +63,19 @@ def _runs(docs: list[Document]) -> Table:
             f = d.failure
             failed = f"failed ({f.kind if f else '?'}): {f.message if f else ''}"
             peak = fmt_value(_predicted(d, "peak_memory"), "B")
-            rows.append(
-                [
-                    run_label(d),
-                    "failure",
-                    str(d.layout["world_size"]),
-                    failed,
-                    "",
-                    "",
-                    "",
-                    peak,
-                    "",
-                    "",
-                    "",
-                    "",
-                    d.run_id,
-                ]
-            )
+            rows.append([run_label(d), "failure", str(d.layout["world_size"]), failed, "", "",
+                "", peak, "", "", "", "", d.run_id])  # fmt: skip
             continue
         err = relative_error(_predicted(d, "peak_memory"), d.metric("peak_memory"))
-        rows.append(
-            [
-                run_label(d),
-                d.role,
-                str(d.layout["world_size"]),
-                _cell(d, "tokens_per_s_per_gpu", "tokens/s"),
-                _cell(d, "step_time", "s"),
-                _cell(d, "mfu", "fraction"),
-                _cell(d, "peak_memory", "B"),
-                fmt_value(_predicted(d, "peak_memory"), "B"),
-                fmt_error(err),
-                _cell(d, "comm_bytes_per_step", "B"),
-                fmt_value(_predicted(d, "comm_bytes_per_step"), "B"),
-                _cell(d, "comm_time", "s"),
-                d.run_id,
-            ]
-        )
-    head = [
-        "run",
-        "role",
-        "ranks",
-        "tokens/s/GPU",
-        "step time",
-        "MFU",
-        "peak memory (max rank)",
-        "ledger peak",
-        "peak error",
-        "comm bytes/step",
-        "ledger comm",
-        "comm time",
-        "document",
-    ]
+        rows.append([run_label(d), d.role, str(d.layout["world_size"]),
+            _cell(d, "tokens_per_s_per_gpu", "tokens/s"), _cell(d, "step_time", "s"),
+            _cell(d, "mfu", "fraction"), _cell(d, "peak_memory", "B"),
+            fmt_value(_predicted(d, "peak_memory"), "B"), fmt_error(err),
+            _cell(d, "comm_bytes_per_step", "B"),
+            fmt_value(_predicted(d, "comm_bytes_per_step"), "B"), _cell(d, "comm_time", "s"),
+            d.run_id])  # fmt: skip
+    head = ["run", "role", "ranks", "tokens/s/GPU", "step time", "MFU", "peak memory (max rank)",
+        "ledger peak", "peak error", "comm bytes/step", "ledger comm", "comm time", "document"]  # fmt: skip
     return Table(headers=head, rows=rows)
 
 
