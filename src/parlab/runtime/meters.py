@@ -14,9 +14,9 @@ What each meter counts, and how:
   subtracts it when the storage dies, and the high-water mark is the peak; a
   cap raises ``torch.OutOfMemoryError`` the moment live bytes pass it.
 - ``CommMeter`` (``parlab.runtime.comm_meter``): every collective, and its replayed time.
-- ``StepTimer``: step wall time (CUDA events on GPU, ``perf_counter`` on CPU);
-  ``mfu`` turns tokens/s into a fraction of the catalog's peak, or ``None``
-  when the device is not in the catalog (unknown, never guessed).
+- ``StepTimer``: step wall time (CUDA events on GPU, ``perf_counter`` on CPU); MFU is
+  ``parlab.models.flops.mfu`` against the catalog's peak (``None`` for a device the catalog
+  does not know: unknown, never guessed).
 
 The dispatch modes cost Python time per op: on GPUs use them on one metered
 step, not on the timed steps.
@@ -37,9 +37,6 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass,
 )
 from torch.utils._pytree import tree_flatten
-
-from parlab.hardware.catalog import peak_flops
-from parlab.models import flops
 
 # ---------------------------------------------------------------------------
 # State bytes
@@ -346,15 +343,3 @@ def median(xs: list[float]) -> float:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def mfu(
-    tokens_per_s: float, flops_per_token: float | None, device: str, dtype: str = "bf16"
-) -> float | None:
-    """Model FLOPs utilisation (0..1) of one device against the catalog peak; ``None`` when unknown.
-
-    The definition is ``parlab.models.flops.mfu``; this only looks up the device's peak.
-    """
-    if flops_per_token is None:
-        return None
-    return flops.mfu(tokens_per_s, flops_per_token, 1, peak_flops(device, dtype))

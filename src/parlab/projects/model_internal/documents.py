@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.hardware.catalog import peak_flops
 from parlab.ledger import models_compiled
 from parlab.ledger.predict import predict
 from parlab.ledger.traffic import traffic
-from parlab.models import get_spec
+from parlab.models import flops, get_spec
 from parlab.models.flops import training_flops_per_token
 from parlab.models.reference import norm_kernel
 from parlab.parallel.pipeline_schedules import SCHEDULES, formula
@@ -160,7 +161,7 @@ def _measured(
     tps = r0["tokens_per_step"] / t / cfg.nproc if t > 0 else None
     dt = "bf16" if cfg.dtype == "bf16" else "fp32"
     fpt = training_flops_per_token(get_spec(cfg.model), cfg.seq)  # 6 N + 12 L H Q T
-    mfu = meters.mfu(tps, fpt, r0["device"], dt) if tps else None
+    mfu = flops.mfu(tps, fpt, 1, peak_flops(r0["device"], dt)) if tps else None
     if mfu is None:
         notes.append(f"mfu unknown: device {r0['device']!r} has no catalog peak for {dt}")
     m = {

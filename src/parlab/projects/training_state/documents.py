@@ -13,11 +13,12 @@ from typing import Any
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
+from parlab.hardware.catalog import peak_flops
 from parlab.hardware.env import snapshot
 from parlab.ledger import models_compiled, predict
 from parlab.ledger.predict import DtypePolicy
 from parlab.ledger.traffic import traffic
-from parlab.models import get_spec
+from parlab.models import flops, get_spec
 from parlab.models.flops import training_flops_per_token
 from parlab.models.reference import norm_kernel
 from parlab.parallel.deepspeed import REDUCE_BUCKET, deepspeed_version, ds_config
@@ -230,7 +231,7 @@ def _speed(cfg: TrainConfig, results: list[dict[str, Any]], notes: list[str]) ->
     tps = r0["tokens_per_step"] / step_time if step_time > 0 else None
     fpt = training_flops_per_token(get_spec(cfg.model), cfg.seq)  # 6 N + 12 L H Q T
     dtype = "fp32" if cfg.dtype == "fp32" else "bf16"
-    mfu = meters.mfu(tps, fpt, r0["device"], dtype) if tps else None
+    mfu = flops.mfu(tps, fpt, 1, peak_flops(r0["device"], dtype)) if tps else None
     if mfu is None:
         notes.append(f"mfu unknown: device {r0['device']!r} has no peak in the catalog")
     m = {
