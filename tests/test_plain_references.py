@@ -39,7 +39,7 @@ RUNS: dict[str, tuple[int, list[str]]] = {  # ranks, arguments; 4 sequences a st
 PARALLEL = ("fsdp", "ddp", "pp-1f1b", "pp-gpipe", "pp-interleaved")
 
 
-pytestmark = pytest.mark.timeout(200)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     logs = {}
     for name, p in procs.items():
         try:
-            logs[name], _ = p.communicate(timeout=120)
+            logs[name], _ = p.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             p.kill()
             logs[name], _ = p.communicate()

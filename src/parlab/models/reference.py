@@ -221,13 +221,17 @@ class TransformerBlock(nn.Module):
         else:
             self.feed_forward = FeedForward(spec, spec.ffn_hidden)
 
+    def ffn(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        """The block's FFN: its MoE layer (or that layer's expert-parallel shard) over the flat
+        tokens, or the dense one."""
+        if self.moe is not None:
+            return self.moe(x_BSH.reshape(-1, x_BSH.shape[-1])).y_TH.view_as(x_BSH)
+        assert self.feed_forward is not None
+        return self.feed_forward(x_BSH)
+
     def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
         h = x_BSH + self.attention(self.attention_norm(x_BSH), rope_SD2)
-        x = self.ffn_norm(h)
-        if self.moe is not None:  # MoE (or its expert-parallel shard) over the flat tokens
-            return h + self.moe(x.reshape(-1, x.shape[-1])).y_TH.view_as(x)
-        assert self.feed_forward is not None
-        return h + self.feed_forward(x)
+        return h + self.ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
