@@ -569,6 +569,8 @@ def summary(table: dict[str, Any]) -> list[str]:
 
 
 def _torchrun_main(a: argparse.Namespace) -> int:
+    global SAMPLES, OPS_PER_SAMPLE, WARMUP
+    SAMPLES, OPS_PER_SAMPLE, WARMUP = a.samples, a.ops_per_sample, a.warmup
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -614,7 +616,12 @@ def main() -> int:
     ap.add_argument("--only", choices=["all", "eager", "graph"], default="all")
     ap.add_argument("--sizes", default=None, help="comma-separated bytes (default 8,1K,64K,256K)")
     ap.add_argument("--nproc", type=int, default=2, help="ranks when not started by torchrun")
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="timed samples per row")
+    ap.add_argument("--ops-per-sample", type=int, default=OPS_PER_SAMPLE, help="ops per sample")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed ops first")
     a = ap.parse_args()
+    if min(a.samples, a.ops_per_sample) < 1 or a.warmup < 0:
+        ap.error("--samples and --ops-per-sample must be at least 1, --warmup at least 0")
     if a.sizes and any(not s.isdigit() or int(s) < 4 for s in a.sizes.split(",")):
         ap.error(f"--sizes {a.sizes!r}: give comma-separated byte counts >= 4, e.g. 8,1024")
     if "RANK" in os.environ:
@@ -626,7 +633,10 @@ def main() -> int:
         "--standalone",
         f"--nproc-per-node={a.nproc}",
         __file__,
-        *sys.argv[1:],
+        # the ranks' own arguments (torchrun's parser would take an abbreviated --nproc)
+        *["--out", a.out, "--tag", a.tag, "--only", a.only, "--samples", str(a.samples)],
+        *["--ops-per-sample", str(a.ops_per_sample), "--warmup", str(a.warmup)],
+        *(["--sizes", a.sizes] if a.sizes else []),
     ]
     return subprocess.call(cmd)
 

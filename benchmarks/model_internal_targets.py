@@ -42,7 +42,7 @@ def header() -> None:
 
 def sweep(model: str, seq: int, steps: int, warmup: int) -> None:
     from parlab.parallel.pipeline_schedules import formula
-    from parlab.projects.model_internal import RunConfig, _launch
+    from parlab.projects.model_internal import RunConfig, launch_set
 
     gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 2
     dtype = "bf16" if gpu else "fp32"
@@ -54,7 +54,7 @@ def sweep(model: str, seq: int, steps: int, warmup: int) -> None:
                     name=f"pp2-{sched}-m{m}", model=model, nproc=2, pp=2, schedule=sched,
                     microbatches=m, seq=seq, steps=steps, warmup=warmup, dtype=dtype,
                 )  # fmt: skip
-                outs, fails, _ = _launch([cfg], gpu=gpu, timeout_s=300)
+                outs, fails, _ = launch_set([cfg], gpu=gpu, timeout_s=300)
                 f = formula(sched, 2, m)["of_step"]
                 if outs[0] is None:
                     print(f"{sched:<8} {2:>2} {m:>3} failed: {fails[0]}")

@@ -1,7 +1,7 @@
 """MoE expert-parallel dispatch + combine against a plain all_to_all at the same payload.
 
 What is measured: for each tokens-per-rank size and each routing workload
-(uniform, Zipf), ``parlab.projects.moe.moe_rank`` runs the expert-parallel
+(uniform, Zipf), ``parlab.projects.moe.rank.moe_rank`` runs the expert-parallel
 layer (all-to-all) and the naive one (all-gather + reduce-scatter) on
 ``--ep`` ranks launched through torchrun (NCCL on GPUs, gloo on CPU).
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 
 from parlab.hardware.env import software
-from parlab.projects.moe import MoERunConfig, _to_json
+from parlab.projects.moe import MoERunConfig
 from parlab.runtime.launch import LaunchConfig, launch
 
 
@@ -69,7 +69,9 @@ def main() -> None:
                 hidden=hidden, ffn_hidden=ffn, tokens=t, skews=(a.skew,), sweep=(1.0,),
                 train_steps=0, warmup=a.warmup, iters=a.iters,
             )  # fmt: skip
-            res = launch("parlab.projects.moe:moe_rank", _to_json(cfg), LaunchConfig(nproc=a.ep))
+            res = launch(
+                "parlab.projects.moe.rank:moe_rank", cfg.to_json(), LaunchConfig(nproc=a.ep)
+            )
             if not res.ok:
                 print(f"{t:>11} failed: {res.failure}")
                 continue

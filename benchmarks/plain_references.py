@@ -17,8 +17,9 @@ written here with torch only. Nothing of parlab's mechanisms runs. From parlab i
 things: the shapes (``parlab.models.get_spec(--model)``: hidden, layers, heads, KV heads,
 head dim, FFN width, vocabulary, norm eps, RoPE theta, tied embeddings), and the FLOPs/MFU
 helpers (``parlab.models.flops``), so the MFU printed is counted the way parlab's documents
-count it. The parameter names equal parlab's reference model's (``tests/test_plain_
-references.py`` loads these weights into ``parlab.models.reference`` and compares logits).
+count it. The parameter names equal parlab's reference model's (``--save-weights``:
+``tests/test_plain_references.py`` loads them into ``parlab.models.reference`` and compares
+logits).
 
 Modes (``--mode``):
 
@@ -601,7 +602,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", default=None, help="write the result here (rank 0)")
+    ap.add_argument(
+        "--save-weights",
+        default=None,
+        help="rank 0 writes the model's initial weights, every step's batch and the untrained "
+        "logits here (torch.save) before training: what a check against another model loads",
+    )
     return ap.parse_args(argv)
+
+
+def save_weights(cfg: Config, path: str, world: int) -> None:
+    """The whole model's initial weights (every mode starts from them), every step's global
+    batch and the untrained model's logits on each batch's inputs, on the CPU in fp32."""
+    a = ModelArgs.from_parlab(cfg.model)
+    model = build_model(a, cfg.seq, torch.device("cpu"))
+    rows = rows_per_step(cfg, world)
+    batches = [make_batch(i, rows, cfg.seq, a.vocab_size) for i in range(cfg.warmup + cfg.steps)]
+    with torch.no_grad():
+        logits = [model(b[:, :-1]) for b in batches]
+    torch.save({"weights": model.state_dict(), "batches": batches, "logits": logits}, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -638,6 +657,8 @@ def main(argv: list[str] | None = None) -> None:
             + f", {cfg.precision}, warmup {cfg.warmup}, steps {cfg.steps}, lr {cfg.lr}",
             flush=True,
         )
+    if ns.save_weights and rank0:
+        save_weights(cfg, ns.save_weights, dist.get_world_size())
     # a failure propagates without teardown (torchrun reports it; a barrier could hang)
     result = run(cfg, dev)
     if rank0:

@@ -2,7 +2,8 @@
 
 Input: the routing-policy documents of ``parlab serve project`` under a results folder
 (``PAR-DISTRIBUTED-INFERENCE/serve-bench-*.json`` with ``artifacts.iteration_log``: the
-replicas' iteration logs saved beside them, ``<run_id>.iterations.jsonl``). Runs of one
+replicas' iteration logs saved beside them, ``<run_id>.iterations.jsonl``, gzipped in the
+committed ``results/``). Runs of one
 ``parlab serve project`` call form a set (same command, workload, replicas; consecutive
 documents).
 
@@ -49,6 +50,7 @@ Prints one table per set and the count of runs within 10 % per cost source.
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import sys
@@ -83,10 +85,19 @@ def profile_kind(profile: dict[str, Any] | None) -> str:
 
 
 def load_log(doc: Document, folder: Path) -> list[dict[str, Any]] | None:
+    """The run's iteration log, as written or gzipped beside it (``<name>.gz``: how the
+    committed results keep them)."""
     name = doc.artifacts.get("iteration_log")
-    if not name or not (folder / name).exists():
+    if not name:
         return None
-    return [json.loads(line) for line in (folder / name).read_text().splitlines() if line]
+    path, packed = folder / name, folder / f"{name}.gz"
+    if path.exists():
+        text = path.read_text()
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line]
 
 
 def fill_cached(log: list[dict[str, Any]], prompt_len: int | None) -> bool:

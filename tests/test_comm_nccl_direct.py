@@ -32,6 +32,7 @@ from parlab.comm.bench import sweep_rank
 from parlab.errors import UsageError
 from parlab.runtime.context import RankContext
 from parlab.runtime.testing import run_ranks
+from tests.scripts import run_script
 
 REAL_DIRECT_COMM = N.DirectComm
 HANDLE = 0xC0FFEE
@@ -775,12 +776,7 @@ def _sweep_doc(via: str, us_per_op: float) -> Any:
     )
 
 
-def test_vs_nccl_tests_reports_each_path_and_c10d_per_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib.util
-    import sys
-
+def test_vs_nccl_tests_reports_each_path_and_c10d_per_call(tmp_path: Path) -> None:
     from parlab.contract import write_result
 
     torch_doc, direct_doc = _sweep_doc("torch", 38.0), _sweep_doc("nccl", 22.0)
@@ -789,14 +785,9 @@ def test_vs_nccl_tests_reports_each_path_and_c10d_per_call(
     assert "NCCL directly" in direct_doc.workload["collectives"]["timing"]
     for doc in (torch_doc, direct_doc):
         write_result(doc, tmp_path)
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "collectives_vs_nccl_tests.py"
-    spec = importlib.util.spec_from_file_location("collectives_vs_nccl_tests", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(sys, "argv", ["collectives_vs_nccl_tests.py", str(tmp_path)])
-    mod.main()
-    out = capsys.readouterr().out
+    done = run_script("collectives_vs_nccl_tests.py", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     assert f"graph=0  via=torch  {torch_doc.run_id}: mean 38.00 us" in out
     assert f"graph=0  via=nccl  {direct_doc.run_id}: mean 22.00 us" in out
     assert "= 16.00 us per call over 4 sizes" in out  # 38 - 22, size by size

@@ -91,7 +91,7 @@ LAYOUTS = {
     "fsdp2xtp2-sp": (4, {"dp": 2, "tp": 2}, {"data_parallel": "fsdp", "sequence_parallel": True}),
     "pp2xtp2-sp": (4, {"pp": 2, "tp": 2}, {"sequence_parallel": True, "loss_parallel": True}),
     "cp2xtp2-fsdp": (4, {"cp": 2, "tp": 2}, {"data_parallel": "fsdp", "cp_variant": "ring"}),
-    "tp2-checkpointed": (2, {"tp": 2}, {"activation_checkpointing": True}),
+    "tp2-checkpointed": (2, {"tp": 2}, {"recompute": "full"}),
 }
 
 

@@ -48,12 +48,12 @@ def test_missing_deepspeed_is_one_line_exit_2_nothing_written(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from parlab.cli import main
-    from parlab.runtime import launch
+    from parlab.projects.training_state import run
 
     def no_launch(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("launched")
 
-    monkeypatch.setattr(launch, "launch", no_launch)
+    monkeypatch.setattr(run, "launch", no_launch)
     _hide_deepspeed(monkeypatch)
     with pytest.raises(SystemExit) as exc:
         main(["train", "--strategy", f"deepspeed-zero{stage}", "--results", str(tmp_path / "r")])

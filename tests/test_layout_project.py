@@ -107,9 +107,9 @@ def test_torch_zero_bubble_v_trains_like_one_rank() -> None:
 def test_a_dead_launch_keeps_finished_runs_and_relaunches_the_rest(monkeypatch) -> None:
     import json
 
-    import parlab.runtime.launch as launch_mod
+    import parlab.projects.model_internal.run as run_mod
     from parlab.contract import Failure
-    from parlab.projects.model_internal import _launch
+    from parlab.projects.model_internal import launch_set
     from parlab.runtime.launch import LaunchResult
 
     pairs = {c.name: (b, c) for b, c in comparison_set("cpu", seq=32, steps=1)}
@@ -126,8 +126,8 @@ def test_a_dead_launch_keeps_finished_runs_and_relaunches_the_rest(monkeypatch) 
             return LaunchResult(ok=False, results=[], failure=Failure(kind="timeout", message="x"))
         return LaunchResult(ok=True, results=[[{"rank": r}] for r in range(2)], failure=None)
 
-    monkeypatch.setattr(launch_mod, "launch", fake)
-    outs, fails, _ = _launch(configs, gpu=False, timeout_s=10, budget_s=100)
+    monkeypatch.setattr(run_mod, "launch", fake)
+    outs, fails, _ = launch_set(configs, gpu=False, timeout_s=10, budget_s=100)
     assert calls == [["tp2-sp", "pp2-1f1b", "cp2-ring"], ["cp2-ring"]]
     assert outs[0] is not None and outs[0][1]["rank"] == 1 and fails[0] is None
     assert outs[1] is None and fails[1] is not None and fails[1].kind == "timeout"

@@ -92,7 +92,7 @@ def test_under_a_dispatch_mode_a_compiled_function_runs_its_original_code() -> N
     mode) off: under it, torch.compile's graph is not called -- the step would run eager, and
     its peak would be the eager blocks' (as the runs before ``layout.metered_step`` did)."""
     from parlab.projects.model_internal import RunConfig, metered
-    from parlab.runtime.meters import CommMeter
+    from parlab.runtime.comm_meter import CommMeter
 
     calls = []
 

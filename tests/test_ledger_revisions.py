@@ -22,7 +22,7 @@ def test_op_selective_matches_tracked_bytes_of_a_real_step(name: str, batch: int
     activations (1 %), and the step's peak is at most the ledger's (to 0.1 %) and within 4 %
     (the ledger counts one block's recomputed tensors and its activation gradients as alive
     together: a bound, 3.6 % high on the tiny model)."""
-    from parlab.parallel.fsdp import apply_recompute
+    from parlab.parallel.compose import apply_recompute
     from parlab.runtime.meters import MemoryMeter
 
     spec = get_spec(name)
@@ -96,14 +96,15 @@ def test_parlab_train_ddp_releases_first_buckets_and_predicts_without_them() -> 
     ``ddp_old_buckets`` removed): its documents say so, and the prediction it records for
     an NCCL run is the steady state's, one gradient copy under the held-bucket bound."""
     from parlab.parallel.fsdp import TorchDDP
-    from parlab.projects.training_state import TrainConfig, _layout, ledger_predictions
+    from parlab.projects.training_state import TrainConfig, ledger_predictions
+    from parlab.projects.training_state.documents import layout
 
     assert callable(TorchDDP.release_first_buckets)
     cfg = TrainConfig(strategy="ddp", model="small", micro_batch=2, seq=128, dtype="bf16-compute")
-    assert _layout(cfg, "nccl")["knobs"]["ddp_first_buckets"] == "released"
+    assert layout(cfg, "nccl")["knobs"]["ddp_first_buckets"] == "released"
     assert (
         "ddp_first_buckets"
-        not in _layout(TrainConfig(strategy="zero1", model="small"), "nccl")["knobs"]
+        not in layout(TrainConfig(strategy="zero1", model="small"), "nccl")["knobs"]
     )
     preds, _ = ledger_predictions(cfg, "nccl")
     spec, two = get_spec("small"), Topology(world_size=2, dp=2)
@@ -224,7 +225,7 @@ def test_full_recompute_under_autocast_matches_tracked_bytes() -> None:
     buffer beside the loss region overstates it. (The other case, the end of forward with every
     copy cached, set the peak of the one-H200 runs: 1.3B at 2 x 4096 and GPT-2 1.5B at 8 x 1024
     with full recompute, -0.2 % and -1.4 %: ``benchmarks/plan_accuracy.py``.)"""
-    from parlab.parallel.fsdp import apply_recompute
+    from parlab.parallel.compose import apply_recompute
     from tests.test_ledger import tracked_step_peak
 
     name, batch, seq = "small", 8, 256

@@ -8,8 +8,11 @@ import torch._dynamo
 import torch.distributed as dist
 
 from parlab.data import SyntheticTokens, rank_batch
+from parlab.hardware.catalog import peak_flops
+from parlab.models import flops
 from parlab.parallel.data_comm import FlatUnit, all_gather_, all_reduce_, reduce_scatter_
 from parlab.runtime import meters
+from parlab.runtime.comm_meter import CommMeter
 from parlab.runtime.context import RankContext
 from parlab.runtime.testing import run_ranks
 
@@ -57,7 +60,7 @@ def test_cpu_memory_cap_raises_out_of_memory() -> None:
 
 
 def _comm_rank(ctx: RankContext) -> dict:
-    comm = meters.CommMeter()
+    comm = CommMeter()
     n = ctx.world_size
     with comm:
         x = torch.ones(10)
@@ -122,6 +125,7 @@ def test_synthetic_tokens_are_deterministic_and_ranks_partition_the_batch() -> N
 
 
 def test_mfu_is_unknown_on_unknown_devices() -> None:
-    assert meters.mfu(1000.0, 1e9, "cpu") is None
-    v = meters.mfu(1000.0, 1e9, "NVIDIA H100 80GB HBM3")
+    """How the projects count MFU: ``flops.mfu`` against the catalog's peak of the device."""
+    assert flops.mfu(1000.0, 1e9, 1, peak_flops("cpu", "bf16")) is None
+    v = flops.mfu(1000.0, 1e9, 1, peak_flops("NVIDIA H100 80GB HBM3", "bf16"))
     assert v is not None and 0 < v < 1

@@ -8,20 +8,25 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from parlab.models import MoESpec as ModelMoESpec
+from parlab.models.moe import GroupedExperts, MoE
+from parlab.models.reference import FeedForward
+from parlab.models.router import RouterConfig, sample_experts, zipf_probabilities
+from parlab.models.spec import ModelSpec
 from parlab.parallel import expert_comm as comm
-from parlab.parallel.expert import ExpertParallelMoE, GroupedExperts, MoELayer, MoESpec
-from parlab.parallel.router import RouterConfig, sample_experts, zipf_probabilities
+from parlab.parallel.expert import ExpertParallelMoE
 from parlab.runtime.testing import run_ranks
 
 H, FF, T = 16, 24, 12  # hidden, expert FFN, tokens per rank
 
 
-def _spec(E: int, K: int, **router: object) -> MoESpec:
-    return MoESpec(hidden=H, ffn_hidden=FF, router=RouterConfig(num_experts=E, top_k=K, **router))
+def _layer(E: int, K: int, *, seed: int | None = None, **router: object) -> MoE:
+    return MoE(H, FF, RouterConfig(num_experts=E, top_k=K, **router), seed=seed)
 
 
-def _dense_reference(layer: MoELayer, x: torch.Tensor, groups: int) -> torch.Tensor:
-    """Every kept (token, slot): weight x expert(token), one token at a time."""
+def _dense_reference(layer: MoE, x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Every kept (token, slot): weight x expert(token), one token at a time; then the route
+    scale and the shared experts."""
     ex = layer.experts
     n = x.shape[0] // groups
     rows = []
@@ -33,10 +38,14 @@ def _dense_reference(layer: MoELayer, x: torch.Tensor, groups: int) -> torch.Ten
             for k in range(r.expert_idx_TK.shape[1]):
                 if r.keep_TK[t, k]:
                     e = int(r.expert_idx_TK[t, k])
-                    h = (F.silu(xg[t] @ ex.w_gate[e]) * (xg[t] @ ex.w_up[e])) @ ex.w_down[e]
-                    acc = acc + r.weight_TK[t, k] * h
+                    if ex.w3 is not None:
+                        hid = F.silu(ex.w1[e] @ xg[t]) * (ex.w3[e] @ xg[t])
+                    else:
+                        hid = F.gelu(ex.w1[e] @ xg[t], approximate="tanh")
+                    acc = acc + r.weight_TK[t, k] * (ex.w2[e] @ hid)
             rows.append(acc)
-    return torch.stack(rows)
+    y = torch.stack(rows) * layer.route_scale
+    return y if layer.shared_experts is None else y + layer.shared_experts(x)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +59,7 @@ def _dense_reference(layer: MoELayer, x: torch.Tensor, groups: int) -> torch.Ten
 )
 def test_reference_layer_equals_dense(router: dict) -> None:
     torch.manual_seed(0)
-    layer = MoELayer(_spec(4, 2, **router), seed=5)
+    layer = _layer(4, 2, seed=5, **router)
     x = torch.randn(2 * T, H)
     out = layer(x, groups=2)
     want = _dense_reference(layer, x, 2)
@@ -79,8 +88,7 @@ def test_grouped_mm_equals_loop() -> None:
 def _ep_vs_reference(ctx, E: int, K: int, router: dict, mode: str, skew: float | None) -> dict:
     """On every rank: the reference on all tokens, the EP layer on this rank's tokens."""
     ep, rank = ctx.world_size, ctx.rank
-    spec = _spec(E, K, **router)
-    ref = MoELayer(spec, seed=11)
+    ref = _layer(E, K, seed=11, **router)
     g = torch.Generator().manual_seed(123)
     x = torch.randn(ep * T, H, generator=g)
     w_out = torch.randn(ep * T, H, generator=g)  # a loss that weighs every output differently
@@ -110,7 +118,7 @@ def _ep_vs_reference(ctx, E: int, K: int, router: dict, mode: str, skew: float |
         "router_grad": (router_grad - ref.router.gate.weight.grad).abs().max().item(),
         "aux": abs(aux_total.item() - out_ref.aux_loss.item()),
     }
-    for name in ("w_gate", "w_up", "w_down"):
+    for name in ("w1", "w3", "w2"):
         mine_g = getattr(layer.experts, name).grad
         ref_g = getattr(ref.experts, name).grad[experts]
         errs[name] = (mine_g - ref_g).abs().max().item()
@@ -191,8 +199,7 @@ def test_uneven_all_to_all_and_its_backward(world: int) -> None:
 
 
 def test_world_size_one_reduces_to_the_reference() -> None:
-    spec = _spec(4, 2, capacity_factor=1.0, drop_policy="position")
-    ref = MoELayer(spec, seed=3)
+    ref = _layer(4, 2, seed=3, capacity_factor=1.0, drop_policy="position")
     x = torch.randn(T, H)
     for mode in ("a2a", "naive"):
         layer = ExpertParallelMoE.from_reference(ref, None, mode=mode)
@@ -206,30 +213,30 @@ def test_plan_formats_as_a_grid() -> None:
     assert lines[-1].split()[1:] == ["4", "2", "4", "2", "12"]
 
 
-@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
-def test_layer_computes_what_the_reference_model_moe_block_computes(scoring: str) -> None:
-    """``parlab.models.reference.MoE`` (dropless, top-k renormalised) with the same weights."""
-    from parlab.models import MoESpec as ModelMoESpec
-    from parlab.models.reference import MoE
-    from parlab.models.spec import ModelSpec
-
+@pytest.mark.parametrize(
+    "moe",
+    [
+        {"scoring": "softmax"},
+        {"scoring": "sigmoid", "route_scale": 2.5, "shared_experts": 1, "shared_ffn_hidden": 8},
+    ],
+)
+@pytest.mark.parametrize("activation", ["swiglu", "gelu"])
+def test_the_reference_models_moe_block_equals_dense(moe: dict, activation: str) -> None:
+    """The reference model's MoE block (``MoE.from_spec``: dropless, top-k renormalised, route
+    scale, shared experts; SwiGLU or GeLU experts) against the per-token formula."""
     mspec = ModelSpec(
-        name="t", vocab_size=32, hidden=H, layers=1, heads=2, ffn_hidden=32,
-        moe=ModelMoESpec(num_experts=4, top_k=2, expert_ffn_hidden=FF, scoring=scoring),
+        name="t", vocab_size=32, hidden=H, layers=1, heads=2, ffn_hidden=32, activation=activation,
+        moe=ModelMoESpec(num_experts=4, top_k=2, expert_ffn_hidden=FF, **moe),
     )  # fmt: skip
-    block = MoE(mspec)
+
+    shared = FeedForward(mspec, mspec.moe.shared_hidden) if mspec.moe.shared_hidden else None
+    block = MoE.from_spec(mspec, shared)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
-    layer = MoELayer(_spec(4, 2, gating=scoring, normalize_weights=True))
-    with torch.no_grad():
-        layer.router.gate.weight.copy_(block.router.gate.weight)
-        layer.experts.w_gate.copy_(block.experts.w1.transpose(1, 2))
-        layer.experts.w_up.copy_(block.experts.w3.transpose(1, 2))
-        layer.experts.w_down.copy_(block.experts.w2.transpose(1, 2))
-    x = torch.randn(1, T, H)
-    torch.testing.assert_close(layer(x[0]).y_TH, block(x)[0], atol=1e-5, rtol=1e-5)
+    x = torch.randn(T, H)
+    torch.testing.assert_close(block(x).y_TH, _dense_reference(block, x, 1), atol=1e-5, rtol=1e-5)
 
 
 def _model_vs_reference(ctx, mode: str) -> dict:
@@ -252,16 +259,15 @@ def _model_vs_reference(ctx, mode: str) -> dict:
     (out * w[r : r + 1]).sum().backward()
     errs = {"logits": (out - out_ref[r : r + 1]).abs().max().item()}
     ref_params = dict(ref.named_parameters())
+    assert [n for n, _ in model.named_parameters()] == list(ref_params)  # the same names
     for name, p in model.named_parameters():
         grad = p.grad.clone()
-        if ".layer.experts." in name:  # local experts: this rank's slice of w1/w3/w2
-            block = name.split(".layer.")[0]
-            src = {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}[name.rsplit(".", 1)[1]]
+        if ".moe.experts." in name:  # local experts: this rank's slice of w1/w3/w2
             L = grad.shape[0]
-            want = ref_params[f"{block}.experts.{src}"].grad[r * L : (r + 1) * L].transpose(1, 2)
+            want = ref_params[name].grad[r * L : (r + 1) * L]
         else:  # replicated: gradients sum over ranks
             dist.all_reduce(grad)
-            want = ref_params[name.replace(".layer.router.", ".router.")].grad
+            want = ref_params[name].grad
         errs[name] = (grad - want).abs().max().item()
     return errs
 
@@ -279,8 +285,7 @@ def _ep_subgroups(ctx) -> dict:
 
     topo = Topology(world_size=4, dp=4, ep=2)  # ep groups [0, 1] and [2, 3]
     group = comm.build_ep_group(topo, ctx.rank)
-    spec = _spec(4, 2)
-    ref = MoELayer(spec, seed=2)
+    ref = _layer(4, 2, seed=2)
     x_all = torch.randn(4 * T, H, generator=torch.Generator().manual_seed(9))
     layer = ExpertParallelMoE.from_reference(ref, group)
     mine = slice(ctx.rank * T, (ctx.rank + 1) * T)

@@ -12,7 +12,6 @@ from parlab import contract
 from parlab.cli import main
 from parlab.projects.moe import (
     MoERunConfig,
-    _to_json,
     calibration_busbw,
     calibration_points,
     dispatch_plans,
@@ -42,7 +41,7 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
         ep=2, experts=4, topk=2, capacity_factor=1.0, hidden=16, ffn_hidden=32, tokens=64,
         skews=(1.5,), sweep=(0.5, 1.0, 4.0), train_steps=3, warmup=0, iters=1,
     )  # fmt: skip
-    ranks = run_ranks(moe_rank, 2, **_to_json(cfg))
+    ranks = run_ranks(moe_rank, 2, **cfg.to_json())
     kw = {"tag": "moe-test", "command": "parlab project moe", "environment": ENV}
     cal = {"run_id": "collectives-x", "points": [(1e3, 1e9), (1e7, 2e9)]}
     docs = [workload_document(cfg, ranks, i, calibration=cal, **kw) for i in range(2)]

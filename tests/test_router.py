@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from parlab.errors import UsageError
-from parlab.parallel.expert import check_ep
-from parlab.parallel.router import (
+from parlab.models.router import (
     Router,
     RouterConfig,
     aux_loss,
@@ -17,6 +16,7 @@ from parlab.parallel.router import (
     sample_experts,
     zipf_probabilities,
 )
+from parlab.parallel.expert import check_ep
 
 
 def test_capacity_formula_hand_checked() -> None:

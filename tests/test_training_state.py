@@ -26,7 +26,8 @@ from parlab.data import SyntheticTokens
 from parlab.ledger.sharding import gradient_buckets
 from parlab.models import get_spec
 from parlab.models.reference import build_model
-from parlab.projects.training_state import TrainConfig, _layout, ledger_predictions, train_rank
+from parlab.projects.training_state import TrainConfig, ledger_predictions, train_rank
+from parlab.projects.training_state.documents import layout
 from parlab.runtime.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -177,9 +178,9 @@ def test_manual_gc_keeps_results_and_is_recorded() -> None:
     document records the knob (it is part of what a repeat of the run must match)."""
     cfg = cfg_for("fsdp", 2, manual_gc=2)
     check_equal(run_ranks(train_rank, 2, return_params=True, **cfg.to_json()), 2)
-    assert _layout(cfg, "gloo")["knobs"]["manual_gc"] == 2
-    assert _layout(cfg_for("fsdp", 2), "gloo")["knobs"]["manual_gc"] == 50  # the default
-    assert "manual_gc" not in _layout(cfg_for("fsdp", 2, manual_gc=0), "gloo")["knobs"]
+    assert layout(cfg, "gloo")["knobs"]["manual_gc"] == 2
+    assert layout(cfg_for("fsdp", 2), "gloo")["knobs"]["manual_gc"] == 50  # the default
+    assert "manual_gc" not in layout(cfg_for("fsdp", 2, manual_gc=0), "gloo")["knobs"]
 
 
 def _parlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

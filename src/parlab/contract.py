@@ -22,6 +22,7 @@ import math
 import os
 import secrets
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -344,6 +345,16 @@ def write_result(doc: Document, results_dir: str | Path) -> Path:
         raise ValueError(f"cannot write {path}: {where} is not a finite number") from None
     validate(json.loads(text))
     atomic_write_text(path, text + "\n")
+    return path
+
+
+def write_document(doc: Document, results_dir: str | Path, *, quiet: bool = False) -> Path:
+    """``write_result``, then one line on stderr saying where it went (``quiet``: none): how
+    every layer writes a document a person is running."""
+    path = write_result(doc, results_dir)
+    if not quiet:
+        sys.stderr.write(f"wrote {path} ({doc.evidence_level}, {doc.role})\n")
+        sys.stderr.flush()
     return path
 
 

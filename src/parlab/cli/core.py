@@ -299,7 +299,7 @@ def demo_cmd(
     only: list[str] | None = typer.Option(None, help="Run only the named step(s)."),
 ) -> None:
     """The main job on the embedded default: every step of the lab at CPU size, then the asset table."""
-    from parlab.demo import run_demo
+    from parlab.cli.demo import run_demo  # heavy: the demo imports every project
 
     root = results_dir(results)
     failed = run_demo(root, console, only=only)

@@ -180,7 +180,7 @@ def moe_cmd(
 
 
 def print_summary(docs: list) -> None:
-    from parlab.projects.moe import _cell
+    from parlab.projects.moe import cell as _cell
 
     table = Table(title="PAR-MOE-EXPERT", title_justify="left")
     cols = ("workload", "evidence", "overflow", "expert max/mean", "rank max/mean", "dispatch",

@@ -85,10 +85,3 @@ def diagnose(results: Path, *, cases: list[str] | None = None) -> Diagnosis:
         findings=findings,
         cases_checked=len(chosen),
     )
-
-
-def demo_step(results: Path, console: Any) -> None:
-    """``parlab demo``: the doctor over the demo's results folder (reads only; writes nothing)."""
-    from parlab.doctor.render import print_diagnosis  # render imports this module
-
-    print_diagnosis(diagnose(results), console, show_help=False)

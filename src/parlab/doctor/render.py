@@ -7,12 +7,15 @@ how many documents show them.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from parlab.doctor.cases import BY_ID, CASES, Finding
-from parlab.doctor.diagnose import STRENGTH_ORDER, Diagnosis
+from parlab.doctor.diagnose import STRENGTH_ORDER, Diagnosis, diagnose
 
 LEVEL_ORDER = {
     "real-training": 0, "real-nccl": 0, "serving-benchmark": 0, "env-precheck": 1,
@@ -92,3 +95,8 @@ def _print_case(diag: Diagnosis, cid: str, out: Console, *, show_help: bool) -> 
             "  [bold]terms[/bold]: "
             + ", ".join(f"parlab explain {escape(repr(t))}" for t in case.terms)
         )
+
+
+def demo_step(results: Path, console: Any) -> None:
+    """``parlab demo``: the doctor over the demo's results folder (reads only; writes nothing)."""
+    print_diagnosis(diagnose(results), console, show_help=False)

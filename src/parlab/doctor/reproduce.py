@@ -110,7 +110,7 @@ def ddp_small_buckets(out: Path) -> tuple[Path, Path]:
 def pp_bubble(out: Path) -> tuple[Path, Path]:
     from parlab.contract import write_result
     from parlab.hardware.env import snapshot
-    from parlab.projects.model_internal import RunConfig, _launch, document
+    from parlab.projects.model_internal import RunConfig, document, launch_set
 
     gpu = _gpu2()
     model, seq = ("small", 512) if gpu else ("tiny", 64)
@@ -120,7 +120,7 @@ def pp_bubble(out: Path) -> tuple[Path, Path]:
                   dtype="bf16" if gpu else "fp32", timeout_s=120.0)
         for m in (2, 16)
     ]  # fmt: skip
-    outs, fails, backend = _launch(configs, gpu=gpu, timeout_s=120.0)
+    outs, fails, backend = launch_set(configs, gpu=gpu, timeout_s=120.0)
     env = snapshot(probe_links=gpu)
     dirs = (out / "case", out / "healthy")
     for cfg, res, fail, folder in zip(configs, outs, fails, dirs, strict=True):

@@ -3,8 +3,8 @@
 ``build_model(spec)`` makes a Llama-style decoder (RMSNorm, RoPE, GQA through
 ``F.scaled_dot_product_attention(is_causal=True)``, SwiGLU) or a GPT-2 style one
 (learned positions, LayerNorm with biases, GeLU MLP, biases on every linear),
-with optional tied embeddings, MoE blocks (router + routed experts + shared
-experts, dropless token choice) and DeepSeek's multi-head latent attention.
+with optional tied embeddings, MoE blocks (``parlab.models.moe.MoE``: router + routed
+experts + shared experts, dropless token choice) and DeepSeek's multi-head latent attention.
 Its ``named_parameters()`` are exactly ``spec.param_shapes()`` (names, shapes,
 order). No communication happens here: this is the single-process reference.
 
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parlab.models.moe import GroupedExperts, MoE
 from parlab.models.spec import ModelSpec
 
 INIT_STD = 0.02
@@ -201,80 +202,6 @@ class MLAttention(nn.Module):
         return self.wo(o.transpose(1, 2).reshape(B, S, -1))
 
 
-class Router(nn.Module):
-    """Token-choice top-k router: scores every expert, keeps the ``top_k`` best per token."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        m = spec.moe
-        assert m is not None
-        self.top_k, self.scoring, self.normalize, self.scale = (
-            m.top_k,
-            m.scoring,
-            m.normalize_top_k,
-            m.route_scale,
-        )
-        self.gate = nn.Linear(spec.hidden, m.num_experts, bias=False)
-
-    def forward(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(weights_TK, experts_TK)``: the routing weights (float32) and chosen expert ids."""
-        logits = self.gate(x_TH).float()
-        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
-        weights, experts = scores.topk(self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return weights * self.scale, experts
-
-
-class GroupedExperts(nn.Module):
-    """All routed experts of a layer as stacked weights (``w1/w3 [E, F, H]``, ``w2 [E, H, F]``)."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        m = spec.moe
-        assert m is not None
-        e, f, h = m.num_experts, m.expert_ffn_hidden, spec.hidden
-        self.swiglu = spec.activation == "swiglu"
-        self.w1 = nn.Parameter(torch.empty(e, f, h))
-        self.w2 = nn.Parameter(torch.empty(e, h, f))
-        self.w3 = nn.Parameter(torch.empty(e, f, h)) if self.swiglu else None
-
-    def expert(self, e: int, x_TH: torch.Tensor) -> torch.Tensor:
-        """Expert ``e`` (local index) applied to the tokens ``x_TH``."""
-        if self.swiglu:
-            assert self.w3 is not None
-            hid = F.silu(x_TH @ self.w1[e].t()) * (x_TH @ self.w3[e].t())
-        else:
-            hid = F.gelu(x_TH @ self.w1[e].t(), approximate="tanh")
-        return hid @ self.w2[e].t()
-
-
-class MoE(nn.Module):
-    """Router + routed experts (dropless: every token reaches its top-k) + shared experts."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        m = spec.moe
-        assert m is not None
-        self.router = Router(spec)
-        self.experts = GroupedExperts(spec)
-        self.shared_experts = FeedForward(spec, m.shared_hidden) if m.shared_hidden else None
-
-    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
-        x_TH = x_BSH.reshape(-1, x_BSH.shape[-1])
-        weights_TK, experts_TK = self.router(x_TH)
-        out_TH = torch.zeros_like(x_TH)
-        for e in range(self.experts.w1.shape[0]):
-            tok, slot = torch.where(experts_TK == e)
-            if tok.numel() == 0:
-                continue
-            y = self.experts.expert(e, x_TH[tok]) * weights_TK[tok, slot, None].to(x_TH.dtype)
-            out_TH = out_TH.index_add(0, tok, y)
-        if self.shared_experts is not None:
-            out_TH = out_TH + self.shared_experts(x_TH)
-        return out_TH.view_as(x_BSH)
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``x + attention(attention_norm(x))``, then ``+ ffn(ffn_norm(x))``."""
 
@@ -284,18 +211,27 @@ class TransformerBlock(nn.Module):
         self.attention_norm = make_norm(spec, spec.hidden)
         self.attention: nn.Module = MLAttention(spec) if spec.mla is not None else Attention(spec)
         self.ffn_norm = make_norm(spec, spec.hidden)
-        self.moe: MoE | None = None
+        self.moe: nn.Module | None = None
         self.feed_forward: FeedForward | None = None
         if spec.is_moe_layer(layer_id):
-            self.moe = MoE(spec)
+            m = spec.moe
+            assert m is not None
+            shared = FeedForward(spec, m.shared_hidden) if m.shared_hidden else None
+            self.moe = MoE.from_spec(spec, shared)
         else:
             self.feed_forward = FeedForward(spec, spec.ffn_hidden)
 
+    def ffn(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        """The block's FFN: its MoE layer (or that layer's expert-parallel shard) over the flat
+        tokens, or the dense one."""
+        if self.moe is not None:
+            return self.moe(x_BSH.reshape(-1, x_BSH.shape[-1])).y_TH.view_as(x_BSH)
+        assert self.feed_forward is not None
+        return self.feed_forward(x_BSH)
+
     def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
         h = x_BSH + self.attention(self.attention_norm(x_BSH), rope_SD2)
-        ffn = self.moe if self.moe is not None else self.feed_forward
-        assert ffn is not None
-        return h + ffn(self.ffn_norm(h))
+        return h + self.ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):

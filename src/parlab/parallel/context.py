@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
 
 from parlab.errors import UsageError
 from parlab.models.reference import Attention, apply_rope
@@ -325,9 +327,6 @@ def torch_cp_agreement(
 
 
 def _torch_cp_agreement(ctx: Any, *, seq: int, heads: int, head_dim: int) -> dict[str, Any]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-
     cp, me = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cuda", (cp,), mesh_dim_names=("cp",))
     g = torch.Generator(device=ctx.device).manual_seed(0)

@@ -35,6 +35,7 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from parlab.errors import UsageError
@@ -47,7 +48,7 @@ MISSING = "deepspeed is not installed: pip install deepspeed (DS_BUILD_OPS=0 bui
 def deepspeed_version() -> str:
     """The installed DeepSpeed's version; ``UsageError`` (one line) when it is not installed."""
     try:
-        import deepspeed
+        import deepspeed  # optional: DeepSpeed loads only where it is asked for
     except ImportError as exc:
         if exc.name not in (None, "deepspeed"):  # installed, but one of its dependencies is not
             raise UsageError(f"deepspeed does not import: {exc}") from exc
@@ -78,7 +79,7 @@ def ds_config(stage: int, micro_batch: int, world_size: int, *, bf16: bool) -> d
 def _use_cpu_accelerator() -> None:
     """CPU ranks: DeepSpeed's CPU accelerator (gloo), whatever it detected on this machine, and
     no JIT build of its shared-memory inference all-reduce (training does not use it)."""
-    import deepspeed.ops
+    import deepspeed.ops  # optional: DeepSpeed loads only for its own strategies
     from deepspeed.accelerator import get_accelerator, set_accelerator
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
@@ -105,8 +106,7 @@ class DeepSpeedZero:
     ) -> None:
         assert stage in (1, 2, 3), stage
         deepspeed_version()
-        import deepspeed
-        import torch.distributed as dist
+        import deepspeed  # optional: DeepSpeed loads only for its own strategies
 
         os.environ.setdefault("LOCAL_RANK", str(local_rank))  # DeepSpeed reads it
         deepspeed.utils.logger.setLevel(logging.WARNING)  # not its per-step info lines
@@ -179,7 +179,7 @@ class DeepSpeedZero:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, in fp32 (stage 3: gathered for the copy)."""
-        import deepspeed
+        import deepspeed  # optional: DeepSpeed loads only for its own strategies
 
         params = dict(self.module.named_parameters())
         with deepspeed.zero.GatheredParameters(list(params.values()), enabled=self.stage == 3):

@@ -1,74 +1,44 @@
-"""Mixture-of-experts layers: the single-device reference and expert parallelism over ``ep`` ranks.
+"""Expert parallelism: one MoE layer's experts sharded over ``ep`` ranks.
 
-One MoE layer is a router (``parlab.parallel.router``) and E SwiGLU experts
-(``down(silu(x @ gate) * (x @ up))``). Three ways to run it:
+The layer is ``parlab.models.moe.MoE`` (router and experts, the single-device reference);
+``ExpertParallelMoE`` is its shard on this rank, in one of two modes:
 
-- ``MoELayer``: every expert on one device (the reference). Tokens may be
-  routed in ``groups`` (capacity is counted per group, as each rank counts
-  its own tokens in expert parallelism), so it reproduces an ep run exactly.
-- ``ExpertParallelMoE(mode="a2a")``: rank r holds experts ``[r*L, (r+1)*L)``
-  (L = E/ep) and a replica of the router. Per forward: route the local
-  tokens; count tokens per (destination rank, local expert) and exchange
-  those counts (the ``DispatchPlan``); permute the kept assignments so each
-  destination's rows are contiguous; ``all_to_all_single`` with the plan's
-  uneven splits (dispatch); regroup the received rows by local expert; run
-  the local experts as one grouped computation; undo the regrouping;
-  ``all_to_all_single`` back (combine); scale by the gate weights and add
-  each row into its token's output (un-permute).
-- ``ExpertParallelMoE(mode="naive")``: the same sharded experts, but every
-  rank all-gathers every token and its routing, runs its local experts on
-  the tokens routed to them, and reduce-scatters the partial outputs. It
-  moves ep times more data and exists to check the fast path against.
+- ``mode="a2a"``: rank r holds experts ``[r*L, (r+1)*L)`` (L = E/ep) and a replica of the
+  router. Per forward: route the local tokens; count tokens per (destination rank, local
+  expert) and exchange those counts (the ``DispatchPlan``); permute the kept assignments so
+  each destination's rows are contiguous; ``all_to_all_single`` with the plan's uneven splits
+  (dispatch); regroup the received rows by local expert; run the local experts as one grouped
+  computation; undo the regrouping; ``all_to_all_single`` back (combine); scale by the gate
+  weights and add each row into its token's output (un-permute).
+- ``mode="naive"``: the same sharded experts, but every rank all-gathers every token and its
+  routing, runs its local experts on the tokens routed to them, and reduce-scatters the
+  partial outputs. It moves ep times more data and exists to check the fast path against.
 
-What crosses the wire is in ``parlab.parallel.expert_comm``. Gradients: the
-expert weights' gradients stay local (each expert lives on one rank); the
-router is replicated, so its gradient is the sum over the ep ranks (the data
-parallel all-reduce of the surrounding model does it; tests sum by hand).
+Shared experts (a dense FFN) and the route scale stay as the layer has them, replicated.
+``apply_expert_parallel`` shards every MoE block of the reference model in place.
 
-Shape suffixes: T tokens (this rank), H hidden, F expert FFN, E experts,
-L local experts, K top-k, N rows (kept assignments).
+What crosses the wire is in ``parlab.parallel.expert_comm``. Gradients: the expert weights'
+gradients stay local (each expert lives on one rank); the router is replicated, so its
+gradient is the sum over the ep ranks (the data parallel all-reduce of the surrounding model
+does it; tests sum by hand).
+
+Shape suffixes: T tokens (this rank), H hidden, F expert FFN, E experts, L local experts,
+K top-k, N rows (kept assignments), M rows received.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from parlab.errors import UsageError
+from parlab.models.moe import MoE, MoEOutput, sort_kept
+from parlab.models.router import RouterConfig, Routing
 from parlab.parallel import expert_comm as comm
-from parlab.parallel.router import Router, RouterConfig, Routing
 
 MODES = ("a2a", "naive")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MoESpec:
-    """The shape of one MoE layer."""
-
-    hidden: int
-    """H: model width."""
-    ffn_hidden: int
-    """F: each expert's FFN width."""
-    router: RouterConfig
-    """E, k, gating, capacity and balancing."""
-
-    def __post_init__(self) -> None:
-        if self.hidden < 1 or self.ffn_hidden < 1:
-            raise UsageError(
-                f"hidden {self.hidden} and expert FFN {self.ffn_hidden} must be at least 1"
-            )
-
-    @property
-    def num_experts(self) -> int:
-        return self.router.num_experts
-
-    def expert_params(self) -> int:
-        """Parameters of one expert (three H x F matrices)."""
-        return 3 * self.hidden * self.ffn_hidden
 
 
 def check_ep(num_experts: int, ep: int) -> int:
@@ -83,260 +53,61 @@ def check_ep(num_experts: int, ep: int) -> int:
     return num_experts // ep
 
 
-_GROUPED_MM_OK: dict[str, bool] = {}
-
-
-def grouped_mm_works(device: torch.device) -> bool:
-    """Whether ``torch._grouped_mm`` runs forward and backward in bf16 on ``device`` and
-    matches one matmul per expert (checked once per device; ``auto`` falls back to a loop)."""
-    key = str(device)
-    if key not in _GROUPED_MM_OK:
-        try:
-            g = torch.Generator(device=device).manual_seed(0)
-            x = torch.randn(40, 64, generator=g, device=device).bfloat16().requires_grad_()
-            w = torch.randn(3, 64, 32, generator=g, device=device).bfloat16().requires_grad_()
-            offs = torch.tensor([16, 16, 40], device=device, dtype=torch.int32)
-            y = torch._grouped_mm(x, w, offs=offs)
-            y.float().square().sum().backward()
-            ref = torch.cat([x[:16] @ w[0], x[16:40] @ w[2]])
-            ok = torch.allclose(y.float(), ref.float(), atol=0.1, rtol=0.05)
-            _GROUPED_MM_OK[key] = bool(ok and x.grad is not None and w.grad is not None)
-        except (RuntimeError, TypeError, NotImplementedError):
-            _GROUPED_MM_OK[key] = False
-    return _GROUPED_MM_OK[key]
-
-
-class GroupedExperts(nn.Module):
-    """L SwiGLU experts computed together over rows sorted by expert.
-
-    ``impl``: ``grouped_mm`` runs each matrix product of all experts as one
-    ``torch._grouped_mm`` call (CUDA, bf16); ``loop`` runs one matmul per
-    expert; ``auto`` picks ``grouped_mm`` where it applies.
-    """
+class ExpertParallelMoE(MoE):
+    """One MoE layer with its experts sharded over an ep process group (this rank's shard)."""
 
     def __init__(
         self,
-        num_local: int,
         hidden: int,
         ffn_hidden: int,
-        *,
-        first_expert: int = 0,
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        if impl not in ("auto", "grouped_mm", "loop"):
-            raise UsageError(f"expert impl {impl!r} is not one of auto, grouped_mm, loop")
-        self.impl = impl
-        self.first_expert = first_expert
-        L, H, Fh = num_local, hidden, ffn_hidden
-        kw = {"device": device, "dtype": dtype}
-        self.w_gate = nn.Parameter(torch.empty(L, H, Fh, **kw))
-        self.w_up = nn.Parameter(torch.empty(L, H, Fh, **kw))
-        self.w_down = nn.Parameter(torch.empty(L, Fh, H, **kw))
-        self.reset(seed)
-
-    @torch.no_grad()
-    def reset(self, seed: int) -> None:
-        """Initialise expert e from a generator seeded by (seed, global e): shards match the whole."""
-        dev = self.w_gate.device
-        H, Fh = self.w_gate.shape[1], self.w_gate.shape[2]
-        for le in range(self.w_gate.shape[0]):
-            g = torch.Generator(device=dev).manual_seed(seed * 100_003 + self.first_expert + le)
-            for w, fan_in in ((self.w_gate, H), (self.w_up, H), (self.w_down, Fh)):
-                r = torch.randn(w.shape[1:], generator=g, device=dev, dtype=torch.float32)
-                w[le].copy_(r / fan_in**0.5)
-
-    def _use_grouped_mm(self, x: torch.Tensor) -> bool:
-        if self.impl == "loop" or not hasattr(torch, "_grouped_mm"):
-            return False
-        if self.impl == "grouped_mm":
-            return True
-        dims_ok = all(d % 8 == 0 for d in self.w_gate.shape[1:])
-        return x.is_cuda and x.dtype == torch.bfloat16 and dims_ok and grouped_mm_works(x.device)
-
-    def resolved_impl(self, x: torch.Tensor) -> str:
-        """``grouped_mm`` or ``loop``: what ``forward`` runs for inputs like ``x``."""
-        return "grouped_mm" if self._use_grouped_mm(x) else "loop"
-
-    def forward(self, x_NH: torch.Tensor, counts_L: list[int]) -> torch.Tensor:
-        assert sum(counts_L) == x_NH.shape[0], "rows must equal the sum of per-expert counts"
-        if self._use_grouped_mm(x_NH):
-            offs = torch.tensor(counts_L, device=x_NH.device).cumsum(0).to(torch.int32)
-            try:
-                h = F.silu(torch._grouped_mm(x_NH, self.w_gate, offs=offs))
-                h = h * torch._grouped_mm(x_NH, self.w_up, offs=offs)
-                return torch._grouped_mm(h, self.w_down, offs=offs)
-            except RuntimeError:
-                if self.impl == "grouped_mm":
-                    raise
-                _GROUPED_MM_OK[str(x_NH.device)] = False  # these shapes: one matmul per expert
-        outs = []
-        start = 0
-        for le, n in enumerate(counts_L):
-            xs = x_NH[start : start + n]
-            outs.append((F.silu(xs @ self.w_gate[le]) * (xs @ self.w_up[le])) @ self.w_down[le])
-            start += n
-        if not outs:
-            return x_NH.new_zeros(x_NH.shape)
-        return torch.cat(outs)
-
-    @torch.no_grad()
-    def copy_from(self, full: GroupedExperts) -> None:
-        """Take this shard's experts from a full (all-expert) module."""
-        s = slice(self.first_expert, self.first_expert + self.w_gate.shape[0])
-        self.w_gate.copy_(full.w_gate[s])
-        self.w_up.copy_(full.w_up[s])
-        self.w_down.copy_(full.w_down[s])
-
-
-@dataclass(frozen=True)
-class MoEOutput:
-    """A layer's output and what its routing did."""
-
-    y_TH: torch.Tensor
-    """The combined expert outputs (zero rows where every slot was dropped)."""
-    aux_loss: torch.Tensor
-    """Auxiliary load-balancing loss (summed over groups)."""
-    routed_E: torch.Tensor
-    """Assignments per expert before dropping (this rank's tokens)."""
-    kept_E: torch.Tensor
-    """Assignments per expert after dropping (this rank's tokens)."""
-    unserved_tokens: int = 0
-    """Tokens whose every slot was dropped (their output is zero: only the residual carries them)."""
-    plan: comm.DispatchPlan | None = None
-    """The dispatch plan (a2a mode)."""
-
-
-def _sort_kept(routing: Routing, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept assignments to experts in [lo, hi), sorted by expert (stable: token order inside).
-
-    Returns (assignment ids into the flattened [T*K] slots, their experts).
-    """
-    idx = routing.expert_idx_TK.reshape(-1)
-    mask = routing.keep_TK.reshape(-1) & (idx >= lo) & (idx < hi)
-    sel_N = torch.nonzero(mask).squeeze(1)
-    e_N = idx[sel_N]
-    order = torch.sort(e_N, stable=True).indices
-    return sel_N[order], e_N[order]
-
-
-class MoELayer(nn.Module):
-    """The single-device MoE layer: the reference every parallel path must equal."""
-
-    def __init__(
-        self,
-        spec: MoESpec,
-        *,
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        self.spec = spec
-        self.router = Router(spec.hidden, spec.router).to(device=device)
-        self.router.gate.to(dtype=dtype)  # the selection bias stays fp32
-        self.router.reset(seed)
-        self.experts = GroupedExperts(
-            spec.num_experts, spec.hidden, spec.ffn_hidden, seed=seed, device=device,
-            dtype=dtype, impl=impl,
-        )  # fmt: skip
-
-    def forward(
-        self, x_TH: torch.Tensor, *, groups: int = 1, forced_idx_TK: torch.Tensor | None = None
-    ) -> MoEOutput:
-        T, H = x_TH.shape
-        E = self.spec.num_experts
-        if T % groups:
-            raise UsageError(f"{T} tokens do not split into {groups} equal groups")
-        n = T // groups
-        ys, aux, routed, kept, unserved = [], [], [], [], []
-        for g in range(groups):
-            xg = x_TH[g * n : (g + 1) * n]
-            forced = None if forced_idx_TK is None else forced_idx_TK[g * n : (g + 1) * n]
-            routing = self.router(xg, forced)
-            sel_N, e_N = _sort_kept(routing, 0, E)
-            K = routing.expert_idx_TK.shape[1]
-            tok_N = sel_N // K
-            counts = torch.bincount(e_N, minlength=E).tolist()
-            h_NH = self.experts(xg[tok_N], counts)
-            w_N = routing.weight_TK.reshape(-1)[sel_N]
-            ys.append(xg.new_zeros(n, H).index_add(0, tok_N, h_NH * w_N.unsqueeze(1)))
-            aux.append(routing.aux_loss)
-            routed.append(routing.counts(E))
-            kept.append(routing.counts(E, kept=True))
-            unserved.append(routing.unserved_tokens())
-        return MoEOutput(
-            y_TH=torch.cat(ys),
-            aux_loss=torch.stack(aux).sum(),
-            routed_E=torch.stack(routed).sum(0),
-            kept_E=torch.stack(kept).sum(0),
-            unserved_tokens=sum(unserved),
-        )
-
-
-class ExpertParallelMoE(nn.Module):
-    """One MoE layer with its experts sharded over an ep process group."""
-
-    def __init__(
-        self,
-        spec: MoESpec,
+        router: RouterConfig,
         group: Any,
         *,
         mode: str = "a2a",
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        impl: str = "auto",
+        **layer: Any,
     ) -> None:
-        super().__init__()
+        """``layer``: ``MoE``'s keywords (shared experts, seed, device, dtype, impl, ...)."""
         if mode not in MODES:
             raise UsageError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-        self.spec = spec
-        self.group = group
-        self.mode = mode
-        self.ep = comm.group_size(group)
-        self.ep_rank = comm.group_rank(group)
-        self.num_local = check_ep(spec.num_experts, self.ep)
-        self.router = Router(spec.hidden, spec.router).to(device=device)
-        self.router.gate.to(dtype=dtype)  # the selection bias stays fp32
-        self.router.reset(seed)
-        self.experts = GroupedExperts(
-            self.num_local, spec.hidden, spec.ffn_hidden, first_expert=self.ep_rank * self.num_local,
-            seed=seed, device=device, dtype=dtype, impl=impl,
-        )  # fmt: skip
+        ep, ep_rank = comm.group_size(group), comm.group_rank(group)
+        num_local = check_ep(router.num_experts, ep)
+        super().__init__(
+            hidden, ffn_hidden, router, local=(ep_rank * num_local, num_local), **layer
+        )
+        self.group, self.mode, self.ep, self.ep_rank = group, mode, ep, ep_rank
+        self.num_local = num_local
 
     @classmethod
-    def from_reference(cls, ref: MoELayer, group: Any, *, mode: str = "a2a") -> ExpertParallelMoE:
-        """This rank's shard of a reference layer (same router, its slice of the experts)."""
-        w = ref.experts.w_gate
+    def from_reference(cls, ref: MoE, group: Any, *, mode: str = "a2a") -> ExpertParallelMoE:
+        """This rank's shard of a layer (same router and shared experts, its slice of the
+        experts)."""
+        w = ref.experts.w1
         layer = cls(
-            ref.spec, group, mode=mode, device=w.device, dtype=w.dtype, impl=ref.experts.impl
-        )
+            ref.hidden, ref.ffn_hidden, ref.router.config, group, mode=mode,
+            shared=ref.shared_experts, swiglu=ref.experts.swiglu, route_scale=ref.route_scale,
+            device=w.device, dtype=w.dtype, impl=ref.experts.impl,
+        )  # fmt: skip
         with torch.no_grad():
             layer.router.load_state_dict(ref.router.state_dict())
             layer.experts.copy_from(ref.experts)
         return layer
 
-    def forward(
+    def forward(  # type: ignore[override]
         self,
         x_TH: torch.Tensor,
         *,
         forced_idx_TK: torch.Tensor | None = None,
-        timer: comm.PhaseTimer | None = None,
+        timer: comm.BarrierTimer | None = None,
     ) -> MoEOutput:
-        timer = timer or comm.PhaseTimer(device=x_TH.device, barrier=False)
+        timer = timer or comm.BarrierTimer(device=x_TH.device, barrier=False)
         t = timer.start()
         routing = self.router(x_TH, forced_idx_TK)
         timer.stop("route", t)
-        E = self.spec.num_experts
+        E = self.num_experts
         run = self._a2a if self.mode == "a2a" else self._naive
         y_TH, plan = run(x_TH, routing, timer)
         return MoEOutput(
-            y_TH=y_TH,
+            y_TH=self.finish(x_TH, y_TH),
             aux_loss=routing.aux_loss,
             routed_E=routing.counts(E),
             kept_E=routing.counts(E, kept=True),
@@ -345,7 +116,7 @@ class ExpertParallelMoE(nn.Module):
         )
 
     def _a2a(
-        self, x_TH: torch.Tensor, routing: Routing, timer: comm.PhaseTimer
+        self, x_TH: torch.Tensor, routing: Routing, timer: comm.BarrierTimer
     ) -> tuple[torch.Tensor, comm.DispatchPlan]:
         T, H = x_TH.shape
         K = routing.expert_idx_TK.shape[1]
@@ -353,7 +124,7 @@ class ExpertParallelMoE(nn.Module):
         esize = x_TH.element_size()
 
         t = timer.start()
-        sel_N, e_N = _sort_kept(routing, 0, self.spec.num_experts)
+        sel_N, e_N = sort_kept(routing, 0, self.num_experts)
         tok_N = sel_N // K
         send_NH = x_TH[tok_N]  # permute: rows for rank 0's experts first, then rank 1's, ...
         counts_RL = torch.bincount(e_N, minlength=ep * L).view(ep, L)
@@ -394,7 +165,7 @@ class ExpertParallelMoE(nn.Module):
         return y_TH, plan
 
     def _naive(
-        self, x_TH: torch.Tensor, routing: Routing, timer: comm.PhaseTimer
+        self, x_TH: torch.Tensor, routing: Routing, timer: comm.BarrierTimer
     ) -> tuple[torch.Tensor, None]:
         T, H = x_TH.shape
         K = routing.expert_idx_TK.shape[1]
@@ -414,7 +185,7 @@ class ExpertParallelMoE(nn.Module):
             expert_idx_TK=idx_all, weight_TK=w_all, keep_TK=keep_all,
             scores_TE=routing.scores_TE, aux_loss=routing.aux_loss, capacity=routing.capacity,
         )  # fmt: skip
-        sel_N, e_N = _sort_kept(gathered, lo, lo + L)
+        sel_N, e_N = sort_kept(gathered, lo, lo + L)
         tok_N = sel_N // K
         counts = torch.bincount(e_N - lo, minlength=L).tolist()
         h_NH = self.experts(x_all[tok_N], counts)
@@ -428,54 +199,15 @@ class ExpertParallelMoE(nn.Module):
         return y_TH, None
 
 
-class ExpertParallelBlock(nn.Module):
-    """The reference model's MoE block (``parlab.models.reference.MoE``) with its routed
-    experts sharded over an ep group: same router, same outputs; shared experts and the
-    route scale stay as they were (the shared experts are a dense FFN, replicated)."""
-
-    def __init__(self, block: nn.Module, group: Any, *, mode: str = "a2a") -> None:
-        super().__init__()
-        router, experts = block.router, block.experts
-        if not experts.swiglu:
-            raise UsageError("expert parallelism here runs SwiGLU experts; this model's are GeLU")
-        E, Fh, H = experts.w1.shape
-        cfg = RouterConfig(
-            num_experts=E, top_k=router.top_k, gating=router.scoring,
-            normalize_weights=router.normalize,
-        )  # fmt: skip
-        w1 = experts.w1
-        spec = MoESpec(hidden=H, ffn_hidden=Fh, router=cfg)
-        self.layer = ExpertParallelMoE(spec, group, mode=mode, device=w1.device, dtype=w1.dtype)
-        lo, n = self.layer.experts.first_expert, self.layer.num_local
-        with torch.no_grad():
-            self.layer.router.gate.weight.copy_(router.gate.weight)
-            self.layer.experts.w_gate.copy_(experts.w1[lo : lo + n].transpose(1, 2))
-            self.layer.experts.w_up.copy_(experts.w3[lo : lo + n].transpose(1, 2))
-            self.layer.experts.w_down.copy_(experts.w2[lo : lo + n].transpose(1, 2))
-        self.route_scale = float(router.scale)
-        self.shared_experts = block.shared_experts
-
-    def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
-        x_TH = x_BSH.reshape(-1, x_BSH.shape[-1])
-        y_TH = self.layer(x_TH).y_TH
-        if self.route_scale != 1.0:
-            y_TH = y_TH * self.route_scale
-        if self.shared_experts is not None:
-            y_TH = y_TH + self.shared_experts(x_TH)
-        return y_TH.view_as(x_BSH)
-
-
 def apply_expert_parallel(model: nn.Module, ep_group: Any, *, mode: str = "a2a") -> nn.Module:
-    """Replace every reference MoE block of ``model`` by its expert-parallel shard, in place.
+    """Replace every MoE block of ``model`` by its expert-parallel shard, in place.
 
     Every rank of ``ep_group`` must hold the same weights before (build the model with the
     same seed). After it, the experts' gradients are local to their rank: a data-parallel
     wrapper must reduce them only over the ranks that hold the same experts, never over ep.
     """
-    from parlab.models.reference import MoE
-
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, MoE):
-                setattr(module, name, ExpertParallelBlock(child, ep_group, mode=mode))
+                setattr(module, name, ExpertParallelMoE.from_reference(child, ep_group, mode=mode))
     return model

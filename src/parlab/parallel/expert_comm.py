@@ -228,7 +228,7 @@ on a 2 GHz GPU): longer than the host needs to issue a phase's kernels or collec
 
 
 @dataclass
-class PhaseTimer:
+class BarrierTimer:
     """Device time and bytes per named phase of a forward, for measured runs.
 
     Each phase is bracketed by a device synchronisation (and, with

@@ -1,4 +1,4 @@
-"""The production paths users run: torch DDP and FSDP2 (``fully_shard``), hybrid, recompute.
+"""The production paths users run: torch DDP and FSDP2 (``fully_shard``), and hybrid sharding.
 
 Wrapped behind the same interface as parlab's own mechanisms
 (``parlab.parallel.data`` / ``parlab.parallel.zero``), so one training loop
@@ -17,72 +17,24 @@ What crosses the wire (D = the data-parallel group, or its sub-meshes):
   reduce-scatter runs inside a shard group, then an all-reduce of the
   gradient shard across replicas.
 
-Composition order (``apply_recompute``, then compile, then DDP/FSDP) follows
-torchtitan: activation checkpointing wraps the block's own forward so that
-the FSDP hooks stay outside it (parameters are gathered once, not again for
-the recomputation); compile sees the checkpointed block; DDP/FSDP wrap last.
+They are step 5 of ``parlab.parallel.compose.parallelize`` (data parallelism, last, after
+checkpointing and compile), where the order and its reasons are written.
 """
 
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from parlab.errors import UsageError
 from parlab.parallel.data import OptimizerFactory, unique_params
 from parlab.runtime.meters import optimizer_tensors
-
-RECOMPUTE = ("none", "selective", "full")
-
-# Ops whose outputs selective recomputation keeps (the expensive ones); the rest are recomputed.
-_SAVE_OPS = {
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-}
-
-
-def _selective_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    name = func._schema.name if hasattr(func, "_schema") else str(func)
-    keep = name in _SAVE_OPS
-    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def apply_recompute(model: nn.Module, mode: str) -> None:
-    """Activation checkpointing of every block: ``none``, ``selective`` (keep matmul and
-    attention outputs, recompute the rest) or ``full`` (keep only the block's input)."""
-    if mode not in RECOMPUTE:
-        raise UsageError(f"--recompute {mode!r} is not one of {', '.join(RECOMPUTE)}")
-    if mode == "none":
-        return
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
-    for block in model.layers:  # type: ignore[union-attr]
-        inner = block.forward
-        kwargs: dict[str, Any] = {"use_reentrant": False}
-        if mode == "selective":
-            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
-
-        def forward(*args: Any, _inner: Any = inner, _kw: dict[str, Any] = kwargs) -> Any:
-            return checkpoint(_inner, *args, **_kw)
-
-        block.forward = forward  # type: ignore[method-assign]
-
-
-def apply_compile(model: nn.Module) -> None:
-    """``torch.compile`` each block (after recompute, before DDP/FSDP, as torchtitan does)."""
-    for block in model.layers:  # type: ignore[union-attr]
-        block.compile()
 
 
 class TorchDDP:
@@ -96,8 +48,6 @@ class TorchDDP:
         *,
         bucket_mb: float = 25.0,
     ) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
         dev = next(model.parameters()).device
         self.module = DistributedDataParallel(
             model,
@@ -167,8 +117,6 @@ class TorchFSDP:
         reduce_dtype: torch.dtype | None = torch.float32,
         reshard_after_forward: bool = True,
     ) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for block in model.layers:  # type: ignore[union-attr]
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -209,8 +157,6 @@ def hybrid_mesh(device_type: str, world: int, shard: int) -> Any:
         raise UsageError(
             f"--hybrid-shard {shard} does not divide {world} ranks: pick a divisor of the world size"
         )
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh(
         device_type, (world // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
     )

@@ -18,6 +18,11 @@ steady state, where neighbours send to each other at once, cannot deadlock),
 then runs the action that starts there. Only receives are waited for. Stages
 on the same rank (``pp`` = 1, or interleaving) hand tensors over in memory.
 
+``torch_schedule`` runs the same stage modules under ``torch.distributed.pipelining``
+instead (``gpipe``, ``1f1b``, and ``zbv``: ScheduleZBVZeroBubble, two stages per rank in a V,
+whose backward splits into input and weight gradients so the weight half fills the bubble):
+the reference parlab's executor is measured against.
+
 Timing: each forward and backward is timed (CUDA events on GPUs, the wall
 clock after the work on CPU) so the measured bubble is
 ``1 - busy / step time`` per rank, against ``pipeline_schedules.formula``.
@@ -34,6 +39,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleZBVZeroBubble,
+)
 
 from parlab.parallel import tensor_comm
 from parlab.parallel.pipeline_schedules import Action, n_stages, simulate
@@ -251,3 +262,23 @@ def run_schedule(
         stats.loss = float(loss_sum)
     assert not outputs and not inputs, "every forward was matched by its backward"
     return stats
+
+
+def torch_schedule(
+    stages: dict[int, nn.Module],
+    n_stages: int,
+    schedule: str,
+    microbatches: int,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    group: Any,
+    device: torch.device,
+) -> Any:
+    """``torch.distributed.pipelining``'s schedule over ``stages`` (stage index -> module this
+    rank holds: one, or two for ``zbv``); ``step(inputs)`` on the first stage's rank,
+    ``step(target=, losses=)`` on the last's."""
+    sts = [PipelineStage(m, s, n_stages, device, group=group) for s, m in sorted(stages.items())]
+    if schedule == "zbv":
+        return ScheduleZBVZeroBubble(sts, n_microbatches=microbatches, loss_fn=loss_fn)
+    cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    return cls(sts[0], n_microbatches=microbatches, loss_fn=loss_fn)

@@ -22,7 +22,9 @@ the cross-entropy runs on vocab-sharded logits (three all-reduces of ``B*S``
 floats: max, sum of exp, target logit) instead of gathering ``B*S*V`` logits.
 
 Entry point: ``apply_tensor_parallel(model, tp_group, sequence_parallel=,
-loss_parallel=)`` on a torchtitan-named Llama model (``parlab.models``).
+loss_parallel=)`` on a torchtitan-named Llama model (``parlab.models``). Beside it,
+``apply_torch_tensor_parallel``: torch's own DTensor plan for the same model, the reference
+parlab's TP is measured against (plain TP: no SP, embeddings, output and logits whole).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from parlab.errors import UsageError
 from parlab.parallel import tensor_comm as comm
@@ -307,3 +310,16 @@ def shard_reference_grad(name: str, grad: torch.Tensor, rank: int, size: int) ->
     if leaf in ("wo", "w2"):
         return grad.chunk(size, dim=1)[rank]
     return grad
+
+
+def apply_torch_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
+    """torch's plain DTensor TP (``parallelize_module``): wq/wk/wv/w1/w3 column-wise, wo/w2
+    row-wise; no SP, embeddings, norms and output left whole, the logits replicated."""
+    plan: dict[str, Any] = {}
+    for i in range(len(model.layers)):  # type: ignore[arg-type]
+        for n in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
+            plan[f"layers.{i}.{n}"] = ColwiseParallel()
+        plan[f"layers.{i}.feed_forward.w3"] = ColwiseParallel()
+        plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
+        plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
+    parallelize_module(model, tp_mesh, plan)

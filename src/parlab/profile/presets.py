@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from parlab.profile.capture import Profiler
 from parlab.runtime.context import RankContext
+from parlab.runtime.loop import LoopPlan, TrainStep, next_token_loss, run_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +64,44 @@ def _autocast(ctx: RankContext) -> Any:
     return contextlib.nullcontext()
 
 
+class _PresetStep(TrainStep):
+    """One profiled step: the preset's model on this rank's seeded tokens, AdamW, then the
+    profiler's step."""
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        model: torch.nn.Module,
+        shape: TrainShape,
+        prof: Profiler,
+        *,
+        vocab: int,
+        loss_fn: Any,
+        autocast: bool,
+    ) -> None:
+        self.ctx, self.model, self.shape, self.prof, self.vocab = ctx, model, shape, prof, vocab
+        self.loss_fn = loss_fn or next_token_loss
+        self.autocast = _autocast(ctx) if autocast else contextlib.nullcontext()
+        self.opt = torch.optim.AdamW(model.parameters(), lr=shape.lr, foreach=ctx.is_cuda)
+
+    def data(self, i: int) -> torch.Tensor:
+        return _batch(self.ctx, self.vocab, self.shape, i)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        with self.autocast:
+            logits = self.model(tokens[:, :-1])
+        return self.loss_fn(logits, tokens[:, 1:])
+
+    def optimizer(self) -> None:
+        self.opt.step()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def after(self, i: int) -> None:
+        self.prof.step()
+
+
 def _train(
     ctx: RankContext,
     model: torch.nn.Module,
@@ -74,23 +112,11 @@ def _train(
     loss_fn: Any = None,
     autocast: bool = True,
 ) -> None:
-    opt = torch.optim.AdamW(model.parameters(), lr=shape.lr, foreach=ctx.is_cuda)
+    """``prof.total_steps`` steps on the shared step loop, under the profiler."""
+    step = _PresetStep(ctx, model, shape, prof, vocab=vocab, loss_fn=loss_fn, autocast=autocast)
     with prof:
-        for step in range(prof.total_steps):
-            tokens = _batch(ctx, vocab, shape, step)
-            with _autocast(ctx) if autocast else contextlib.nullcontext():
-                logits = model(tokens[:, :-1])
-            target = tokens[:, 1:]
-            if loss_fn is not None:
-                loss = loss_fn(logits, target)
-            else:
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), target.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            prof.step()
+        run_steps(step, LoopPlan(warmup=prof.total_steps), ctx.device)
     ctx.sync()
-    del opt
 
 
 def _build(ctx: RankContext, model: str, dtype: torch.dtype) -> torch.nn.Module:

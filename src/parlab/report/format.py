@@ -74,6 +74,11 @@ def prediction_error(predicted: float | None, measured: float | None) -> float |
     return (measured - predicted) / predicted
 
 
+def fmt_error(err: float | None) -> str:
+    """A prediction error (``prediction_error``) as a signed percentage, or ``unknown``."""
+    return "unknown" if err is None else f"{100 * err:+.1f} %"
+
+
 def layout_label(layout: dict[str, Any]) -> str:
     """``fsdp dp=2 tp=2`` from a document's layout (strategy and the mesh axes above 1)."""
     parts: list[str] = []

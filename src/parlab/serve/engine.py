@@ -514,8 +514,7 @@ class Engine:
         m = self.model
         for li, layer in enumerate(m.layers):
             h_BSH = h_BSH + self._reduce(attend(li, layer.attention_norm(h_BSH)))
-            ffn = layer.moe if layer.moe is not None else layer.feed_forward
-            h_BSH = h_BSH + self._reduce(ffn(layer.ffn_norm(h_BSH)))
+            h_BSH = h_BSH + self._reduce(layer.ffn(layer.ffn_norm(h_BSH)))
         h_BH = h_BSH[:, -1] if last_1 is None else h_BSH.index_select(1, last_1)[:, 0]
         return m.output(m.norm(h_BH)).float()
 

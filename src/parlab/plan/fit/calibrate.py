@@ -39,48 +39,10 @@ from parlab.dtypes import RECIPES, document_dtype
 from parlab.errors import UsageError
 from parlab.plan.estimate import StepEstimate, Throughput
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
+from parlab.plan.fit.runs import implementation_of, knobs, model_name, recompute_of
 from parlab.plan.roofline import Implementation, Roofline
 
 _STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
-
-
-def knobs(doc: Any) -> dict[str, Any]:
-    """The layout's knobs (training-state documents) merged over its top level (model-internal)."""
-    lay = doc.layout or {}
-    return {**lay, **(lay.get("knobs") or {})}
-
-
-def implementation_of(doc: Any) -> Implementation:
-    """What the run's document records of its implementation: ``norm_kernel`` (absent: the
-    reference model before it fused RMSNorm and RoPE, ``explicit``), ``compile``, and for
-    parlab's sequence parallelism ``sp_saved_input`` (absent: before commit 02e7fd8, when each
-    linear copied the gathered sequence, ``sp_gather = "per-linear"``); torch DDP wraps the
-    model of ``parlab train --strategy ddp`` on one rank too (``ddp_one_rank``)."""
-    k = knobs(doc)
-    one = doc.project == "PAR-TRAINING-STATE" and (doc.layout or {}).get("strategy") in (
-        "ddp",
-        "ddp-bucket",
-    )
-    old_sp = (
-        bool(k.get("sequence_parallel"))
-        and k.get("implementation", "parlab") == "parlab"
-        and not k.get("sp_saved_input")
-    )
-    gather = "per-linear" if old_sp else "shared"
-    if k.get("compile"):
-        return Implementation(norm_kernel="compiled", sp_gather=gather, ddp_one_rank=one)
-    norm = str(k.get("norm_kernel") or "explicit")
-    return Implementation(norm_kernel=norm, sp_gather=gather, ddp_one_rank=one)
-
-
-def recompute_of(doc: Any) -> str:
-    """The run's recompute in the planner's names: ``parlab train --recompute selective``
-    (PAR-TRAINING-STATE documents) ran the runtime's op-level policy, ``op-selective``
-    (``parlab.plan.roofline``); the planner's own ``selective`` is Megatron's attention core."""
-    rc = str(knobs(doc).get("recompute") or "none")
-    if rc == "selective" and doc.project == "PAR-TRAINING-STATE":
-        return "op-selective"
-    return rc
 
 
 def group_of(doc: Any) -> str:
@@ -114,20 +76,13 @@ def is_dtensor_tp(doc: Any) -> bool:
     return knobs(doc).get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1
 
 
-def _model_name(doc: Any) -> str:
-    model = doc.workload.get("model")
-    return str(
-        doc.workload.get("preset") or (model.get("name") if isinstance(model, dict) else model)
-    )
-
-
 def unmodelled(doc: Any, *, shapes: Any = None, roofline: Any = None) -> str:
     """Why the planner's model does not describe this run ("" when it does); ``shapes`` and
     ``roofline``: a GEMM-shape calibration (``parlab.plan.fit.shapes``) that, where it covers the
     run against ``roofline``'s reference width, describes its unaligned GEMMs (its head dim: the
     measured attention factor where the calibration has one for the run's batch, else the
     attention term's, as for every model)."""
-    name = _model_name(doc)
+    name = model_name(doc)
     if is_dtensor_tp(doc):
         return "DTensor TP: host-bound per-op dispatch (not modelled)"
     if str((doc.layout or {}).get("strategy", "")).startswith("deepspeed-"):
@@ -168,39 +123,17 @@ def run_request(
     mfu: float = 0.40,
     calibration: Any = None,
 ) -> tuple[Any, Any, bool] | None:
-    """(request, candidate, sequence parallel) reproducing one training run, or None when its
-    document lacks the model, sequence or batch."""
-    from parlab.models import get_spec
-    from parlab.plan.planner import PlanRequest
-    from parlab.plan.space import Candidate, make_cluster
-
+    """(request, candidate, sequence parallel) reproducing one training run from its document
+    (``request_of`` on what the document records), or None when it lacks the model, sequence,
+    batch or GPU."""
     w, lay = doc.workload, doc.layout
     model = w.get("model")
-    if not model or not w.get("seq") or not w.get("global_batch"):
-        return None
-    spec = get_spec(
-        str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model))
-    )
     gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
-    if not gpus:
+    if not model or not w.get("seq") or not w.get("global_batch") or not gpus:
         return None
-    world = int(lay["world_size"])
-    cluster = make_cluster(
-        gpus=f"{world}x{gpus[0]['name']}",
-        gpus_per_node=max(1, len(gpus)),
-        calibration=calibration,
-    )
     mesh = lay.get("mesh") or {}
-    k = knobs(doc)
-    strategy = str(lay.get("strategy") or "ddp").removesuffix("-naive")
-    strategy = strategy.removeprefix("deepspeed-")  # DeepSpeed's ZeRO stages: the same sharding
-    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
-        strategy = "ddp"
+    world = int(lay["world_size"])
     tp, pp, cp = int(mesh.get("tp", 1)), int(mesh.get("pp", 1)), int(mesh.get("cp", 1))
-    dp = int(mesh.get("dp", world // (tp * pp * cp)))
-    mb = int(w.get("micro_batch") or 1)
-    gb = int(w["global_batch"])
-    vpp = int(lay.get("vpp") or 1)
     schedule = "-"
     if pp > 1:
         from parlab.ledger.activations import schedule_name
@@ -209,43 +142,83 @@ def run_request(
             schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
         except ValueError:
             return None
-    # the recipe the run recorded, in today's names (parlab.dtypes.document_dtype: train's
-    # bf16 was bf16 compute over fp32 states, DeepSpeed's bf16 parameters with an fp32 master,
-    # the model-internal runs' bf16 everything in bf16)
-    dtype = document_dtype(doc)
-    if dtype not in RECIPES:
-        dtype = "bf16-compute"
-    peak = cluster.gpu.peak("bf16") or 0.0
-    from parlab.plan.fit.lab import LabCompute
+    return request_of(
+        model=str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model)),
+        gpu=str(gpus[0]["name"]), gpus_per_node=max(1, len(gpus)), world=world,
+        strategy=str(lay.get("strategy") or "ddp"),
+        mesh={"tp": tp, "pp": pp, "cp": cp, "dp": int(mesh.get("dp", world // (tp * pp * cp)))},
+        micro_batch=int(w.get("micro_batch") or 1), global_batch=int(w["global_batch"]),
+        seq=int(w["seq"]), dtype=document_dtype(doc), recompute=recompute_of(doc),
+        schedule=schedule, vpp=int(lay.get("vpp") or 1), impl=implementation_of(doc),
+        sp=bool(knobs(doc).get("sequence_parallel", tp > 1)), roofline=roofline, mfu=mfu,
+        calibration=calibration,
+    )  # fmt: skip
 
+
+def request_of(
+    *,
+    model: str,
+    gpu: str,
+    gpus_per_node: int,
+    world: int,
+    strategy: str,
+    mesh: dict[str, int],
+    micro_batch: int,
+    global_batch: int,
+    seq: int,
+    dtype: str | None,
+    recompute: str,
+    schedule: str = "-",
+    vpp: int = 1,
+    impl: Implementation | None = None,
+    sp: bool = False,
+    roofline: Roofline | None = None,
+    mfu: float = 0.40,
+    calibration: Any = None,
+) -> tuple[Any, Any, bool]:
+    """(request, candidate, sequence parallel) of one run's configuration -- what a document
+    records, or what ``parlab train`` is about to run -- the one place a run becomes a plan."""
+    from parlab.models import get_spec
+    from parlab.plan.fit.lab import LabCompute
+    from parlab.plan.planner import PlanRequest
+    from parlab.plan.space import Candidate, make_cluster
+
+    spec = get_spec(model)
+    cluster = make_cluster(
+        gpus=f"{world}x{gpu}", gpus_per_node=gpus_per_node, calibration=calibration
+    )
+    strategy = strategy.removesuffix("-naive").removeprefix("deepspeed-")  # the same sharding
+    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
+        strategy = "ddp"
+    peak = cluster.gpu.peak("bf16") or 0.0
     req = PlanRequest(
         spec=spec,
         cluster=cluster,
-        global_batch=gb,
-        seq=int(w["seq"]),
+        global_batch=global_batch,
+        seq=seq,
         compute=(
             Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True)
             if roofline is None
             else LabCompute(roofline_fit=roofline)
         ),
-        dtype=dtype,
+        dtype=dtype if dtype in RECIPES else "bf16-compute",
         optimizer="adamw-fused",
-        implementation=implementation_of(doc),
+        implementation=impl or Implementation(),
     )
+    dp = mesh.get("dp", world // (mesh.get("tp", 1) * mesh.get("pp", 1) * mesh.get("cp", 1)))
     cand = Candidate(
         dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
+        tp=mesh.get("tp", 1),
+        pp=mesh.get("pp", 1),
+        cp=mesh.get("cp", 1),
         ep=1,
         strategy=strategy,
-        micro_batch=mb,
-        microbatches=max(1, gb // (dp * mb)),
-        recompute=recompute_of(doc),
+        micro_batch=micro_batch,
+        microbatches=max(1, global_batch // (dp * micro_batch)),
+        recompute=recompute,
         schedule=schedule,
         vpp=vpp if schedule in ("interleaved", "zbv") else 1,  # zbv: the V, 2 chunks a rank
     )
-    sp = bool(k.get("sequence_parallel", tp > 1))
     return req, cand, sp
 
 

@@ -64,6 +64,7 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.plan.compute import StepShape
+from parlab.plan.fit.runs import model_name, recompute_of
 
 FORMATS = ("parlab-gemm-shapes/v1", "parlab-gemm-shapes/v2", "parlab-gemm-shapes/v3")
 """The probe's formats, oldest first. v2: GEMM seconds include the bias gradients (``bgrad``),
@@ -298,13 +299,12 @@ def _era(version: int, biased: bool) -> int:
 
 def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
     """(model, micro-batch, sequence, tp, cp, GPU name) of a measured training run."""
-    from parlab.plan.fit.calibrate import _model_name
 
     w, lay = doc.workload, doc.layout or {}
     mesh = lay.get("mesh") or {}
     gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
     return (
-        _model_name(doc),
+        model_name(doc),
         int(w.get("micro_batch") or 1),
         int(w.get("seq") or 0),
         int(mesh.get("tp", 1)),
@@ -315,7 +315,6 @@ def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
 
 def doc_batch(doc: Any) -> StepShape:
     """The ``StepShape`` of a measured training run."""
-    from parlab.plan.fit.calibrate import recompute_of
 
     model, mb, seq, tp, cp, gpu = run_batch(doc)
     return StepShape(
