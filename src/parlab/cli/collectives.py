@@ -58,13 +58,13 @@ from parlab.units import format_bytes
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # lazy: torch, for the GPU count only
 
     return torch.cuda.is_available()
 
 
 def _default_nproc() -> int:
-    import torch
+    import torch  # lazy: torch, for the GPU count only
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
@@ -239,6 +239,7 @@ def _sweep(
     results: Path | None,
     as_json: bool,
 ) -> None:
+    # lazy: parlab.comm.ops and .sweep import torch; .report matplotlib
     from parlab.comm import ops as O
     from parlab.comm.report import format_table
     from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep

@@ -216,7 +216,7 @@ def train_cmd(
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
     from parlab.errors import UsageError
-    from parlab.projects.training_state import TrainConfig, run_training
+    from parlab.projects.training_state import TrainConfig, run_training  # lazy: torch
 
     if roofline is not None and not roofline.is_dir():
         raise UsageError(
@@ -276,7 +276,7 @@ def training_state_cmd(
     rdzv_id: str = RdzvIdOption,
 ) -> None:
     """The comparison set (DDP, ZeRO-1/2/3, FSDP) at CPU or GPU size, then the report."""
-    from parlab.projects.training_state import run_project
+    from parlab.projects.training_state import run_project  # lazy: torch
 
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and nproc is None:
