@@ -110,7 +110,7 @@ JSON_VALUE = st.recursive(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.dictionaries(st.sampled_from(["hidden_size", "num_hidden_layers", "num_attention_heads",
        "vocab_size", "intermediate_size", "num_key_value_heads", "head_dim", "rope_theta",
@@ -179,7 +179,7 @@ RUNS = [
 
 @pytest.mark.parametrize("name, template", RUNS, ids=[" ".join(t) for _, t in RUNS])
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(value=TEXT)
 def test_formula_only_commands_end_with_a_value_or_one_line(
