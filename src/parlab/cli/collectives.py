@@ -245,6 +245,7 @@ def _sweep(
     from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep
     from parlab.runtime.launch import default_timeout_s
 
+    root = results_dir(results)  # a bad folder is refused before anything runs
     per_node = nproc if nproc is not None else _default_nproc()
     n = per_node * job.nnodes
     if maxbytes is None:
@@ -287,7 +288,7 @@ def _sweep(
 
         outcome = run_sweep(spec, command=reproduce_command(), on_record=on_record)
     doc = with_nodes(outcome.doc)
-    path = write_sweep(doc, results_dir(results))
+    path = write_sweep(doc, root)
     if as_json:
         print_json(doc.to_json())
     else:

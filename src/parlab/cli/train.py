@@ -224,6 +224,7 @@ def train_cmd(
         )
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     world = nproc * job.nnodes
+    root = results_dir(results)  # a bad folder is refused before anything runs
     with on_nodes(job):
         cfg = TrainConfig(
             strategy=strategy,
@@ -250,7 +251,7 @@ def train_cmd(
             host_probe=host_probe,
         )
         doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
-        path = write(doc, results_dir(results))
+        path = write(doc, root)
     _print_run(doc, path)
     if doc.failure is not None:
         raise typer.Exit(1)
