@@ -98,3 +98,17 @@ def test_an_internal_error_names_what_failed_and_where(
     assert err.startswith("parlab: internal error:") and len(err.splitlines()) == 1
     assert "cannot write" in err and "is not a finite number" in err
     assert "parlab/contract.py" in err and "PARLAB_DEBUG=1" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["train", "--strategy", "ddp"], ["collectives"], ["env"], ["fit", "tiny"]],
+)
+def test_a_results_path_that_is_a_file_is_refused_before_anything_runs(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "f").write_text("x")
+    t0 = time.perf_counter()
+    assert run_cli([*args, "--results", str(tmp_path / "f")]) == 2
+    assert time.perf_counter() - t0 < 3  # nothing launched
+    assert "is a file" in capsys.readouterr().err

@@ -38,7 +38,7 @@ TEXT = st.one_of(
     st.from_regex(r"[0-9²①٣.,=xX* a-zA-Z+-]{0,16}", fullmatch=True),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
 )
-FAST = settings(max_examples=300, deadline=None)
+FAST = settings(max_examples=200, deadline=None)
 
 
 def _one_line_usage(fn, text: str) -> None:  # type: ignore[no-untyped-def]
@@ -110,7 +110,7 @@ JSON_VALUE = st.recursive(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.dictionaries(st.sampled_from(["hidden_size", "num_hidden_layers", "num_attention_heads",
        "vocab_size", "intermediate_size", "num_key_value_heads", "head_dim", "rope_theta",
@@ -154,7 +154,7 @@ def _context(path: str, extra: list[str]) -> None:
 
 
 @pytest.mark.parametrize("path, opt", VALUED, ids=[f"{p}:{o}" for p, o in VALUED])
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(value=TEXT)
 def test_every_option_parses_or_refuses_in_one_line(path: str, opt: str, value: str) -> None:
     assume("\x00" not in value)  # a command line cannot hold a NUL
@@ -174,13 +174,12 @@ RUNS = [
     ("ledger", ["ledger", "tiny", "--dtype", "{v}"]),
     ("collectives", ["collectives", "--explain", "tiny", "--layout", "{v}", "--gpus", "H100"]),
     ("collectives", ["collectives", "--explain", "tiny", "--layout", "dp=2", "--gpus", "{v}"]),
-    ("layout", ["layout", "--world", "{v}", "--tp", "2"]),
 ]
 
 
 @pytest.mark.parametrize("name, template", RUNS, ids=[" ".join(t) for _, t in RUNS])
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(value=TEXT)
 def test_formula_only_commands_end_with_a_value_or_one_line(
@@ -188,8 +187,7 @@ def test_formula_only_commands_end_with_a_value_or_one_line(
 ) -> None:
     assume("\x00" not in value)  # a command line cannot hold a NUL
     args = [value if a == "{v}" else a for a in template]
-    if name != "layout":
-        args += ["--results", str(tmp_path)]
+    args += ["--results", str(tmp_path)]
     with pytest.raises(SystemExit) as info:
         main(args)
     err = capsys.readouterr().err
@@ -197,6 +195,4 @@ def test_formula_only_commands_end_with_a_value_or_one_line(
     assert "Traceback" not in err
     if info.value.code == 2:
         lines = err.strip().splitlines()
-        assert lines[-1].startswith("parlab: error:"), err
-        # layout shows the constraint table's failing rows first, by design
-        assert len(lines) == 1 or name == "layout", err
+        assert len(lines) == 1 and lines[0].startswith("parlab: error:"), err

@@ -38,6 +38,8 @@ _CLUSTER_RE = re.compile(r"^\s*(?:([0-9]+)\s*[xX*]\s*)?([A-Za-z][A-Za-z0-9._-]{0
 
 MAX_VALUE = 2**63 - 1
 """The largest whole number or size parlab takes (a signed 64-bit integer)."""
+MAX_WORLD = 2**20
+"""The most ranks a layout or cluster may have (1,048,576 GPUs)."""
 
 
 def shown(text: object, limit: int = 40) -> str:
@@ -106,7 +108,10 @@ def parse_degrees(
             )
         if name in out:
             raise UsageError(f"{flag} {shown(text)} names {name} twice: give each axis once")
-        out[name] = parse_count(value, f"{flag} {name}", maximum=2**31 - 1)
+        out[name] = parse_count(value, f"{flag} {name}", maximum=MAX_WORLD)
+    world = math.prod(out.values())
+    if world > MAX_WORLD:
+        raise UsageError(f"{flag} {shown(text)} makes {world} ranks: at most {MAX_WORLD}")
     return out
 
 
@@ -117,7 +122,7 @@ def parse_cluster(text: str, flag: str = "--gpus", *, count: bool = True) -> tup
     if not m or (count and m.group(1) is None):
         shape = "COUNTxGPU, e.g. 64xH100" if count else "[COUNTx]GPU, e.g. H100 or 8xH100"
         raise UsageError(f"{flag} {shown(text)}: write {shape}")
-    n = None if m.group(1) is None else parse_count(m.group(1), flag, maximum=2**31 - 1)
+    n = None if m.group(1) is None else parse_count(m.group(1), flag, maximum=MAX_WORLD)
     return n, m.group(2)
 
 

@@ -6,6 +6,14 @@ command's ``--help`` opens with its examples (``parlab.cli.examples``). Exit sta
 flag -- prints one line on stderr and exits 2; a run that failed exits 1; an internal
 error prints one line naming what failed and in which file and exits 3. Set
 ``PARLAB_DEBUG=1`` to see the traceback instead.
+
+Lazy imports, so that ``--help`` and the formula-only commands (``fit``, ``ledger``,
+``layout``, ``explain``) start in well under a second: torch comes only with the commands
+that launch ranks or serve (``parlab.projects.*``, ``parlab.comm.ops``/``sweep``,
+``parlab.profile.*``, ``parlab.serve.*``, imported inside those commands), matplotlib only
+with those that draw (``parlab.comm.report``, ``parlab.profile``, ``parlab.report``); the
+analytic documents' environment is ``snapshot(light=True)``, which reads versions from
+package metadata instead of importing torch.
 """
 
 from __future__ import annotations
@@ -51,11 +59,13 @@ def _root(
 from parlab.cli import core
 from parlab.cli import doctor
 from parlab.cli import analytic
+from parlab.cli import fit
 from parlab.cli import train  # noqa: E402, F401
 from parlab.cli import collectives
 from parlab.cli import layout
 from parlab.cli import moe
 from parlab.cli import profile
+from parlab.cli import profile_presets
 from parlab.cli import serve
 from parlab.cli import plan
 from parlab.cli import launch

@@ -58,13 +58,13 @@ from parlab.units import format_bytes
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # lazy: torch, for the GPU count only
 
     return torch.cuda.is_available()
 
 
 def _default_nproc() -> int:
-    import torch
+    import torch  # lazy: torch, for the GPU count only
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
@@ -239,11 +239,13 @@ def _sweep(
     results: Path | None,
     as_json: bool,
 ) -> None:
+    # lazy: parlab.comm.ops and .sweep import torch; .report matplotlib
     from parlab.comm import ops as O
     from parlab.comm.report import format_table
     from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep
     from parlab.runtime.launch import default_timeout_s
 
+    root = results_dir(results)  # a bad folder is refused before anything runs
     per_node = nproc if nproc is not None else _default_nproc()
     n = per_node * job.nnodes
     if maxbytes is None:
@@ -286,7 +288,7 @@ def _sweep(
 
         outcome = run_sweep(spec, command=reproduce_command(), on_record=on_record)
     doc = with_nodes(outcome.doc)
-    path = write_sweep(doc, results_dir(results))
+    path = write_sweep(doc, root)
     if as_json:
         print_json(doc.to_json())
     else:

@@ -132,6 +132,8 @@ def tensor_dtype_choice(names: Iterable[str] = dtypes.TENSOR_DTYPES) -> Choice:
 
 COUNT = Count()
 COUNT0 = Count(0)
+RANKS = Count(1, units.MAX_WORLD)
+"""A degree or a number of GPUs: at most ``parlab.units.MAX_WORLD``."""
 SECONDS = Seconds()
 PORT = Port()
 POSITIVE = Number()

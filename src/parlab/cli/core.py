@@ -204,13 +204,14 @@ def env_cmd(
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and nproc is None:
         raise UsageError("on several nodes give --nproc (ranks on each node)")
+    root = results_dir(results)  # a bad folder is refused before anything runs
     with on_nodes(job):
         doc = run_precheck(
             command=reproduce_command(),
             nproc=None if nproc is None else nproc * job.nnodes,
             timeout_s=timeout or default_timeout_s(nproc or 1),
         )
-        path = write(doc, results_dir(results), quiet=as_json)
+        path = write(doc, root, quiet=as_json)
     if as_json:
         print_json(doc.to_json())
     else:

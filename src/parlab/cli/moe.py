@@ -126,6 +126,7 @@ def moe_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """PAR-MOE-EXPERT (T4): EP all-to-all vs naive, load per expert/rank, overflow, slowest rank."""
+    # lazy: torch
     from parlab.projects.moe import MoERunConfig, parse_floats, parse_skews, run_moe_project
 
     skews = parse_skews(skew) if skew else (1.2,)
@@ -180,7 +181,7 @@ def moe_cmd(
 
 
 def print_summary(docs: list) -> None:
-    from parlab.projects.moe import cell as _cell
+    from parlab.projects.moe import cell as _cell  # lazy: torch
 
     table = Table(title="PAR-MOE-EXPERT", title_justify="left")
     cols = ("workload", "evidence", "overflow", "expert max/mean", "rank max/mean", "dispatch",

@@ -1,5 +1,7 @@
 """``parlab profile``: per-rank traces -> overlap, exposed communication, idle, hotspots, stragglers.
 
+This module: ``analyze`` and ``run``; the presets are in ``parlab.cli.profile_presets``.
+
 Subcommands:
 
 - ``analyze DIR``: analyse a folder of per-rank Chrome traces (any torch.profiler output);
@@ -27,16 +29,13 @@ from rich.table import Table
 from parlab.cli import app
 from parlab.cli.common import (
     COUNT,
-    POSITIVE,
     SECONDS,
-    Choice,
     NnodesOption,
     NodeRankOption,
     RdzvBackendOption,
     RdzvEndpointOption,
     RdzvIdOption,
     ResultsOption,
-    TimeoutOption,
     console,
     nodes,
     print_json,
@@ -45,7 +44,7 @@ from parlab.cli.common import (
     say_error,
 )
 from parlab.errors import UsageError
-from parlab.runtime.launch import Nodes, default_timeout_s, on_nodes
+from parlab.runtime.launch import Nodes
 from parlab.units import format_bytes, format_seconds
 
 profile_app = typer.Typer(
@@ -256,242 +255,6 @@ def _profiled_argv(cmd: list[str], nproc: int, job: Nodes) -> list[str]:
         return [sys.executable, "-m", "parlab", *cmd[1:], *flags]
     raise UsageError(
         f"cannot profile {cmd[0]!r}: give a torchrun script (script.py ARGS) or a parlab command"
-    )
-
-
-# ---------------------------------------------------------------------------
-# presets
-
-
-def run_preset(
-    preset: str, kwargs: dict[str, Any], *, job: Nodes, quiet: bool = False, **opts: Any
-) -> list[Any]:
-    """Run a preset sweep (``parlab.profile.sweep``) on the job's nodes, print it, exit 1 if the
-    run failed."""
-    from parlab.profile.sweep import run_sweep
-
-    if opts.get("timeout") is None:
-        opts["timeout"] = default_timeout_s(opts.get("nproc") or 1, opts.get("backend", "auto"))
-    if opts.get("nproc") is not None:
-        opts["nproc"] *= job.nnodes
-    elif job.multi:
-        raise UsageError("on several nodes give --nproc (ranks on each node)")
-    with on_nodes(job):
-        res = run_sweep(preset, kwargs, **opts)
-    if res.failure is not None:
-        f = res.failure
-        say_error(f"profile preset {preset} failed ({f.kind}, rank {f.rank}): {f.message}")
-        say_error(f"wrote {res.failure_path} (failure document)")
-        raise typer.Exit(1)
-    if res.sweep_png is not None:
-        say_error(f"sweep plot: {res.sweep_png}")
-    if not quiet:
-        print_outcomes(res.outcomes)
-    return res.outcomes
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        vals = []
-    if not vals or any(v <= 0 for v in vals):
-        raise UsageError(
-            f"{what} {text!r} is not a comma-separated list of positive numbers, e.g. 1,25,100"
-        )
-    return vals
-
-
-def _check_shape(model: str, batch: int, seq: int) -> None:
-    from parlab.models import get_spec
-
-    spec = get_spec(model)
-    if batch < 1 or seq < 2:
-        raise UsageError(f"--micro-batch {batch} / --seq {seq}: need micro-batch >= 1, seq >= 2")
-    if seq > spec.max_seq_len:
-        raise UsageError(f"--seq {seq} is longer than {model}'s max_seq_len {spec.max_seq_len}")
-
-
-ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
-BatchOption = typer.Option(
-    2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-)
-SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
-NprocOption = typer.Option(
-    None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
-)
-BackendOption = typer.Option(
-    "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
-)
-
-
-@profile_app.command("ddp-buckets")
-def ddp_buckets_cmd(
-    buckets: str = typer.Option("1,5,25", help="bucket_cap_mb values, comma-separated."),
-    model: str = ModelOption,
-    batch: int = BatchOption,
-    seq: int = SeqOption,
-    nproc: int | None = NprocOption,
-    backend: str = BackendOption,
-    schedule: str = ScheduleOption,
-    timeout: float | None = TimeoutOption,
-    trace_dir: Path | None = TraceDirOption,
-    results: Path | None = ResultsOption,
-    nnodes: int = NnodesOption,
-    node_rank: int | None = NodeRankOption,
-    rdzv_endpoint: str | None = RdzvEndpointOption,
-    rdzv_backend: str = RdzvBackendOption,
-    rdzv_id: str = RdzvIdOption,
-) -> None:
-    """DDP bucket-size sweep: exposed communication against bucket_cap_mb (torch DDP, reference model)."""
-    _check_shape(model, batch, seq)
-    run_preset(
-        "ddp-buckets",
-        {"model": model, "batch": batch, "seq": seq, "buckets_mb": _floats(buckets, "--buckets")},
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
-        project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
-        plot=("DDP: exposed communication vs bucket_cap_mb", "bucket_cap_mb"),
-    )
-
-
-@profile_app.command("ddp")
-def ddp_cmd(
-    bucket_mb: float = typer.Option(25.0, click_type=POSITIVE, help="DDP bucket_cap_mb."),
-    model: str = ModelOption,
-    batch: int = BatchOption,
-    seq: int = SeqOption,
-    nproc: int | None = NprocOption,
-    backend: str = BackendOption,
-    schedule: str = ScheduleOption,
-    timeout: float | None = TimeoutOption,
-    trace_dir: Path | None = TraceDirOption,
-    results: Path | None = ResultsOption,
-    nnodes: int = NnodesOption,
-    node_rank: int | None = NodeRankOption,
-    rdzv_endpoint: str | None = RdzvEndpointOption,
-    rdzv_backend: str = RdzvBackendOption,
-    rdzv_id: str = RdzvIdOption,
-) -> None:
-    """Profile one DDP run of the reference model."""
-    _check_shape(model, batch, seq)
-    run_preset(
-        "ddp",
-        {
-            "model": model,
-            "batch": batch,
-            "seq": seq,
-            "buckets_mb": _floats(str(bucket_mb), "--bucket-mb"),
-        },
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
-        project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
-        plot=None,
-    )
-
-
-FSDP_CONFIGS = {
-    "noprefetch-reshard": {"prefetch": False, "reshard_after_forward": True},
-    "prefetch-reshard": {"prefetch": True, "reshard_after_forward": True},
-    "noprefetch-keep": {"prefetch": False, "reshard_after_forward": False},
-    "prefetch-keep": {"prefetch": True, "reshard_after_forward": False},
-}
-
-
-@profile_app.command("fsdp")
-def fsdp_cmd(
-    configs: str = typer.Option(
-        ",".join(FSDP_CONFIGS),
-        help="FSDP2 settings to compare, comma-separated: " + ", ".join(FSDP_CONFIGS) + ".",
-    ),
-    model: str = ModelOption,
-    batch: int = BatchOption,
-    seq: int = SeqOption,
-    nproc: int | None = NprocOption,
-    backend: str = BackendOption,
-    schedule: str = ScheduleOption,
-    timeout: float | None = TimeoutOption,
-    trace_dir: Path | None = TraceDirOption,
-    results: Path | None = ResultsOption,
-    nnodes: int = NnodesOption,
-    node_rank: int | None = NodeRankOption,
-    rdzv_endpoint: str | None = RdzvEndpointOption,
-    rdzv_backend: str = RdzvBackendOption,
-    rdzv_id: str = RdzvIdOption,
-) -> None:
-    """FSDP2 with and without explicit prefetch and reshard_after_forward."""
-    _check_shape(model, batch, seq)
-    names = [c.strip() for c in configs.split(",") if c.strip()]
-    bad = [c for c in names if c not in FSDP_CONFIGS]
-    if bad or not names:
-        raise UsageError(f"--configs {configs!r}: use some of {', '.join(FSDP_CONFIGS)}")
-    run_preset(
-        "fsdp",
-        {"model": model, "batch": batch, "seq": seq, "configs": [FSDP_CONFIGS[c] for c in names]},
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
-        project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
-        plot=("FSDP2: prefetch and reshard_after_forward", "setting"),
-    )
-
-
-@profile_app.command("tp")
-def tp_cmd(
-    model: str = ModelOption,
-    batch: int = BatchOption,
-    seq: int = SeqOption,
-    nproc: int | None = NprocOption,
-    backend: str = BackendOption,
-    schedule: str = ScheduleOption,
-    timeout: float | None = TimeoutOption,
-    trace_dir: Path | None = TraceDirOption,
-    results: Path | None = ResultsOption,
-    nnodes: int = NnodesOption,
-    node_rank: int | None = NodeRankOption,
-    rdzv_endpoint: str | None = RdzvEndpointOption,
-    rdzv_backend: str = RdzvBackendOption,
-    rdzv_id: str = RdzvIdOption,
-) -> None:
-    """Tensor parallelism over all ranks, without and with sequence parallelism."""
-    _check_shape(model, batch, seq)
-    from parlab.profile.sweep import default_nproc
-
-    n = nproc or default_nproc()
-    if seq % (n * nnodes):
-        raise UsageError(
-            f"--seq {seq} must divide by the {n * nnodes} TP ranks for sequence parallelism"
-        )
-    run_preset(
-        "tp",
-        {"model": model, "batch": batch, "seq": seq, "sequence_parallel": [False, True]},
-        nproc=n,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
-        project="PAR-MODEL-INTERNAL",
-        command=reproduce_command(),
-        plot=("TP: without and with sequence parallelism", "setting"),
     )
 
 

@@ -198,7 +198,7 @@ def train_cmd(
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
     from parlab.errors import UsageError
-    from parlab.projects.training_state import TrainConfig, run_training
+    from parlab.projects.training_state import TrainConfig, run_training  # lazy: torch
 
     if roofline is not None and not roofline.is_dir():
         raise UsageError(
@@ -206,6 +206,7 @@ def train_cmd(
         )
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     world = nproc * job.nnodes
+    root = results_dir(results)  # a bad folder is refused before anything runs
     with on_nodes(job):
         cfg = TrainConfig(
             strategy=strategy,
@@ -231,7 +232,7 @@ def train_cmd(
             manual_gc=manual_gc,
         )
         doc = run_training(cfg, command=reproduce_command(), predict_from=roofline)
-        path = write(doc, results_dir(results))
+        path = write(doc, root)
     _print_run(doc, path)
     if doc.failure is not None:
         raise typer.Exit(1)
@@ -257,7 +258,7 @@ def training_state_cmd(
     rdzv_id: str = RdzvIdOption,
 ) -> None:
     """The comparison set (DDP, ZeRO-1/2/3, FSDP) at CPU or GPU size, then the report."""
-    from parlab.projects.training_state import run_project
+    from parlab.projects.training_state import run_project  # lazy: torch
 
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and nproc is None:

@@ -31,8 +31,6 @@ signal (SIGKILL, the kernel's OOM killer) is named from torchrun's failure repor
 from __future__ import annotations
 
 import collections
-import contextlib
-import contextvars
 import json
 import math
 import os
@@ -44,13 +42,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parlab.contract import Failure
 from parlab.errors import UsageError
+from parlab.runtime.nodes import ONE_NODE, Nodes, current_nodes, on_nodes
+from parlab.runtime.reaper import kill_tree, start_watchdog, stop_watchdog, tee
+
+__all__ = ["LaunchConfig", "LaunchResult", "Nodes", "current_nodes", "launch", "on_nodes"]
 
 GLOO_TIMEOUT_S = 60.0
 NCCL_TIMEOUT_S = 180.0
@@ -58,102 +59,12 @@ ERROR_GRACE_S = 3.0
 """Seconds the other ranks get to report their own errors after the first one."""
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 """torchrun's ``--numa-binding`` modes (``torch.numa.binding.AffinityMode``): GPU ranks only."""
-RDZV_BACKENDS = ("c10d", "static")
-_ENDPOINT_RE = re.compile(r"^\[?([A-Za-z0-9._:-]+?)\]?:([0-9]{1,5})$")
 
 
 def check_numa_binding(mode: str | None) -> None:
     """``UsageError`` unless ``mode`` is None or one of torchrun's ``--numa-binding`` modes."""
     if mode is not None and mode not in NUMA_BINDINGS:
         raise UsageError(f"--numa-binding {mode!r} is not one of {', '.join(NUMA_BINDINGS)}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Nodes:
-    """The nodes of one job (torchrun's multi-node flags)."""
-
-    nnodes: int = 1
-    """Nodes in the job (torchrun ``--nnodes``)."""
-    node_rank: int | None = None
-    """This node's rank (torchrun ``--node-rank``); required with more than one node."""
-    rdzv_endpoint: str | None = None
-    """``host:port`` every node joins (torchrun ``--rdzv-endpoint``)."""
-    rdzv_backend: str = "c10d"
-    """Rendezvous backend (torchrun ``--rdzv-backend``: ``c10d`` or ``static``)."""
-    rdzv_id: str = "parlab"
-    """Job id shared by all nodes (torchrun ``--rdzv-id``)."""
-
-    def __post_init__(self) -> None:
-        if self.nnodes < 1:
-            raise UsageError(f"--nnodes {self.nnodes} is below 1: a job has at least one node")
-        if self.rdzv_backend not in RDZV_BACKENDS:
-            raise UsageError(
-                f"--rdzv-backend {self.rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}"
-            )
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.rdzv_id):
-            raise UsageError(f"--rdzv-id {self.rdzv_id!r}: use letters, digits, '.', '_', '-'")
-        if self.rdzv_endpoint is not None:
-            m = _ENDPOINT_RE.match(self.rdzv_endpoint)
-            if not m or not 1 <= int(m.group(2)) <= 65535:
-                raise UsageError(
-                    f"--rdzv-endpoint {self.rdzv_endpoint!r}: write HOST:PORT, port 1 to 65535"
-                )
-        if self.nnodes > 1:
-            if not self.rdzv_endpoint:
-                raise UsageError(
-                    f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by all nodes"
-                )
-            if self.node_rank is None:
-                raise UsageError(
-                    f"--nnodes {self.nnodes} needs --node-rank R (0 to {self.nnodes - 1}) on "
-                    "each node"
-                )
-        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
-            raise UsageError(
-                f"--node-rank {self.node_rank} is outside 0 to {self.nnodes - 1} (--nnodes "
-                f"{self.nnodes})"
-            )
-
-    @property
-    def multi(self) -> bool:
-        return self.nnodes > 1 or self.rdzv_endpoint is not None
-
-    def torchrun_args(self) -> list[str]:
-        if not self.multi:
-            return ["--standalone"]
-        args = ["--nnodes", str(self.nnodes), "--rdzv-backend", self.rdzv_backend]
-        args += ["--rdzv-endpoint", str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id]
-        if self.node_rank is not None:
-            args += ["--node-rank", str(self.node_rank)]
-        return args
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "nnodes": self.nnodes,
-            "node_rank": self.node_rank,
-            "rdzv_endpoint": self.rdzv_endpoint,
-            "rdzv_backend": self.rdzv_backend,
-            "rdzv_id": self.rdzv_id,
-        }
-
-
-ONE_NODE = Nodes()
-_NODES: contextvars.ContextVar[Nodes | None] = contextvars.ContextVar("parlab_nodes", default=None)
-
-
-@contextlib.contextmanager
-def on_nodes(nodes: Nodes) -> Iterator[Nodes]:
-    """Every ``launch`` inside runs on ``nodes`` (unless its config names its own)."""
-    token = _NODES.set(nodes)
-    try:
-        yield nodes
-    finally:
-        _NODES.reset(token)
-
-
-def current_nodes() -> Nodes:
-    """The nodes the running command launches on (one node unless ``on_nodes`` set them)."""
-    return _NODES.get() or ONE_NODE
 
 
 def default_timeout_s(nproc: int = 1, backend: str = "auto") -> float:
@@ -353,45 +264,6 @@ def _failure_from(
     return Failure(kind="timeout", message=first["message"], rank=first["rank"])
 
 
-def _ranks_of(spec_path: str) -> list[int]:
-    """Pids of the rank processes of one run: their command line holds its spec path (each
-    rank runs in its own session, out of reach of a signal to torchrun's group)."""
-    needle = spec_path.encode()
-    pids = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if needle in f.read():
-                        pids.append(int(name))
-            except OSError:
-                continue
-    return pids
-
-
-def _signal_all(torchrun_pid: int, spec_path: str, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(torchrun_pid, sig)
-    for pid in _ranks_of(spec_path):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-def _kill_tree(proc: subprocess.Popen[bytes], spec_path: str, grace_s: float = 2.0) -> None:
-    """SIGTERM torchrun and every rank, then SIGKILL what is left (a stopped rank included)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        _signal_all(proc.pid, spec_path, sig)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM and _ranks_of(spec_path):
-            continue
-        return
-
-
 def _forward_sigterm() -> Any:
     """Turn SIGTERM into KeyboardInterrupt while the ranks run; return the undo."""
     if threading.current_thread() is not threading.main_thread():
@@ -402,54 +274,6 @@ def _forward_sigterm() -> Any:
 
     previous = signal.signal(signal.SIGTERM, on_term)
     return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def _tee(stream: Any, tail: collections.deque[str]) -> threading.Thread:
-    """Copy torchrun's stderr to ours, keeping its last lines for the failure report."""
-
-    def run() -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace")
-            tail.append(line)
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(line)
-                sys.stderr.flush()
-        stream.close()
-
-    t = threading.Thread(target=run, name="parlab-torchrun-stderr", daemon=True)
-    t.start()
-    return t
-
-
-def _start_watchdog(torchrun_pid: int, tmp: str, spec_path: str) -> subprocess.Popen[bytes]:
-    """The process that cleans up if this one dies (see the module docstring)."""
-    cmd = [sys.executable, "-m", "parlab.runtime.launch", "--watch", str(torchrun_pid), tmp]
-    cmd.append(spec_path)
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env, start_new_session=True)
-
-
-def _stop_watchdog(dog: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        assert dog.stdin is not None
-        dog.stdin.write(b"done\n")
-        dog.stdin.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        dog.wait(timeout=5)
-
-
-def _watch(torchrun_pid: int, tmp: str, spec_path: str) -> None:
-    """Block until the launcher closes our stdin; unless it said ``done``, it died: end the
-    run (torchrun's group, then every rank by its spec path) and remove its temp folder."""
-    said = sys.stdin.buffer.read()
-    if b"done" in said:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        _signal_all(torchrun_pid, spec_path, sig)
-        time.sleep(1.0)
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _wait(
@@ -463,13 +287,13 @@ def _wait(
         now = time.monotonic()
         if now - start > deadline:
             killed_at = time.time()
-            _kill_tree(proc, spec_path)
+            kill_tree(proc, spec_path)
             return True, killed_at
         if first_error is None and any(out_dir.glob("error-rank*.json")):
             first_error = now
         if first_error is not None and now - first_error > ERROR_GRACE_S:
             killed_at = time.time()
-            _kill_tree(proc, spec_path)
+            kill_tree(proc, spec_path)
             return False, killed_at
         time.sleep(0.1)
     return False, float("inf")
@@ -516,19 +340,19 @@ def launch(
         # The ranks run in their own sessions (so Ctrl-C reaches them only through us):
         # SIGTERM to this process must take them down too, or they outlive it holding GPUs.
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
-        dog = _start_watchdog(proc.pid, tmp, spec_path)
+        dog = start_watchdog(proc.pid, tmp, spec_path)
         tail: collections.deque[str] = collections.deque(maxlen=400)
-        reader = _tee(proc.stderr, tail)
+        reader = tee(proc.stderr, tail)
         restore = _forward_sigterm()
         try:
             timed_out, killed_at = _wait(proc, out_dir, spec_path, deadline)
         except KeyboardInterrupt:
-            _kill_tree(proc, spec_path)
+            kill_tree(proc, spec_path)
             raise
         finally:
             restore()
             reader.join(timeout=5)
-            _stop_watchdog(dog)
+            stop_watchdog(dog)
         return _outcome(proc.returncode, out_dir, config, "".join(tail), timed_out, killed_at,
                         wall=time.perf_counter() - start, deadline=deadline)  # fmt: skip
     finally:
@@ -565,7 +389,3 @@ def _outcome(
     else:
         failure = _failure_from(earlier, config.nproc, returncode, exits)
     return LaunchResult(ok=False, failure=failure, wall_s=wall, errors=errors)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
-    _watch(int(sys.argv[2]), sys.argv[3], sys.argv[4])
