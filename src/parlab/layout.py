@@ -237,12 +237,17 @@ def split_text(layers: int, pp: int, vpp: int = 1) -> str:
 
 
 def holdings(
-    topo: Topology, shape: ModelShape, *, seq: int | None = None, vpp: int = 1
+    topo: Topology,
+    shape: ModelShape,
+    *,
+    seq: int | None = None,
+    vpp: int = 1,
+    ranks: int | None = None,
 ) -> list[dict[str, Any]]:
     """What each rank holds: layers, heads, KV heads, FFN columns, vocab rows, sequence chunks."""
     stages = stage_layers(shape.layers, topo.pp, vpp)
     out = []
-    for rank in range(topo.world_size):
+    for rank in range(topo.world_size if ranks is None else ranks):
         c = topo.coords(rank)
         my = [stages[k * topo.pp + c["pp"]] for k in range(vpp)]
         h0, h1 = _span(shape.heads, topo.tp, c["tp"])
@@ -295,9 +300,10 @@ def describe(
     if failing:
         raise LayoutError(failing, rows)
     topo = Topology(world_size=world, gpus_per_node=gpus_per_node, **degrees)
-    groups = {a: topo.groups(a) for a in (*AXES, "ep")}
+    shown = min(world, RANKS_SHOWN)
+    groups = {a: _groups(topo, a) for a in (*AXES, "ep")}
     ranks = []
-    for r in range(world):
+    for r in range(shown):
         c = topo.coords(r)
         ranks.append({"rank": r, **c, **({"node": r // gpus_per_node} if gpus_per_node else {})})
     return {
@@ -312,9 +318,39 @@ def describe(
         "stage_split": split_text(shape.layers, topo.pp, vpp),
         "ranks": ranks,
         "groups": groups,
-        "holdings": holdings(topo, shape, seq=seq, vpp=vpp),
+        "holdings": holdings(topo, shape, seq=seq, vpp=vpp, ranks=shown),
+        "ranks_shown": shown,
         "constraints": [asdict(r) for r in rows],
     }
+
+
+RANKS_SHOWN = 1024
+"""The rank table and the holdings list their first this many ranks (a layout of a million
+ranks is the same pattern repeated); the groups per axis their first ``GROUPS_SHOWN``."""
+GROUPS_SHOWN = 64
+
+
+def _groups(topo: Topology, axis: str) -> list[list[int]]:
+    """The first ``GROUPS_SHOWN`` rank groups of ``axis`` (all of them on small meshes)."""
+    if topo.world_size <= RANKS_SHOWN:
+        return topo.groups(axis)
+    size = {"ep": topo.ep}.get(axis) or getattr(topo, axis)
+    out = []
+    for r in range(topo.world_size):
+        c = topo.coords(r)
+        if c.get(axis if axis != "ep" else "dp", 0) % size == 0 and len(out) < GROUPS_SHOWN:
+            out.append([g for g in _group_of(topo, r, axis)])
+        if len(out) >= GROUPS_SHOWN:
+            break
+    return out
+
+
+def _group_of(topo: Topology, rank: int, axis: str) -> list[int]:
+    """The ranks of ``axis``'s group that starts at ``rank`` (rank order pp, dp, cp, tp)."""
+    stride = {"tp": 1, "cp": topo.tp, "dp": topo.tp * topo.cp, "ep": topo.tp * topo.cp,
+              "pp": topo.tp * topo.cp * topo.dp}[axis]  # fmt: skip
+    size = topo.ep if axis == "ep" else getattr(topo, axis)
+    return [rank + i * stride for i in range(size)]
 
 
 class LayoutError(UsageError):

@@ -9,7 +9,23 @@ import typer
 from rich.table import Table
 
 from parlab.cli import app
-from parlab.cli.common import ResultsOption, console, err_console, print_json, results_dir
+from parlab.cli.common import (
+    COUNT,
+    RANKS,
+    SECONDS,
+    NnodesOption,
+    NodeRankOption,
+    RdzvBackendOption,
+    RdzvEndpointOption,
+    RdzvIdOption,
+    ResultsOption,
+    console,
+    err_console,
+    nodes,
+    print_json,
+    results_dir,
+)
+from parlab.runtime.launch import on_nodes
 
 
 def print_constraints(
@@ -48,6 +64,9 @@ def print_layout(d: dict[str, Any]) -> None:
         console.print(f"stage split: {d['stage_split']}; the embedding on stage 0, the head on "
                       f"stage {mesh['pp'] - 1}")  # fmt: skip
     console.print(d["why_order"])
+    if d["ranks_shown"] < d["world_size"]:
+        console.print(f"(the first {d['ranks_shown']:,} of {d['world_size']:,} ranks are listed: "
+                      "the pattern repeats)")  # fmt: skip
     t = Table(title="rank -> coordinates", title_justify="left")
     cols = ["rank", *d["axis_order"], "ep"] + (["node"] if "node" in d["ranks"][0] else [])
     for c in cols:
@@ -94,17 +113,21 @@ def print_layout(d: dict[str, Any]) -> None:
 
 @app.command("layout")
 def layout_cmd(
-    world: int = typer.Option(..., "--world", help="Total ranks (GPUs)."),
-    dp: int = typer.Option(1, help="Data-parallel degree."),
-    tp: int = typer.Option(1, help="Tensor-parallel degree (heads and FFN columns)."),
-    pp: int = typer.Option(1, help="Pipeline-parallel degree (layer stages)."),
-    cp: int = typer.Option(1, help="Context-parallel degree (sequence chunks)."),
-    ep: int = typer.Option(1, help="Expert-parallel degree (splits dp)."),
-    vpp: int = typer.Option(1, help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+    world: int = typer.Option(..., "--world", click_type=RANKS, help="Total ranks (GPUs)."),
+    dp: int = typer.Option(1, click_type=RANKS, help="Data-parallel degree."),
+    tp: int = typer.Option(1, click_type=RANKS, help="Tensor-parallel degree (heads, FFN)."),
+    pp: int = typer.Option(1, click_type=RANKS, help="Pipeline-parallel degree (stages)."),
+    cp: int = typer.Option(1, click_type=RANKS, help="Context-parallel degree (sequence)."),
+    ep: int = typer.Option(1, click_type=RANKS, help="Expert-parallel degree (splits dp)."),
+    vpp: int = typer.Option(1, click_type=COUNT, help="Virtual stages per pipeline rank."),
     model: str = typer.Option("llama3.1-8b", help="Model name or preset (parlab.models)."),
-    seq: int | None = typer.Option(None, help="Sequence length (needed for CP and SP)."),
+    seq: int | None = typer.Option(
+        None, click_type=COUNT, help="Sequence length (needed for CP and SP)."
+    ),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallel on the TP axis."),
-    gpus_per_node: int | None = typer.Option(None, help="GPUs per node (TP must fit in one)."),
+    gpus_per_node: int | None = typer.Option(
+        None, click_type=COUNT, help="GPUs per node (TP must fit in one)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """The analytic layout: mesh, rank table, groups per axis, what each rank holds, constraints."""
@@ -155,26 +178,36 @@ def register_project_command() -> None:
         ),
         seq: int | None = typer.Option(None, help="Override the sequence length."),
         steps: int | None = typer.Option(None, help="Override the measured steps per run."),
-        timeout: float = typer.Option(600.0, help="Process-group timeout, seconds."),
-        budget: float | None = typer.Option(
-            None, help="Wall-time cap for all launches, seconds (runs left out: failures)."
+        timeout: float = typer.Option(
+            600.0, click_type=SECONDS, help="Process-group timeout, seconds."
         ),
+        budget: float | None = typer.Option(
+            None,
+            click_type=SECONDS,
+            help="Wall-time cap for all launches (runs left out: failures).",
+        ),
+        nnodes: int = NnodesOption,
+        node_rank: int | None = NodeRankOption,
+        rdzv_endpoint: str | None = RdzvEndpointOption,
+        rdzv_backend: str = RdzvBackendOption,
+        rdzv_id: str = RdzvIdOption,
     ) -> None:
         """TP2 (+SP), PP2 (GPipe, 1F1B, interleaved), CP2 (32k/64k on GPU) and torch's own TP/PP,
         each against one rank at the same global batch: documents and a report."""
         from parlab.projects.model_internal import run_project
 
-        run_project(
-            results_dir(results),
-            console=console,
-            preset=preset,
-            nproc=nproc,
-            only=only,
-            seq=seq,
-            steps=steps,
-            timeout_s=timeout,
-            budget_s=budget,
-        )
+        with on_nodes(nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)):
+            run_project(
+                results_dir(results),
+                console=console,
+                preset=preset,
+                nproc=nproc,
+                only=only,
+                seq=seq,
+                steps=steps,
+                timeout_s=timeout,
+                budget_s=budget,
+            )
 
 
 register_project_command()
