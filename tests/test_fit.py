@@ -124,7 +124,7 @@ def test_bad_input_exits_2_and_writes_nothing(
 def test_demo_step(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from parlab.cli.analytic import demo_step
+    from parlab.cli.fit import demo_step
 
     demo_step(tmp_path, Console(file=open("/dev/null", "w")))  # noqa: SIM115
     (doc,) = [contract.read_document(p) for p in tmp_path.rglob("*.json")]

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from parlab import contract
@@ -38,7 +37,6 @@ from parlab.hardware.catalog import GPUSpec, require
 from parlab.hardware.env import snapshot
 from parlab.ledger import OPTIMIZERS, Ledger, predict
 from parlab.ledger.activations import PP_SCHEDULES
-from parlab.ledger.fit import fit
 from parlab.ledger.predict import OFFLOADS, STRATEGIES
 from parlab.ledger.traffic import sync_points, traffic
 from parlab.models import get_spec
@@ -299,22 +297,3 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
             f"{s.attention_kind} {s.activation}", str(s.vocab_size), s.source,
         )  # fmt: skip
     console.print(t)
-
-
-def demo_step(results: Path, console: Console) -> None:
-    """T0 demo: ``parlab fit llama3.1-8b --gpus H100`` (analytic, milliseconds)."""
-    from parlab.cli.fit import fit_document, print_fit  # fit's module imports this one
-
-    spec = get_spec("llama3.1-8b")
-    gpu = require("H100")
-    res = fit(spec, gpu=gpu, seq_len=4096, overhead_bytes=2**30, dtype="bf16-compute")
-    workload = {
-        "model": spec.to_json(), "micro_batch": 1, "seq_len": 4096, "dtype": "bf16-compute",
-        "optimizer": "adamw", "recompute": "none", "overhead_bytes": 2**30,
-    }  # fmt: skip
-    doc = fit_document(
-        res, command=f"parlab fit llama3.1-8b --gpus H100 --seq 4096 --results {results}",
-        workload=workload,
-    )  # fmt: skip
-    write(doc, results)
-    print_fit(res, console, top=5)

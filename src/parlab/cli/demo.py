@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from parlab.cli.analytic import demo_step as fit_step
+from parlab.cli.fit import demo_step as fit_step
 from parlab.cli.profile import demo_step as profile_step
 from parlab.comm import ops
 from parlab.comm.calibration import calibration_document

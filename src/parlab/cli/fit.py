@@ -38,6 +38,7 @@ from parlab.cli.common import (
     size,
     write,
 )
+from parlab.hardware.catalog import require
 from parlab.ledger.fit import Candidate, FitResult, fit
 from parlab.models import get_spec
 from parlab.models.flops import forward_flops_per_token, training_flops_per_token
@@ -257,3 +258,20 @@ def fit_cmd(
         print_json(doc.to_json())
     else:
         print_fit(res, console, top=top)
+
+
+def demo_step(results: Path, console: Console) -> None:
+    """T0 demo: ``parlab fit llama3.1-8b --gpus H100`` (analytic, milliseconds)."""
+    spec = get_spec("llama3.1-8b")
+    gpu = require("H100")
+    res = fit(spec, gpu=gpu, seq_len=4096, overhead_bytes=2**30, dtype="bf16-compute")
+    workload = {
+        "model": spec.to_json(), "micro_batch": 1, "seq_len": 4096, "dtype": "bf16-compute",
+        "optimizer": "adamw", "recompute": "none", "overhead_bytes": 2**30,
+    }  # fmt: skip
+    doc = fit_document(
+        res, command=f"parlab fit llama3.1-8b --gpus H100 --seq 4096 --results {results}",
+        workload=workload,
+    )  # fmt: skip
+    write(doc, results)
+    print_fit(res, console, top=5)
