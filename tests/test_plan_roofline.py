@@ -365,13 +365,13 @@ def test_planner_keeps_its_admission_and_pure_data_parallel_top_under_the_roofli
         assert (top.cand.dp, top.cand.tp, top.cand.pp, top.cand.cp) == (8, 1, 1, 1)
 
     # the roofline sees FSDP's bf16 stream and sharded step (as the 2-GPU runs measured):
-    # FSDP's best beats DDP's; the MFU model, one FLOP rate for both, ranks DDP first
+    # FSDP's best beats DDP's; the MFU model, one FLOP rate for both, cannot tell them apart
     def best(res: object, strategy: str) -> float:
         return min(v.estimate.step_s for v in res.ranked  # type: ignore[attr-defined]
                    if v.cand.strategy == strategy and v.estimate is not None)  # fmt: skip
 
     assert best(b, "fsdp") < best(b, "ddp")
-    assert best(a, "ddp") < best(a, "fsdp")
+    assert best(a, "ddp") == pytest.approx(best(a, "fsdp"), rel=0.01)  # MFU: no telling apart
 
 
 def doc(run_id: str, **layout: object) -> SimpleNamespace:

@@ -219,13 +219,14 @@ def test_each_miss_gets_the_first_cause_that_fits() -> None:
 
 
 @pytest.mark.parametrize(
-    "stage, dtype", [("zero1", "bf16-master"), ("zero2", "bf16-master"), ("zero3", "bf16-mixed")]
+    "stage, dtype", [("zero1", "bf16-params"), ("zero2", "bf16-params"), ("zero3", "bf16-params")]
 )
 def test_deepspeed_runs_are_priced_as_their_zero_stage_and_bf16_recipe(
     stage: str, dtype: str
 ) -> None:
-    """DeepSpeed's ZeRO-N shards as parlab's zeroN; its bf16 under ZeRO-1/2 keeps bf16
-    parameters and gradients with float32 master partitions: parlab's bf16-master."""
+    """DeepSpeed's ZeRO-N shards as parlab's zeroN; its bf16 keeps bf16 parameters and
+    gradients with float32 master partitions: the bf16-params recipe
+    (``parlab.dtypes.document_dtype``)."""
     from parlab.contract import read_document
 
     root = Path(__file__).resolve().parents[1] / "results" / "PAR-TRAINING-STATE"

@@ -229,6 +229,7 @@ def test_run_document_maps_to_zbv() -> None:
     doc = SimpleNamespace(
         run_id="mi-pp2-zbv-torch-test",
         project="PAR-MODEL-INTERNAL",
+        evidence_level="real-training",
         status="ok",
         workload={"model": "tiny", "micro_batch": 1, "global_batch": 8, "seq": 128},
         layout={
