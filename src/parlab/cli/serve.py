@@ -40,12 +40,17 @@ def _dataset(
     prefix_len: int,
     question_len: int,
     seed: int,
+    range_ratio: float = 0.0,
 ):
     from parlab.serve import datasets
 
-    if kind == "synthetic":
+    if kind == "random":
         return datasets.synthetic(
-            num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=seed
+            num_prompts=num_prompts,
+            input_len=input_len,
+            output_len=output_len,
+            seed=seed,
+            range_ratio=range_ratio,
         )
     if kind == "shared-prefix":
         if num_prompts < num_groups:
@@ -60,32 +65,50 @@ def _dataset(
         )
     if kind == "jsonl":
         if path is None:
-            raise UsageError("--dataset jsonl needs --dataset-path FILE")
+            raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
         return datasets.jsonl(path, num_prompts=num_prompts)
-    raise UsageError(f"--dataset {kind!r} is not one of synthetic, shared-prefix, jsonl")
+    raise UsageError(f"--dataset-name {kind!r} is not one of random, shared-prefix, jsonl")
 
 
-@bench_app.command("serve")
+@bench_app.command(
+    "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}
+)
 def bench_serve_cmd(
+    ctx: typer.Context,
     base_url: str = typer.Option("http://127.0.0.1:8000", help="Server or router URL."),
     api: str = typer.Option("completions", help="completions or chat."),
     model: str | None = typer.Option(None, help="Model name (default: the server's first)."),
-    dataset: str = typer.Option("synthetic", help="synthetic, shared-prefix or jsonl."),
-    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset jsonl)."),
+    dataset: str = typer.Option(
+        "random", "--dataset-name", help="random (vLLM's), shared-prefix or jsonl."
+    ),
+    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset-name jsonl)."),
     num_prompts: int = typer.Option(100, help="Requests to send (at most, for jsonl)."),
-    input_len: int = typer.Option(128, help="Synthetic prompt length, tokens."),
-    output_len: int = typer.Option(32, help="Tokens to generate per request."),
+    input_len: int = typer.Option(
+        128, "--random-input-len", "--input-len", help="Prompt length, tokens (random)."
+    ),
+    output_len: int = typer.Option(
+        32, "--random-output-len", "--output-len", help="Tokens to generate per request."
+    ),
+    range_ratio: float = typer.Option(
+        0.0, "--random-range-ratio", help="Lengths drawn within this ratio of the given ones."
+    ),
     num_groups: int = typer.Option(4, help="Shared-prefix groups."),
     prefix_len: int = typer.Option(512, help="Shared-prefix length, tokens."),
     question_len: int = typer.Option(32, help="Unique part after the shared prefix, tokens."),
-    request_rate: float = typer.Option(math.inf, help="Requests/s (inf: all at once)."),
-    burstiness: float = typer.Option(1.0, help="Gamma shape of arrival gaps (1: Poisson)."),
+    request_rate: float = typer.Option(
+        math.inf, help="Requests/s (inf: all at once); vLLM's schedule: the last leaves at n/rate."
+    ),
+    burstiness: float = typer.Option(
+        1.0, help="Gamma shape of arrival gaps (1: Poisson, inf: even spacing)."
+    ),
     max_concurrency: int | None = typer.Option(None, help="Most requests in flight."),
     replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
     stream: bool = typer.Option(True, help="Stream (SSE)."),
     seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
     percentiles: str = typer.Option("90,99", help="Percentiles to report, comma-separated."),
-    goodput: list[str] | None = typer.Option(None, help="SLO KEY:MS (ttft, tpot, e2el)."),
+    goodput: list[str] | None = typer.Option(
+        None, help="SLOs KEY:MS (ttft, tpot, e2el), as vLLM: --goodput ttft:500 tpot:50."
+    ),
     request_timeout: float = typer.Option(60.0, help="Per-request timeout, s."),
     max_duration: float = typer.Option(600.0, help="Whole-run time limit, s."),
     allow_remote: bool = typer.Option(False, help="Allow a non-loopback target."),
@@ -111,6 +134,7 @@ def bench_serve_cmd(
 
     if role not in ("baseline", "candidate"):
         raise UsageError(f"--role {role!r}: use baseline or candidate")
+    goodput = _goodput_items(goodput, ctx.args)
     try:
         pcts = tuple(float(p) for p in percentiles.split(",") if p.strip())
     except ValueError:
@@ -149,6 +173,7 @@ def bench_serve_cmd(
         prefix_len,
         question_len,
         seed,
+        range_ratio,
     )
     for line, why in ds.bad_lines[:20]:
         err_console.print(f"{dataset_path}:{line}: skipped: {why}")
@@ -191,6 +216,17 @@ def bench_serve_cmd(
         console.print(f"document: {path}")
     if res.summary["completed"] == 0:
         raise typer.Exit(1)
+
+
+def _goodput_items(given: list[str] | None, extra: list[str]) -> list[str]:
+    """``--goodput ttft:500 tpot:50`` (vLLM's form, several items after one flag): the
+    items typer leaves over join the ones it took; any other stray argument is an error."""
+    items = list(given or [])
+    for a in extra:
+        if not items or ":" not in a:
+            raise UsageError(f"unexpected argument {a!r}: bench serve takes options only")
+        items.append(a)
+    return items
 
 
 def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None = None) -> None:
@@ -246,15 +282,14 @@ def replica_cmd(
     cuda_graphs: bool | None = typer.Option(
         None,
         "--cuda-graphs/--no-cuda-graphs",
-        help="Decode iterations as captured CUDA graphs (default: on for a CUDA --device "
-        "with --tp 1 and no MoE; --cuda-graphs requires them).",
+        help="Decode steps as captured CUDA graphs, one per batch bucket (default: on for a "
+        "CUDA --device with --tp 1 and no MoE; --cuda-graphs requires them).",
     ),
-    prefill_graphs: bool = typer.Option(
-        True,
-        "--prefill-graphs/--no-prefill-graphs",
-        help="With CUDA graphs, prefills as captured graphs too (one per padded prompt "
-        "length and key length).",
+    max_step_tokens: int = typer.Option(
+        2048, help="Tokens one step computes: decode tokens, then prompt chunks."
     ),
+    attention: str = typer.Option("auto", help="Paged attention: auto, triton or torch."),
+    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     if tp > 1:
@@ -330,11 +365,19 @@ def replica_cmd(
             prefix_cache=prefix_cache,
             cache_blocks=cache_blocks,
             cuda_graphs=cuda_graphs,
-            prefill_graphs=prefill_graphs,
+            max_step_tokens=max_step_tokens,
+            attention=attention,
         ),
     )
     asyncio.run(
-        serve_forever(eng, host=host, port=port, name=f"parlab-{model}", duration_s=duration)
+        serve_forever(
+            eng,
+            host=host,
+            port=port,
+            name=f"parlab-{model}",
+            duration_s=duration,
+            request_timeout_s=request_timeout,
+        )
     )
 
 
@@ -350,7 +393,10 @@ def router_cmd(
     cache_threshold: float = typer.Option(0.5, help="cache_aware: matched fraction to follow."),
     balance_abs: int = typer.Option(32, help="cache_aware: load gap counted as uneven."),
     balance_rel: float = typer.Option(1.0001, help="cache_aware: load ratio counted as uneven."),
-    health_interval: float = typer.Option(1.0, help="Seconds between health checks."),
+    health_interval: float = typer.Option(0.5, help="Seconds between health checks."),
+    health_failures: int = typer.Option(2, help="Missed checks in a row that take a replica out."),
+    health_timeout: float = typer.Option(1.0, help="A health check slower than this is a miss."),
+    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
     allow_remote: bool = typer.Option(False, help="Allow non-loopback replicas."),
     duration: float | None = typer.Option(None, help="Stop after this many seconds."),
     seed: int = typer.Option(0, help="Seed of random policies."),
@@ -369,6 +415,9 @@ def router_cmd(
             balance_rel=balance_rel,
         ),
         health_interval_s=health_interval,
+        health_failures=health_failures,
+        health_timeout_s=health_timeout,
+        request_timeout_s=request_timeout,
         allow_remote=allow_remote,
     )
 
@@ -398,12 +447,15 @@ def kv_transfer_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """KV-cache transfer (NCCL send/recv on GPUs, gloo on CPU) against request length."""
-    from parlab.projects.serving import kv_transfer_document
+    from parlab.projects.serving.rank import measure_kv
 
-    toks = [int(t) for t in tokens.split(",") if t.strip()]
+    try:
+        toks = [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError:
+        toks = []
     if not toks or min(toks) < 1:
         raise UsageError(f"--tokens {tokens!r}: give positive lengths like 16,256,4096")
-    doc = kv_transfer_document(
+    doc = measure_kv(
         model=model,
         tokens=toks,
         dtype=dtype,
@@ -501,9 +553,11 @@ def _serving_project(
     num_prompts: int | None,
     request_rate: float | None,
     kv_transfer: bool,
+    replicas: str | None,
 ) -> None:
     from parlab.projects.serving import run_project
 
+    urls = [u.strip().rstrip("/") for u in (replicas or "").split(",") if u.strip()]
     rc = run_project(
         results_dir(results),
         preset=preset,
@@ -511,6 +565,7 @@ def _serving_project(
         num_prompts=num_prompts,
         request_rate=request_rate,
         kv_transfer=kv_transfer,
+        replicas=urls,
         console=console,
         command=reproduce_command(),
     )
@@ -526,6 +581,11 @@ _POLICIES = typer.Option(
 _NUM = typer.Option(None, help="Override requests per policy.")
 _RATE = typer.Option(None, help="Override requests/s.")
 _KV = typer.Option(True, help="Also measure the KV transfer (2 ranks).")
+_REPLICAS = typer.Option(
+    None,
+    help="Running OpenAI-compatible replicas URL,URL,... (vLLM, SGLang, transformers, parlab) "
+    "to compare the policies on, instead of starting parlab's.",
+)
 
 
 @serve_app.command("project")
@@ -536,9 +596,10 @@ def serve_project_cmd(
     num_prompts: int | None = _NUM,
     request_rate: float | None = _RATE,
     kv_transfer: bool = _KV,
+    replicas: str | None = _REPLICAS,
 ) -> None:
     """The serving project (same as ``parlab project serving``)."""
-    _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
+    _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer, replicas)
 
 
 def register_project_command() -> None:
@@ -556,9 +617,12 @@ def register_project_command() -> None:
         num_prompts: int | None = _NUM,
         request_rate: float | None = _RATE,
         kv_transfer: bool = _KV,
+        replicas: str | None = _REPLICAS,
     ) -> None:
         """Replicas + router + load per policy, simulator check, KV transfer; a report."""
-        _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
+        _serving_project(
+            results, preset, policies, num_prompts, request_rate, kv_transfer, replicas
+        )
 
 
 register_project_command()

@@ -7,11 +7,13 @@ the same ``_Stream``) and times every streamed chunk with
 ``time.perf_counter`` on arrival, the way vLLM's ``benchmark_serving.py`` and
 SGLang's ``bench_serving.py`` do; the metrics are theirs (``metrics.py``).
 
-Arrivals (vLLM's ``get_request``): with a finite ``request_rate`` the gaps are
-drawn from a gamma distribution with shape ``burstiness`` and scale
-``1 / (request_rate * burstiness)`` -- burstiness 1 is a Poisson process,
-below 1 burstier, above 1 steadier -- from a seeded numpy generator, so the
-schedule is the same on every run. An infinite rate sends everything at once;
+Arrivals (vLLM's ``get_request``): with a finite ``request_rate`` every request's gap,
+the first one's included, is drawn from a gamma distribution with shape ``burstiness``
+and scale ``1 / (request_rate * burstiness)`` -- burstiness 1 is a Poisson process,
+below 1 burstier, above 1 steadier, ``inf`` evenly spaced -- from a seeded numpy
+generator, and the send times are scaled so the last request leaves at
+``num_prompts / request_rate`` exactly (vLLM: "to close the gap for stabilizing the
+throughput data from different random seeds"). An infinite rate sends everything at once;
 with ``max_concurrency`` at most that many requests are in flight (a closed
 loop). A trace's own ``timestamp`` field can be replayed instead. The lag
 between the scheduled and the actual send time is measured per request and
@@ -142,18 +144,20 @@ def check_target(url: str, *, allow_remote: bool) -> None:
 def arrival_offsets(
     n: int, *, rate: float, burstiness: float, seed: int, timestamps: Sequence[float | None] = ()
 ) -> np.ndarray:
-    """Send-time offsets (seconds from the start) of ``n`` requests."""
+    """Send-time offsets (seconds from the start) of ``n`` requests (vLLM's schedule)."""
     if timestamps:
         if any(t is None for t in timestamps):
             raise UsageError("--replay-timestamps needs a 'timestamp' on every dataset line")
         return np.asarray(timestamps, dtype=np.float64) - float(min(timestamps))  # type: ignore[type-var]
-    if math.isinf(rate):
+    if math.isinf(rate) or n == 0:
         return np.zeros(n)
-    rng = np.random.default_rng(seed)
-    theta = 1.0 / (rate * burstiness)
-    gaps = rng.gamma(shape=burstiness, scale=theta, size=n)
-    gaps[0] = 0.0  # the first request goes at once
-    return np.cumsum(gaps)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        rng = np.random.default_rng(seed)
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    sends = np.cumsum(gaps)
+    return sends * (n / rate / sends[-1])
 
 
 @dataclass
@@ -291,7 +295,7 @@ def _full(out: RequestOutcome, data: Any, chat: bool, st: float) -> None:
         out.error = "malformed response: no choices"
         return
     out.generated_text = t
-    out.output_tokens = len(t.encode())
+    out.output_tokens = 1 if t else 0  # the server's usage, below, gives the count
     _apply_usage(out, data.get("usage"))
     out.success = True
 
@@ -546,11 +550,11 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
+            from rich.console import Console
             from rich.progress import Progress
 
-            from parlab.cli.common import err_console
-
-            self._p = Progress(console=err_console, transient=True, refresh_per_second=4)
+            console = Console(stderr=True, highlight=False)
+            self._p = Progress(console=console, transient=True, refresh_per_second=4)
             self._p.__enter__()
             self._task = self._p.add_task("requests", total=self.total)
         return self

@@ -62,7 +62,7 @@ class PolicyConfig:
             raise UsageError("--balance-abs must be >= 0 and --balance-rel >= 1")
 
 
-class Router:
+class PolicyState:
     """The routing state of N replicas under one policy.
 
     Loads are kept in buckets (load -> replicas) so that the least and most

@@ -1,0 +1,366 @@
+"""The engine's forward over one step's flat batch, its KV pages, and its CUDA graphs.
+
+A step's inputs reach the device in one host-to-device copy of one packed int64 buffer and
+one float32 buffer (``StepInputs.pack``). Per layer: ``attention_norm`` -> one fused QKV
+projection (the model's ``wq``/``wk``/``wv`` weights concatenated once, the modules' own
+weights left as views of it) -> ``PagedAttention`` -> ``attention.wo`` -> ``ffn_norm`` -> the
+FFN (SwiGLU's ``w1``/``w3`` fused the same way; MoE as the model runs it), then the final
+norm and output for the rows that sample only, and ``sampling.sample`` on the device. The
+modules are the model's own, so a test keeps the engine's tokens equal to the model's full
+forward.
+
+CUDA graphs: a decode-only step of ``b`` sequences is padded to the smallest captured bucket
+``>= b`` (``EngineConfig.buckets``) and replays that bucket's graph: its inputs read from
+the bucket's static buffers, padding rows are token 0 at position 0 of the null page (page
+0, which nothing reads), its outputs the logits and the sampled ids. Steps with prompt
+chunks, and every step of an engine without graphs, run the same forward eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from parlab.errors import UsageError
+from parlab.serve.engine.attention import ChunkMeta, PagedAttention, StepMeta
+from parlab.serve.engine.config import EngineConfig
+from parlab.serve.engine.sampling import sample
+
+_INT_FIELDS = ("tokens", "positions", "slots", "lens", "seed", "step", "eos_ok", "rows")
+_FLOAT_FIELDS = ("temperature", "top_p")
+
+
+@dataclass
+class StepInputs:
+    """A step's inputs on the host (numpy)."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    n_decode: int
+    table: np.ndarray
+    """``[n_decode, pages]`` page table of the decoding rows."""
+    lens: np.ndarray
+    chunks: list[tuple[int, int, int, np.ndarray]]
+    """``(offset, n, start, pages)`` per prompt chunk."""
+    rows: np.ndarray
+    """Tokens whose logits are sampled (every decode token, each last prompt chunk's last)."""
+    temperature: np.ndarray
+    top_p: np.ndarray
+    seed: np.ndarray
+    step: np.ndarray
+    eos_ok: np.ndarray
+
+    def pack(self) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, int]]]:
+        """Every int array (the page table last) in one int64 buffer, the floats in one
+        float32 buffer, and where each field sits."""
+        ints = [getattr(self, f).astype(np.int64, copy=False).ravel() for f in _INT_FIELDS]
+        ints.append(self.table.astype(np.int64, copy=False).ravel())
+        ints += [c[3].astype(np.int64, copy=False) for c in self.chunks]
+        where: dict[str, tuple[int, int]] = {}
+        o = 0
+        names = [*_INT_FIELDS, "table", *(f"c{i}" for i in range(len(self.chunks)))]
+        for name, a in zip(names, ints, strict=True):
+            where[name] = (o, o + a.size)
+            o += a.size
+        floats = np.concatenate([getattr(self, f).astype(np.float32) for f in _FLOAT_FIELDS])
+        return np.concatenate(ints), floats, where
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    ints: torch.Tensor
+    floats: torch.Tensor
+    tokens: torch.Tensor
+    logits: torch.Tensor
+
+
+class ModelRunner:
+    """The model's weights (fused), its KV pages and the step's forward."""
+
+    def __init__(
+        self, model: Any, cfg: EngineConfig, *, allowed: list[int], stop_ids: tuple[int, ...],
+        tp: Any = None,
+    ) -> None:  # fmt: skip
+        self.model, self.cfg, self.tp = model, cfg, tp
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        a0 = model.layers[0].attention
+        D = a0.head_dim
+        self.N, self.K, self.D = a0.wq.weight.shape[0] // D, a0.wk.weight.shape[0] // D, D
+        self._fuse()
+        shape = (cfg.num_blocks, cfg.block, self.K, D)
+        self.k_cache = [
+            torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
+        ]
+        self.v_cache = [
+            torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
+        ]
+        self.backend = self._backend()
+        self.attn = PagedAttention(
+            n_heads=self.N, n_kv=self.K, head_dim=D, backend=self.backend, device=self.device
+        )
+        V = model.spec.vocab_size
+        allowed_V = torch.full((V,), float("-inf"))
+        allowed_V[[*allowed, *stop_ids]] = 0.0
+        self.allowed_V = allowed_V.to(self.device)
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=self.device)
+        self.sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 1
+        )
+        self.graphs: dict[int, _Graph] = {}
+        self.use_graphs = self._graphs_wanted()
+        self.capture_s = self.capture() if self.use_graphs else 0.0
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _fuse(self) -> None:
+        """One QKV weight per layer (and one W1|W3 for SwiGLU); the modules' weights become
+        views of it, so the model is unchanged and no memory is doubled."""
+        self.wqkv, self.bqkv, self.w13, self.b13 = [], [], [], []
+        for layer in self.model.layers:
+            a = layer.attention
+            w = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).detach()
+            b = None
+            if a.wq.bias is not None:
+                b = torch.cat([a.wq.bias, a.wk.bias, a.wv.bias]).detach()
+            self._rebind((a.wq, a.wk, a.wv), w, b)
+            self.wqkv.append(w)
+            self.bqkv.append(b)
+            f = layer.feed_forward
+            if f is not None and f.swiglu:
+                w = torch.cat([f.w1.weight, f.w3.weight]).detach()
+                b = torch.cat([f.w1.bias, f.w3.bias]).detach() if f.w1.bias is not None else None
+                self._rebind((f.w1, f.w3), w, b)
+                self.w13.append(w)
+                self.b13.append(b)
+            else:
+                self.w13.append(None)
+                self.b13.append(None)
+
+    @staticmethod
+    def _rebind(linears: tuple[Any, ...], w: torch.Tensor, b: torch.Tensor | None) -> None:
+        o = 0
+        for lin in linears:
+            n = lin.weight.shape[0]
+            lin.weight = torch.nn.Parameter(w[o : o + n], requires_grad=False)
+            if b is not None:
+                lin.bias = torch.nn.Parameter(b[o : o + n], requires_grad=False)
+            o += n
+
+    def _backend(self) -> str:
+        want = self.cfg.attention
+        if want == "torch" or (want == "auto" and self.device.type != "cuda"):
+            return "torch"
+        if self.device.type != "cuda":
+            raise UsageError("attention triton needs a CUDA device: use --attention torch")
+        try:
+            import triton  # noqa: F401  (lazy: only CUDA machines have it)
+        except ImportError:
+            if want == "triton":
+                raise UsageError("attention triton: Triton is not installed here") from None
+            return "torch"
+        return "triton"
+
+    def _graphs_wanted(self) -> bool:
+        why = None
+        if self.device.type != "cuda":
+            why = f"the engine runs on {self.device}, not a CUDA device"
+        elif self.tp is not None:
+            why = "a tensor-parallel engine runs eagerly (an all-reduce inside a graph is not attempted)"
+        elif any(layer.moe is not None for layer in self.model.layers):
+            why = "MoE layers pick tokens per expert with data-dependent shapes"
+        want = self.cfg.cuda_graphs
+        if want and why is not None:
+            raise UsageError(f"--cuda-graphs: {why}")
+        return why is None if want is None else want
+
+    # -- the forward -----------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self, tokens_T: torch.Tensor, positions_T: torch.Tensor, meta: StepMeta,
+        rows_R: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Logits ``[R, V]`` (float32) of the sampled rows, caching every token's K/V."""
+        m = self.model
+        h = m.tok_embeddings(tokens_T)
+        if m.pos_embeddings is not None:
+            h = h + m.pos_embeddings(positions_T)
+        rope = m.rope(positions_T)
+        for li, layer in enumerate(m.layers):
+            x = layer.attention_norm(h)
+            qkv = F.linear(x, self.wqkv[li], self.bqkv[li])
+            o = self.attn(qkv, rope, self.k_cache[li], self.v_cache[li], meta)
+            h = h + self._reduce(layer.attention.wo(o))
+            x = layer.ffn_norm(h)
+            h = h + self._reduce(self._ffn(li, layer, x))
+        if rows_R is not None:
+            h = h.index_select(0, rows_R)
+        return m.output(m.norm(h)).float()
+
+    def _ffn(self, li: int, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        if layer.moe is not None:
+            return layer.moe(x)
+        f = layer.feed_forward
+        if self.w13[li] is None:
+            return f(x)
+        a, b = F.linear(x, self.w13[li], self.b13[li]).chunk(2, dim=-1)
+        return f.w2(F.silu(a) * b)
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum the partial outputs of row-sharded ``wo`` / ``w2`` (tensor parallel only)."""
+        return x if self.tp is None else self.tp.all_reduce(x)
+
+    def _views(self, ints: torch.Tensor, floats: torch.Tensor, where: dict, inp: StepInputs):
+        def f(name: str) -> torch.Tensor:
+            a, b = where[name]
+            return ints[a:b]
+
+        B = inp.n_decode
+        meta = StepMeta(
+            slots_T=f("slots"),
+            n_decode=B,
+            table_BM=f("table").view(B, -1) if B else f("table"),
+            lens_B=f("lens"),
+            max_pages=inp.table.shape[1] if B else 0,
+            chunks=[
+                ChunkMeta(offset=o, n=n, start=s, pages=f(f"c{i}"))
+                for i, (o, n, s, _) in enumerate(inp.chunks)
+            ],
+            splits=self._splits(B),
+        )
+        R = len(inp.rows)
+        params = {
+            "temperature_R": floats[:R],
+            "top_p_R": floats[R : 2 * R],
+            "seed_R": f("seed"),
+            "step_R": f("step"),
+            "eos_ok_R": f("eos_ok").bool(),
+        }
+        return f("tokens"), f("positions"), meta, f("rows"), params
+
+    def _splits(self, B: int) -> int:
+        if self.backend != "triton" or not B:
+            return 1
+        from parlab.serve.engine.kernels import decode_splits
+
+        return decode_splits(B, self.N, self.sms)
+
+    def _sample(self, logits: torch.Tensor, params: dict, use_top_p: bool) -> torch.Tensor:
+        return sample(
+            logits, allowed_V=self.allowed_V, stop_ids=self.stop_ids, use_top_p=use_top_p,
+            **params,
+        )  # fmt: skip
+
+    def run(self, inp: StepInputs) -> tuple[np.ndarray, int]:
+        """Run one step; the sampled ids of ``inp.rows`` and the graph bucket (0: eager)."""
+        top_p = bool((inp.top_p < 1.0).any())
+        n_out = len(inp.rows)
+        bucket = self._bucket(inp)
+        if bucket:
+            inp = pad_decode(inp, bucket)
+            g = self.graphs.get(bucket)
+            if g is not None:
+                ints, floats, where = inp.pack()
+                g.ints.copy_(torch.from_numpy(ints), non_blocking=True)
+                g.floats.copy_(torch.from_numpy(floats), non_blocking=True)
+                g.graph.replay()
+                toks = self._resample(g, inp) if top_p else g.tokens
+                return toks[:n_out].cpu().numpy(), bucket
+        elif inp.n_decode:
+            # eager: the page table only as wide as the longest sequence needs
+            pages = -(-int(inp.lens.max()) // self.cfg.block)
+            inp.table = inp.table[:, :pages]
+        ints, floats, where = inp.pack()
+        ints_d = torch.from_numpy(ints).to(self.device, non_blocking=True)
+        floats_d = torch.from_numpy(floats).to(self.device, non_blocking=True)
+        tok, pos, meta, rows, params = self._views(ints_d, floats_d, where, inp)
+        logits = self.forward(tok, pos, meta, rows)
+        return self._sample(logits, params, top_p)[:n_out].cpu().numpy(), bucket
+
+    def _bucket(self, inp: StepInputs) -> int:
+        if inp.chunks or not inp.n_decode or not (self.use_graphs or self.static_decode):
+            return 0
+        return next((b for b in self.cfg.buckets() if b >= inp.n_decode), 0)
+
+    static_decode = False
+    """Run decode-only steps padded to their bucket even without graphs (CPU tests of the
+    captured step's inputs)."""
+
+    def _resample(self, g: _Graph, inp: StepInputs) -> torch.Tensor:
+        """A graph step with ``top_p`` rows: sample its logits again, eagerly, with the
+        nucleus filter."""
+        *_, where = inp.pack()
+        *_, params = self._views(g.ints, g.floats, where, inp)
+        return self._sample(g.logits, params, True)
+
+    # -- graphs ----------------------------------------------------------------------------
+    def capture(self) -> float:
+        """Capture the decode step of every bucket (largest first, one memory pool); return
+        the seconds it took. Only on an idle engine: the capture's padding rows write page
+        0."""
+        t0 = time.perf_counter()
+        self.graphs = {}
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.cfg.buckets()):
+            inp = pad_decode(empty_decode(self.cfg), b)
+            ints, floats, where = inp.pack()
+            g_ints = torch.from_numpy(ints).to(self.device)
+            g_floats = torch.from_numpy(floats).to(self.device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compile the Triton kernels, settle cuBLAS's choice
+                    self._static_step(g_ints, g_floats, where, inp)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                toks, logits = self._static_step(g_ints, g_floats, where, inp)
+            self.graphs[b] = _Graph(graph, g_ints, g_floats, toks, logits)
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def _static_step(
+        self, ints: torch.Tensor, floats: torch.Tensor, where: dict, inp: StepInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured decode step: forward of every row, sampled without ``top_p``."""
+        tok, pos, meta, _, params = self._views(ints, floats, where, inp)
+        logits = self.forward(tok, pos, meta, None)
+        return self._sample(logits, params, False), logits
+
+
+def empty_decode(cfg: EngineConfig) -> StepInputs:
+    """A decode step of no sequence (padded by ``pad_decode``)."""
+    z = np.zeros(0, dtype=np.int64)
+    f = np.zeros(0, dtype=np.float32)
+    return StepInputs(
+        tokens=z, positions=z, slots=z, n_decode=0,
+        table=np.zeros((0, cfg.blocks_per_seq), dtype=np.int64), lens=z, chunks=[], rows=z,
+        temperature=f, top_p=f, seed=z, step=z, eos_ok=z,
+    )  # fmt: skip
+
+
+def pad_decode(inp: StepInputs, bucket: int) -> StepInputs:
+    """A decode-only step padded to ``bucket`` rows: token 0 at position 0 of page 0, one
+    key, greedy; the page table at its full width (the captured shape)."""
+    pad = bucket - inp.n_decode
+
+    def z(a: np.ndarray, fill: float = 0) -> np.ndarray:
+        return np.concatenate([a, np.full(pad, fill, dtype=a.dtype)])
+
+    M = inp.table.shape[1]
+    full = np.zeros((bucket, max(M, 1)), dtype=np.int64)
+    full[: inp.n_decode, :M] = inp.table
+    return StepInputs(
+        tokens=z(inp.tokens), positions=z(inp.positions), slots=z(inp.slots), n_decode=bucket,
+        table=full, lens=z(inp.lens, 1), chunks=[], rows=np.arange(bucket, dtype=np.int64),
+        temperature=z(inp.temperature), top_p=z(inp.top_p, 1.0), seed=z(inp.seed),
+        step=z(inp.step), eos_ok=z(inp.eos_ok),
+    )  # fmt: skip
