@@ -69,7 +69,10 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(mode
     chat_bad = [
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
         ({"messages": []}, "messages"),
     ]
 
@@ -91,7 +94,9 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(mode
             # a subnormal temperature is greedy (vLLM's _SAMPLING_EPS), not a crash
             status, ok = await _post(srv.url, {**GOOD, "temperature": 1e-320})
             status2, ok2 = await _post(srv.url, GOOD)
-            assert status == status2 == 200 and ok["choices"][0]["text"] == ok2["choices"][0]["text"]
+            assert (
+                status == status2 == 200 and ok["choices"][0]["text"] == ok2["choices"][0]["text"]
+            )
             assert srv.health()[0] == 200 and srv.step_errors == 0
         finally:
             await srv.stop()
@@ -287,7 +292,9 @@ def test_a_killed_replica_rejoins_when_it_is_healthy_again() -> None:
         a, b = StubServer(StubConfig()), StubServer(StubConfig())
         await a.start()
         await b.start()
-        r = Router(RouterConfig(replicas=(a.url, b.url), policy=PolicyConfig(), health_interval_s=0.1))
+        r = Router(
+            RouterConfig(replicas=(a.url, b.url), policy=PolicyConfig(), health_interval_s=0.1)
+        )
         await r.start()
         try:
             port = a.port

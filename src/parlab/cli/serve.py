@@ -381,9 +381,63 @@ def replica_cmd(
     )
 
 
+@serve_app.command("launch")
+def launch_cmd(
+    engine: str = typer.Option(..., help="vllm, sglang, transformers or parlab."),
+    model: str = typer.Option(..., help="What the engine serves (a Hugging Face name or folder)."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree (the engine's own flag)."),
+    port: int = typer.Option(8000, help="Port of the engine's server."),
+    host: str = typer.Option("127.0.0.1", help="Address the engine listens on."),
+    pd: str = typer.Option("none", help="Prefill/decode role: none, prefill or decode."),
+    dtype: str | None = typer.Option(None, help="Weights dtype (the engine's default if unset)."),
+    max_len: int | None = typer.Option(
+        None, help="Context length (the engine's default if unset)."
+    ),
+    executable: str | None = typer.Option(None, help="The engine's program, if not the default."),
+    extra: list[str] | None = typer.Option(None, help="One more argument for the engine."),
+    router: str | None = typer.Option(None, help="Register with this parlab router URL."),
+    ready_timeout: float = typer.Option(900.0, help="Seconds to wait for it to serve."),
+    duration: float | None = typer.Option(None, help="Stop it after this many seconds."),
+    log: Path | None = typer.Option(None, help="Write the engine's output here."),
+) -> None:
+    """Start an engine's own OpenAI server (TP and prefill/decode flags), wait until it serves,
+    register it with a router; prints its record (JSON), then serves until Ctrl-C."""
+    import time
+
+    from parlab.serve.launch import LaunchSpec, launch
+
+    spec = LaunchSpec(
+        engine=engine, model=model, tp=tp, host=host, port=port, pd=pd, dtype=dtype,
+        max_len=max_len, executable=executable, extra=tuple(extra or ()),
+    )  # fmt: skip
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115  (held while it runs)
+    try:
+        started = launch(spec, ready_timeout_s=ready_timeout, router=router, log=out)
+        print(json.dumps(started.record), flush=True)
+        try:
+            end = None if duration is None else time.monotonic() + duration
+            while started.proc.poll() is None and (end is None or time.monotonic() < end):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            started.stop()
+        if started.proc.returncode not in (0, -15, None) and end is None:
+            raise typer.Exit(1)
+    except (RuntimeError, TimeoutError) as exc:
+        err_console.print(f"launch failed: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        if out is not None:
+            out.close()
+
+
 @serve_app.command("router")
 def router_cmd(
-    replica: list[str] = typer.Option(..., help="Replica base URL (repeat for each)."),
+    replica: list[str] | None = typer.Option(
+        None,
+        help="Replica base URL (repeat for each; more can join: parlab serve launch --router).",
+    ),
     policy: str = typer.Option(
         "cache_aware",
         help="round_robin, random, least_outstanding, power_of_two or cache_aware.",
@@ -406,7 +460,7 @@ def router_cmd(
     from parlab.serve.router import Router, RouterConfig
 
     cfg = RouterConfig(
-        replicas=tuple(replica),
+        replicas=tuple(replica or ()),
         policy=PolicyConfig(
             name=policy,
             seed=seed,

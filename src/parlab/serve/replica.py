@@ -17,7 +17,7 @@ Reliability:
   ``stall_s``; its JSON gives the outstanding requests and the oldest one's age.
 
 Other endpoints: ``GET /v1/models`` and ``/v1/models/{id}`` (vLLM's ``root`` and
-``max_model_len``), ``POST /tokenize`` and ``/detokenize`` (vLLM's), ``POST /engine/reset``
+``max_model_len``), ``GET /version`` (vLLM's; with ``engine``), ``POST /tokenize`` and ``/detokenize`` (vLLM's), ``POST /engine/reset``
 (empty the prefix cache and the log, when idle), ``GET /engine/log`` (every step: kind,
 batch, tokens, seconds, the serving loop's own ``wall`` and ``gap``), ``GET /engine/stats``
 and ``POST /engine/profile`` (``profiling.profile_engine``, when idle). Listens on 127.0.0.1
@@ -126,6 +126,7 @@ class ReplicaServer:
         add_get("/v1/models", self._models)
         add_get("/v1/models/{model_id:.+}", self._model)
         add_get("/health", self._health)
+        add_get("/version", self._version)
         add_post("/tokenize", self._tokenize)
         add_post("/detokenize", self._detokenize)
         add_get("/engine/stats", self._stats)
@@ -232,6 +233,11 @@ class ReplicaServer:
     async def _health(self, request: web.Request) -> web.Response:
         status, body = self.health()
         return web.json_response(body, status=status)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        from parlab import __version__
+
+        return web.json_response({"engine": "parlab", "version": __version__})
 
     def _card(self) -> dict:
         return protocol.model_card(self.name, max_model_len=self.engine.config.max_len)

@@ -28,7 +28,9 @@ about ``health_interval_s * health_failures`` after it stops answering, 1 s by d
 and put it back on the first success (its prefix tree starts empty). A request it
 completes resets the count.
 
-Recorded (``GET /router/stats``): per replica its load now, requests routed,
+Replicas can join a running router (``POST /router/replicas`` with ``{"url", "engine",
+"version", ...}``: ``parlab serve launch --router``); what they said of themselves is in
+the stats. Recorded (``GET /router/stats``): per replica its load now, requests routed,
 completed and failed, prompt tokens and estimated cached tokens (from the
 router's approximate prefix tree of that replica, under any policy); the
 routing overhead -- policy decision time and the time from receiving a
@@ -75,7 +77,8 @@ class RouterConfig:
     """The router's knobs."""
 
     replicas: tuple[str, ...]
-    """Base URLs of the replicas (``http://127.0.0.1:8001``, ...)."""
+    """Base URLs of the replicas (``http://127.0.0.1:8001``, ...); more can join later
+    (``POST /router/replicas``)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Routing policy and its thresholds."""
     health_interval_s: float = 0.5
@@ -90,8 +93,6 @@ class RouterConfig:
     """Allow replicas on non-loopback addresses."""
 
     def __post_init__(self) -> None:
-        if not self.replicas:
-            raise UsageError("the router needs at least one replica: pass --replica URL")
         for u in self.replicas:
             check_target(u, allow_remote=self.allow_remote)
         if self.health_interval_s <= 0 or self.health_failures < 1:
@@ -115,6 +116,8 @@ class ReplicaStats:
     client_errors: int = 0
     cut: int = 0
     """In-flight requests cut when the replica was taken out."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What it registered with (engine, version, model, ...)."""
 
 
 class Router:
@@ -146,6 +149,7 @@ class Router:
         app.router.add_get("/v1/models/{model_id:.+}", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/router/stats", self._stats)
+        app.router.add_post("/router/replicas", self._add_replica)
         return app
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
@@ -177,6 +181,32 @@ class Router:
     @property
     def url(self) -> str:
         return f"http://{protocol.LOOPBACK}:{self.port}"
+
+    def add_replica(self, url: str, info: dict[str, Any] | None = None) -> int:
+        """Add a replica (``UsageError`` for a bad or non-loopback URL); its index."""
+        check_target(url, allow_remote=self.config.allow_remote)
+        url = url.rstrip("/")
+        if any(r.url == url for r in self.replicas):
+            raise UsageError(f"{url} is already a replica of this router")
+        u = urlparse(url)
+        self._clients.append(
+            httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
+        )
+        self.replicas.append(ReplicaStats(url=url, info=dict(info or {})))
+        self._inflight.append(set())
+        return self.state.add()
+
+    async def _add_replica(self, request: web.Request) -> web.Response:
+        try:
+            body = await protocol.read_json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+                raise protocol.BadRequest("give {'url': 'http://HOST:PORT', ...}", param="url")
+            i = self.add_replica(body["url"], body)
+        except protocol.BadRequest as exc:
+            return protocol.bad_request_response(exc)
+        except UsageError as exc:
+            return protocol.error_response(str(exc), param="url")
+        return web.json_response({"replica": i, "replicas": len(self.replicas)})
 
     # -- health --------------------------------------------------------------
     def mark(self, i: int, alive: bool) -> None:
@@ -399,6 +429,7 @@ class Router:
                     "client_gone": r.client_gone,
                     "client_errors": r.client_errors,
                     "cut": r.cut,
+                    "info": r.info,
                 }
             )
         pt = sum(r.prompt_tokens for r in self.replicas)
