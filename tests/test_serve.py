@@ -16,8 +16,7 @@ from aiohttp import web
 from parlab.errors import UsageError
 from parlab.serve import bench, datasets, protocol
 from parlab.serve.metrics import RequestOutcome, Slo, summarize
-from parlab.serve.policy import PolicyConfig
-from parlab.serve.policy import PolicyState
+from parlab.serve.policy import PolicyConfig, PolicyState
 from parlab.serve.prefix import BlockLRU, block_hashes
 from parlab.serve.router import Router, RouterConfig
 from parlab.serve.stub import StubConfig, StubServer
@@ -158,7 +157,8 @@ def test_bench_completions_chat_and_nonstream_against_stub(client: str) -> None:
         finally:
             await s.stop()
 
-    for api, r in zip(["completions", "chat", "completions", "completions"], asyncio.run(main())):
+    apis = ["completions", "chat", "completions", "completions"]
+    for api, r in zip(apis, asyncio.run(main()), strict=True):
         assert r.summary["completed"] == 10, r.errors
         assert r.summary["total_output_tokens"] == 50
         # the stub counts prompt tokens with parlab's tokenizer: chat adds the template's 6

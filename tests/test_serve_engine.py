@@ -165,7 +165,7 @@ def test_gumbel_sampling_draws_the_softmax_and_greedy_takes_the_argmax() -> None
     assert (freq - want).abs().max() < 0.03
     assert (sample(logits, temperature_R=torch.zeros(R), **common) == 0).all()
     u = uniform(seed, torch.zeros(R, dtype=torch.long), V)
-    assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
+    assert float(u.min()) > 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
 
 
 def test_end_of_sequence_stops_unless_ignored() -> None:
