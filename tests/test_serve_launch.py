@@ -61,9 +61,8 @@ def _port() -> int:
         ("sglang", 4, "decode", ["--model-path", "org/m", "--host", "127.0.0.1", "--port",
                                  "{port}", "--tp-size", "4", "--dtype", "bfloat16",
                                  "--context-length", "4096", "--disaggregation-mode", "decode"]),
-        ("transformers", 1, "none", ["serve", "--force-model", "org/m", "--host", "127.0.0.1",
-                                     "--port", "{port}", "--model-timeout", "86400",
-                                     "--dtype", "bfloat16"]),
+        ("transformers", 1, "none", ["serve", "org/m", "--host", "127.0.0.1", "--port",
+                                     "{port}", "--dtype", "bfloat16"]),
     ],
 )  # fmt: skip
 def test_launch_runs_the_engines_own_server_and_registers_it(
@@ -106,6 +105,9 @@ def test_launch_rejects_what_the_engine_cannot_do(tmp_path: Path) -> None:
         LaunchSpec(engine="transformers", model="m", tp=2)
     with pytest.raises(UsageError, match="--engine"):
         LaunchSpec(engine="tgi", model="m")
+    old = engine_command(LaunchSpec(engine="transformers", model="m"), "  --force-model TEXT")
+    i = old.index("serve")
+    assert old[i : i + 3] == ["serve", "--force-model", "m"]  # the flag it once took
     cmd = engine_command(LaunchSpec(engine="parlab", model="tiny", tp=2, port=9))
     assert cmd[-9:] == ["replica", "--model", "tiny", "--host", "127.0.0.1", "--port", "9",
                         "--tp", "2"]  # fmt: skip
@@ -114,3 +116,32 @@ def test_launch_rejects_what_the_engine_cannot_do(tmp_path: Path) -> None:
     spec = LaunchSpec(engine="vllm", model="m", port=_port(), executable=f"{sys.executable} {bad}")
     with pytest.raises(RuntimeError, match="exited with status 3"):
         launch(spec, ready_timeout_s=20)
+
+
+def test_the_launch_command_stops_its_engine_when_it_is_terminated(tmp_path: Path) -> None:
+    """``parlab serve launch`` prints its record once the engine serves; SIGTERM to it
+    stops the engine's server too (none outlives it to answer the next launch's port)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN)
+    port = _port()
+    env = {**os.environ, "STANDIN_ARGV": str(tmp_path / "argv.json")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    cmd = [sys.executable, "-m", "parlab", "serve", "launch", "--engine", "sglang", "--model",
+           "m", "--port", str(port), "--executable", f"{sys.executable} {script}"]  # fmt: skip
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        record = json.loads(p.stdout.readline())
+        assert record["url"] == f"http://127.0.0.1:{port}" and record["engine"] == "sglang"
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        time.sleep(0.2)
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0  # the engine is gone
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -104,6 +104,10 @@ def bench_serve_cmd(
     max_concurrency: int | None = typer.Option(None, help="Most requests in flight."),
     replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
     stream: bool = typer.Option(True, help="Stream (SSE)."),
+    ignore_eos: bool = typer.Option(
+        True, help="Send ignore_eos (every request runs to its length); off for servers "
+        "that reject it (transformers serve).",
+    ),
     seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
     percentiles: str = typer.Option("90,99", help="Percentiles to report, comma-separated."),
     goodput: list[str] | None = typer.Option(
@@ -148,6 +152,7 @@ def bench_serve_cmd(
         max_concurrency=max_concurrency,
         replay_timestamps=replay_timestamps,
         stream=stream,
+        ignore_eos=ignore_eos,
         seed=seed,
         request_timeout_s=request_timeout,
         max_duration_s=max_duration,
@@ -393,6 +398,7 @@ def launch_cmd(
     max_len: int | None = typer.Option(
         None, help="Context length (the engine's default if unset)."
     ),
+    device: str | None = typer.Option(None, help="Device (transformers, parlab: cuda:0, cpu)."),
     executable: str | None = typer.Option(None, help="The engine's program, if not the default."),
     extra: list[str] | None = typer.Option(None, help="One more argument for the engine."),
     router: str | None = typer.Option(None, help="Register with this parlab router URL."),
@@ -402,20 +408,26 @@ def launch_cmd(
 ) -> None:
     """Start an engine's own OpenAI server (TP and prefill/decode flags), wait until it serves,
     register it with a router; prints its record (JSON), then serves until Ctrl-C."""
+    import signal
     import time
 
     from parlab.serve.launch import LaunchSpec, launch
 
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM too: the engine's server must not outlive us
+
+    signal.signal(signal.SIGTERM, stop)
+
     spec = LaunchSpec(
         engine=engine, model=model, tp=tp, host=host, port=port, pd=pd, dtype=dtype,
-        max_len=max_len, executable=executable, extra=tuple(extra or ()),
+        max_len=max_len, device=device, executable=executable, extra=tuple(extra or ()),
     )  # fmt: skip
     out = open(log, "ab") if log is not None else None  # noqa: SIM115  (held while it runs)
     try:
         started = launch(spec, ready_timeout_s=ready_timeout, router=router, log=out)
-        print(json.dumps(started.record), flush=True)
+        end = None if duration is None else time.monotonic() + duration
         try:
-            end = None if duration is None else time.monotonic() + duration
+            print(json.dumps(started.record), flush=True)
             while started.proc.poll() is None and (end is None or time.monotonic() < end):
                 time.sleep(0.5)
         except KeyboardInterrupt:
@@ -608,13 +620,22 @@ def _serving_project(
     request_rate: float | None,
     kv_transfer: bool,
     replicas: str | None,
+    devices: str | None = None,
 ) -> None:
-    from parlab.projects.serving import run_project
+    from dataclasses import replace
+
+    from parlab.projects.serving import get_preset, run_project
 
     urls = [u.strip().rstrip("/") for u in (replicas or "").split(",") if u.strip()]
+    p = get_preset(preset)
+    if devices:
+        try:
+            p = replace(p, devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     rc = run_project(
         results_dir(results),
-        preset=preset,
+        preset=p,
         policies=[p for p in policies.split(",") if p],
         num_prompts=num_prompts,
         request_rate=request_rate,
@@ -635,6 +656,9 @@ _POLICIES = typer.Option(
 _NUM = typer.Option(None, help="Override requests per policy.")
 _RATE = typer.Option(None, help="Override requests/s.")
 _KV = typer.Option(True, help="Also measure the KV transfer (2 ranks).")
+_DEVICES = typer.Option(
+    None, help="One reference replica per device, e.g. cuda:0,cuda:0 (default: the preset's)."
+)
 _REPLICAS = typer.Option(
     None,
     help="Running OpenAI-compatible replicas URL,URL,... (vLLM, SGLang, transformers, parlab) "
@@ -651,9 +675,12 @@ def serve_project_cmd(
     request_rate: float | None = _RATE,
     kv_transfer: bool = _KV,
     replicas: str | None = _REPLICAS,
+    devices: str | None = _DEVICES,
 ) -> None:
     """The serving project (same as ``parlab project serving``)."""
-    _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer, replicas)
+    _serving_project(
+        results, preset, policies, num_prompts, request_rate, kv_transfer, replicas, devices
+    )
 
 
 def register_project_command() -> None:
@@ -672,10 +699,11 @@ def register_project_command() -> None:
         request_rate: float | None = _RATE,
         kv_transfer: bool = _KV,
         replicas: str | None = _REPLICAS,
+        devices: str | None = _DEVICES,
     ) -> None:
         """Replicas + router + load per policy, simulator check, KV transfer; a report."""
         _serving_project(
-            results, preset, policies, num_prompts, request_rate, kv_transfer, replicas
+            results, preset, policies, num_prompts, request_rate, kv_transfer, replicas, devices
         )
 
 

@@ -24,10 +24,11 @@ garbage collector is paused for the run (its pauses stall the loop).
 
 What counts as a success (stricter than vLLM, which accepts a stream cut
 after its first chunk): HTTP 200 and, when streaming, at least one chunk with
-text and the final ``data: [DONE]``; a chunk that is not JSON, an ``error``
-chunk, a stream that stops before ``[DONE]``, a JSON answer to a streaming
-request, a timeout or a refused connection are failures, each with its
-reason. Every request ends in exactly one outcome. TTFT is taken at the first
+text and the stream's end -- the final ``data: [DONE]``, or, for servers that send none
+(``transformers serve``), a body that ends whole after a chunk with a ``finish_reason``;
+a chunk that is not JSON, an ``error`` chunk, a stream that stops before its end, a JSON
+answer to a streaming request, a timeout or a refused connection are failures, each
+with its reason. Every request ends in exactly one outcome. TTFT is taken at the first
 chunk whose text is non-empty (as SGLang does).
 
 Bounds: the request count is the dataset's; every request has a timeout and
@@ -87,6 +88,9 @@ class BenchConfig:
     """Send at the dataset's ``timestamp`` offsets instead of a rate."""
     stream: bool = True
     """Ask for server-sent events."""
+    ignore_eos: bool = True
+    """Send ``ignore_eos`` (vLLM's and SGLang's field), so every request runs to its
+    ``max_tokens``; off for servers that reject the field (``transformers serve``)."""
     seed: int = 0
     """Seed of the arrival schedule."""
     request_timeout_s: float = 60.0
@@ -180,8 +184,9 @@ def _payload(cfg: BenchConfig, model: str, req: SampleRequest) -> dict[str, Any]
         "max_tokens": req.output_len,
         "temperature": 0.0,
         "stream": cfg.stream,
-        "ignore_eos": True,
     }
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
     if cfg.stream:
         body["stream_options"] = {"include_usage": True}
     if cfg.api == "chat":
@@ -220,7 +225,7 @@ class _Stream:
     when reading should stop (``[DONE]`` or a failure); ``finish()`` settles the outcome.
     """
 
-    __slots__ = ("chat", "chunks", "done", "last", "out", "st", "text", "usage_seen")
+    __slots__ = ("chat", "chunks", "done", "ended", "last", "out", "st", "text", "usage_seen")
 
     def __init__(self, out: RequestOutcome, chat: bool, st: float) -> None:
         self.out, self.chat, self.st, self.last = out, chat, st, st
@@ -228,6 +233,7 @@ class _Stream:
         self.text: list[str] = []
         self.usage_seen = False
         self.done = False
+        self.ended = False
 
     def feed(self, raw: bytes) -> bool:
         line = raw.strip()
@@ -251,6 +257,9 @@ class _Stream:
             msg = err.get("message") if isinstance(err, dict) else err
             out.error = f"server error in stream: {msg}"
             return True
+        choices = data.get("choices")
+        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            self.ended = True
         t = _chunk_text(data, self.chat)
         if t:
             now = time.perf_counter()
@@ -270,7 +279,7 @@ class _Stream:
         out = self.out
         if out.error:
             return
-        if not self.done:
+        if not (self.done or self.ended):
             out.error = "stream ended before [DONE]"
             return
         if self.chunks == 0:

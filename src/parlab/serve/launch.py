@@ -7,7 +7,7 @@ flags for tensor parallelism and, where it has them, prefill/decode disaggregati
 |---|---|---|---|
 | vllm | ``vllm serve MODEL`` | ``--tensor-parallel-size N`` | ``--kv-transfer-config`` (NixlConnector, ``kv_both``) |
 | sglang | ``python -m sglang.launch_server --model-path MODEL`` | ``--tp-size N`` | ``--disaggregation-mode prefill\\|decode`` |
-| transformers | ``transformers serve --force-model MODEL`` | (none: one device) | (none) |
+| transformers | ``transformers serve MODEL`` | (none: one device) | (none) |
 | parlab | ``python -m parlab serve replica --model MODEL`` | ``--tp N`` | (none) |
 
 ``launch`` starts it (its own process group, so stopping it stops its workers), waits until
@@ -20,10 +20,13 @@ or the installed package's) for the documents.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -63,6 +66,9 @@ class LaunchSpec:
     """Weights dtype (the engine's default if None)."""
     max_len: int | None = None
     """Context length (the engine's default if None)."""
+    device: str | None = None
+    """Device, for the engines that take one (transformers, parlab; vLLM and SGLang use
+    ``CUDA_VISIBLE_DEVICES``)."""
     executable: str | None = None
     """The engine's program (default: ``vllm``, ``python -m sglang.launch_server``,
     ``transformers``, ``python -m parlab``); tests pass a stand-in."""
@@ -90,13 +96,17 @@ def _program(spec: LaunchSpec) -> list[str]:
     return {
         "vllm": ["vllm"],
         "sglang": [sys.executable, "-m", "sglang.launch_server"],
-        "transformers": ["transformers"],
+        "transformers": [shutil.which("transformers") or sys.executable]
+        + ([] if shutil.which("transformers") else ["-m", "transformers.cli.transformers"]),
         "parlab": [sys.executable, "-m", "parlab"],
     }[spec.engine]
 
 
-def engine_command(spec: LaunchSpec) -> list[str]:
-    """The engine's own server command for ``spec`` (the table in the module docstring)."""
+def engine_command(spec: LaunchSpec, help_text: str = "") -> list[str]:
+    """The engine's own server command for ``spec`` (the table in the module docstring);
+    ``help_text``: the server's ``--help`` where its flags changed between versions
+    (``transformers serve`` took the model as ``--force-model`` before it took it as its
+    argument)."""
     cmd = _program(spec)
     host, port = ["--host", spec.host], ["--port", str(spec.port)]
     if spec.engine == "vllm":
@@ -117,34 +127,43 @@ def engine_command(spec: LaunchSpec) -> list[str]:
         if spec.pd != "none":
             cmd += ["--disaggregation-mode", spec.pd]
     elif spec.engine == "transformers":
-        cmd += ["serve", "--force-model", spec.model, *host, *port, "--model-timeout", "86400"]
-        cmd += ["--dtype", spec.dtype or "auto"]
+        model = ["--force-model", spec.model] if "--force-model" in help_text else [spec.model]
+        cmd += ["serve", *model, *host, *port, "--dtype", spec.dtype or "auto"]
+        if spec.device:
+            cmd += ["--device", spec.device]
     else:
         cmd += ["serve", "replica", "--model", spec.model, *host, *port, "--tp", str(spec.tp)]
         if spec.dtype:
             cmd += ["--dtype", spec.dtype]
         if spec.max_len:
             cmd += ["--max-len", str(spec.max_len)]
+        if spec.device:
+            cmd += ["--device", spec.device]
     return [*cmd, *spec.extra]
 
 
 def engine_version(spec: LaunchSpec) -> str:
-    """The engine's version: the installed package's, else its ``--version``, else
-    ``unknown``."""
-    package = {"parlab": "parlab"}.get(spec.engine, spec.engine)
-    try:
-        if not spec.executable:
-            return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        out = subprocess.run(
-            [*_program(spec), "--version"], capture_output=True, text=True, timeout=30
-        )
-        line = (out.stdout or out.stderr).strip().splitlines()
-        return line[-1].strip() if out.returncode == 0 and line else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+    """The engine's version: its ``--version`` where a program was given, else the
+    installed package's, else its ``--version``; ``unknown`` if none answers."""
+
+    def asked() -> str | None:
+        try:
+            out = subprocess.run(
+                [*_program(spec), "--version"], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = (out.stdout or out.stderr).strip().splitlines()
+        return lines[-1].strip() if out.returncode == 0 and lines else None
+
+    def installed() -> str | None:
+        try:
+            return metadata.version(spec.engine)
+        except metadata.PackageNotFoundError:
+            return None
+
+    first, second = (asked, installed) if spec.executable else (installed, asked)
+    return first() or second() or "unknown"
 
 
 @dataclass
@@ -170,6 +189,11 @@ class Launched:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+
+def served_name(spec: LaunchSpec) -> str:
+    """The model name the engine's server answers to."""
+    return f"parlab-{spec.model}" if spec.engine == "parlab" else spec.model
 
 
 async def _ready(url: str, model: str, deadline: float, proc: subprocess.Popen[bytes]) -> None:
@@ -215,17 +239,33 @@ def launch(
     spec: LaunchSpec, *, ready_timeout_s: float = 900.0, router: str | None = None, log: Any = None
 ) -> Launched:
     """Start the engine's server, wait until it is ready, register it with ``router``."""
-    cmd = engine_command(spec)
+    with socket.socket() as probe:
+        if probe.connect_ex((spec.host, spec.port)) == 0:
+            raise RuntimeError(f"{spec.host}:{spec.port} is in use: pick another --port")
     env = {**os.environ, **NVLS_OFF}
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+    help_text = ""
+    if spec.engine == "transformers":
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            help_text = subprocess.run(
+                [*_program(spec), "serve", "--help"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            ).stdout
+    cmd = engine_command(spec, help_text)
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+    except OSError as exc:
+        raise RuntimeError(f"cannot start {shlex.join(cmd)}: {exc.strerror}") from None
     out = Launched(spec=spec, proc=proc, command=cmd, version=engine_version(spec))
     try:
-        asyncio.run(_ready(out.url, spec.model, time.monotonic() + ready_timeout_s, proc))
+        asyncio.run(_ready(out.url, served_name(spec), time.monotonic() + ready_timeout_s, proc))
         out.record = {
             "url": out.url,
             "engine": spec.engine,
             "version": out.version,
-            "model": spec.model,
+            "model": served_name(spec),
             "tp": spec.tp,
             "pd": spec.pd,
             "command": shlex.join(cmd),

@@ -46,8 +46,25 @@ class ChunkMeta:
     """Tokens."""
     start: int
     """Its first token's position in the sequence (earlier tokens are in the pages)."""
-    pages: torch.Tensor
-    """The sequence's pages holding positions ``0 .. start + n - 1`` (device, int64)."""
+    slots: torch.Tensor
+    """The page slots of positions ``0 .. start + n - 1`` (device, int64)."""
+    mask: torch.Tensor | None
+    """``[1, n, start + n]``: key ``j`` visible to chunk token ``i`` (None: causal from 0)."""
+
+    @classmethod
+    def build(cls, offset: int, n: int, start: int, pages: torch.Tensor, block: int) -> ChunkMeta:
+        """Its slots and mask, once per step (every layer reads them)."""
+        pos = torch.arange(start + n, device=pages.device)
+        mask = None
+        if start:
+            mask = (pos[None, :] <= (start + torch.arange(n, device=pages.device))[:, None])[None]
+        return cls(
+            offset=offset,
+            n=n,
+            start=start,
+            slots=pages[pos // block] * block + pos % block,
+            mask=mask,
+        )
 
 
 @dataclass
@@ -152,17 +169,10 @@ class PagedAttention:
         """A prompt chunk's attention ``[S, N, D]``: causal over its earlier tokens (from its
         pages) and its own."""
         N, K, D = self.N, self.K, self.D
-        S, total = c.n, c.start + c.n
-        q = q_TND[c.offset : c.offset + S].transpose(0, 1)[None]  # 1 N S D
-        flat_k, flat_v = k_cache.view(-1, K, D), v_cache.view(-1, K, D)
-        block = k_cache.shape[1]
-        pos = torch.arange(total, device=q.device)
-        slots = c.pages[pos // block] * block + pos % block
-        keys = flat_k[slots].transpose(0, 1)[None]  # 1 K L D
-        vals = flat_v[slots].transpose(0, 1)[None]
-        mask = None
-        if c.start:
-            mask = (pos[None, :] <= (c.start + torch.arange(S, device=q.device))[:, None])[None]
+        q = q_TND[c.offset : c.offset + c.n].transpose(0, 1)[None]  # 1 N S D
+        keys = k_cache.view(-1, K, D)[c.slots].transpose(0, 1)[None]  # 1 K L D
+        vals = v_cache.view(-1, K, D)[c.slots].transpose(0, 1)[None]
+        mask = c.mask
         rep = N // K
         gqa = rep > 1 and not self.cuda
         if rep > 1 and not gqa:

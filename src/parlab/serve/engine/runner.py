@@ -231,7 +231,7 @@ class ModelRunner:
             lens_B=f("lens"),
             max_pages=inp.table.shape[1] if B else 0,
             chunks=[
-                ChunkMeta(offset=o, n=n, start=s, pages=f(f"c{i}"))
+                ChunkMeta.build(o, n, s, f(f"c{i}"), self.cfg.block)
                 for i, (o, n, s, _) in enumerate(inp.chunks)
             ],
             splits=self._splits(B),
@@ -253,15 +253,18 @@ class ModelRunner:
 
         return decode_splits(B, self.N, self.sms)
 
-    def _sample(self, logits: torch.Tensor, params: dict, use_top_p: bool) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, params: dict, use_top_p: bool, greedy_only: bool = False
+    ) -> torch.Tensor:
         return sample(
             logits, allowed_V=self.allowed_V, stop_ids=self.stop_ids, use_top_p=use_top_p,
-            **params,
+            greedy_only=greedy_only, **params,
         )  # fmt: skip
 
     def run(self, inp: StepInputs) -> tuple[np.ndarray, int]:
         """Run one step; the sampled ids of ``inp.rows`` and the graph bucket (0: eager)."""
         top_p = bool((inp.top_p < 1.0).any())
+        drawn = top_p or bool((inp.temperature > 0).any())
         n_out = len(inp.rows)
         bucket = self._bucket(inp)
         if bucket:
@@ -272,7 +275,7 @@ class ModelRunner:
                 g.ints.copy_(torch.from_numpy(ints), non_blocking=True)
                 g.floats.copy_(torch.from_numpy(floats), non_blocking=True)
                 g.graph.replay()
-                toks = self._resample(g, inp) if top_p else g.tokens
+                toks = self._resample(g, inp, top_p) if drawn else g.tokens
                 return toks[:n_out].cpu().numpy(), bucket
         elif inp.n_decode:
             # eager: the page table only as wide as the longest sequence needs
@@ -283,7 +286,8 @@ class ModelRunner:
         floats_d = torch.from_numpy(floats).to(self.device, non_blocking=True)
         tok, pos, meta, rows, params = self._views(ints_d, floats_d, where, inp)
         logits = self.forward(tok, pos, meta, rows)
-        return self._sample(logits, params, top_p)[:n_out].cpu().numpy(), bucket
+        toks = self._sample(logits, params, top_p, greedy_only=not drawn)
+        return toks[:n_out].cpu().numpy(), bucket
 
     def _bucket(self, inp: StepInputs) -> int:
         if inp.chunks or not inp.n_decode or not (self.use_graphs or self.static_decode):
@@ -294,12 +298,12 @@ class ModelRunner:
     """Run decode-only steps padded to their bucket even without graphs (CPU tests of the
     captured step's inputs)."""
 
-    def _resample(self, g: _Graph, inp: StepInputs) -> torch.Tensor:
-        """A graph step with ``top_p`` rows: sample its logits again, eagerly, with the
-        nucleus filter."""
+    def _resample(self, g: _Graph, inp: StepInputs, top_p: bool) -> torch.Tensor:
+        """A graph step with sampled rows: its logits drawn from, on the device, eagerly (the
+        graph took the greedy picks only)."""
         *_, where = inp.pack()
         *_, params = self._views(g.ints, g.floats, where, inp)
-        return self._sample(g.logits, params, True)
+        return self._sample(g.logits, params, top_p)
 
     # -- graphs ----------------------------------------------------------------------------
     def capture(self) -> float:
@@ -330,10 +334,10 @@ class ModelRunner:
     def _static_step(
         self, ints: torch.Tensor, floats: torch.Tensor, where: dict, inp: StepInputs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The captured decode step: forward of every row, sampled without ``top_p``."""
+        """The captured decode step: forward of every row and its greedy pick."""
         tok, pos, meta, _, params = self._views(ints, floats, where, inp)
         logits = self.forward(tok, pos, meta, None)
-        return self._sample(logits, params, False), logits
+        return self._sample(logits, params, False, greedy_only=True), logits
 
 
 def empty_decode(cfg: EngineConfig) -> StepInputs:

@@ -65,13 +65,17 @@ def sample(
     step_R: torch.Tensor,
     eos_ok_R: torch.Tensor,
     use_top_p: bool = False,
+    greedy_only: bool = False,
 ) -> torch.Tensor:
     """One token id per row (int64 ``[R]``); ``allowed_V``: 0 where an id may be picked,
-    ``-inf`` elsewhere; ``eos_ok_R``: rows that may end on a stop id."""
+    ``-inf`` elsewhere; ``eos_ok_R``: rows that may end on a stop id; ``greedy_only``: every
+    row greedy (the temperatures unread: no noise drawn)."""
     masked = logits_RV.float() + allowed_V
     penalty = torch.where(eos_ok_R, 0.0, float("-inf")).to(masked.dtype)
     masked[:, stop_ids] += penalty[:, None]
     greedy = masked.argmax(dim=-1)
+    if greedy_only:
+        return greedy
     scaled = masked / temperature_R.clamp_min(1e-5)[:, None]
     if use_top_p:
         scaled = top_p_filter(scaled, top_p_R)
