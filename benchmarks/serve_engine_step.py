@@ -43,15 +43,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from serve_common import SRC, header
 
-import torch  # noqa: E402
-
-from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso, write_result  # noqa: E402
-from parlab.hardware.env import snapshot  # noqa: E402
-from parlab.models.reference import build_model  # noqa: E402
-from parlab.serve.engine import Engine, EngineConfig  # noqa: E402
-from parlab.serve.replica import serving_spec  # noqa: E402
+from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso, write_result
+from parlab.hardware.env import snapshot
+from parlab.models.reference import build_model
+from parlab.serve.engine import Engine, EngineConfig
+from parlab.serve.replica import serving_spec
 
 PROJECT = "PAR-DISTRIBUTED-INFERENCE"
 
@@ -209,7 +208,9 @@ def main() -> None:
         rows.append((b, step, h, roof, graph))
         metrics[f"decode_step_b{b}"] = Metric(value=step * 1e3, unit="ms")
         metrics[f"hf_static_step_b{b}"] = Metric(value=None if h is None else h * 1e3, unit="ms")
-        preds[f"decode_step_b{b}"] = Prediction(value=roof * 1e3, unit="ms", model="memory-roofline")
+        preds[f"decode_step_b{b}"] = Prediction(
+            value=roof * 1e3, unit="ms", model="memory-roofline"
+        )
     offline = None
     if off:
         n, p, o = off

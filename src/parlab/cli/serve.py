@@ -105,7 +105,8 @@ def bench_serve_cmd(
     replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
     stream: bool = typer.Option(True, help="Stream (SSE)."),
     ignore_eos: bool = typer.Option(
-        True, help="Send ignore_eos (every request runs to its length); off for servers "
+        True,
+        help="Send ignore_eos (every request runs to its length); off for servers "
         "that reject it (transformers serve).",
     ),
     seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
