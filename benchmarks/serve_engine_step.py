@@ -34,6 +34,7 @@ A contract document goes to ``--results``; the table is printed last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import statistics
@@ -92,18 +93,63 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(5, vocab, (n, length), generator=g).tolist()
 
 
-def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> tuple[float, float, int]:
-    """Median seconds of the steps that decode all ``batch`` rows (no prompt chunk), their
-    mean context per row, and the graph bucket they replayed."""
+def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> dict[str, float]:
+    """The steps that decode all ``batch`` rows (no prompt chunk): their median seconds
+    (``step``), mean context per row, the graph bucket they replayed and -- on a GPU -- the
+    median of 20 replays of that graph alone, timed with events (``gpu``: the device's part
+    of a step; the rest is the host's)."""
     eng.log.clear()
     vocab = eng.tokenizer.vocab_size
     eng.generate(prompts(batch, plen, vocab, batch), steps + 4, ignore_eos=True)
     full = [e for e in eng.log if e["decode"] == batch and not e["prefill"]][2:]
-    return (
-        statistics.median(e["s"] for e in full),
-        statistics.mean(e["context"] / batch for e in full),
-        int(full[-1]["graph"]),
-    )
+    out = {
+        "step": statistics.median(e["s"] for e in full),
+        "context": statistics.mean(e["context"] / batch for e in full),
+        "graph": int(full[-1]["graph"]),
+        "gpu": None,
+    }
+    st = eng.runner.static.get(out["graph"])
+    if st is not None and st.graph is not None:  # its buffers hold the last step's inputs
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            st.graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        out["gpu"] = statistics.median(times)
+    return out
+
+
+def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, float] | None:
+    """Seconds of one layer's decode attention (the tuned Triton kernel) over ``batch``
+    sequences of ``context`` tokens in the engine's pages, and the K/V bytes it read per
+    second; None without Triton."""
+    if eng.runner.backend != "triton":
+        return None
+    from parlab.serve.engine.kernels import decode_splits, paged_decode
+
+    r = eng.runner
+    kc, vc = r.k_cache[0], r.v_cache[0]
+    pages = -(-context // eng.config.block)
+    table = torch.arange(1, 1 + batch * pages, device=kc.device).view(batch, pages)
+    table = table % (kc.shape[0] - 1) + 1
+    lens = torch.full((batch,), context, device=kc.device)
+    q = torch.randn(batch, r.N, r.D, device=kc.device, dtype=kc.dtype)
+    out = torch.empty_like(q)
+    splits = decode_splits(batch, r.N, r.sms)
+    times = []
+    for i in range(25):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, splits)
+        b.record()
+        b.synchronize()
+        if i >= 5:
+            times.append(a.elapsed_time(b) / 1e3)
+    t = statistics.median(times)
+    return t, 2 * batch * context * r.K * r.D * kc.element_size() / t
 
 
 def hf_child(args: argparse.Namespace) -> None:
@@ -202,12 +248,18 @@ def main() -> None:
     setup = time.perf_counter() - t0
     rows, metrics, preds = [], {}, {}
     for b in args.batches:
-        step, ctx, graph = engine_steps(eng, b, args.prompt_len, args.steps)
-        roof = roofline_s(model, b, ctx, bw)
+        r = engine_steps(eng, b, args.prompt_len, args.steps)
+        roof = roofline_s(model, b, r["context"], bw)
         h = hf.get(b, {}).get("step_s")
-        rows.append((b, step, h, roof, graph))
-        metrics[f"decode_step_b{b}"] = Metric(value=step * 1e3, unit="ms")
+        attn = attention_kernel(eng, b, int(r["context"]))
+        rows.append((b, r, h, roof, attn))
+        metrics[f"decode_step_b{b}"] = Metric(value=r["step"] * 1e3, unit="ms")
+        gpu = None if r["gpu"] is None else r["gpu"] * 1e3
+        metrics[f"decode_step_gpu_b{b}"] = Metric(value=gpu, unit="ms")
         metrics[f"hf_static_step_b{b}"] = Metric(value=None if h is None else h * 1e3, unit="ms")
+        if attn is not None:
+            metrics[f"attention_layer_b{b}"] = Metric(value=attn[0] * 1e3, unit="ms")
+            metrics[f"attention_bandwidth_b{b}"] = Metric(value=attn[1] / 1e9, unit="GB/s")
         preds[f"decode_step_b{b}"] = Prediction(
             value=roof * 1e3, unit="ms", model="memory-roofline"
         )
@@ -237,18 +289,25 @@ def main() -> None:
                "static cache, after two warm-ups; roofline: bytes a step must move over the "
                "measured copy bandwidth (read + written)"],
     )  # fmt: skip
-    if args.results:
-        print(f"# document: {write_result(doc, args.results)}")
     print(f"# {args.model} {args.dtype} on {dev}; attention {eng.runner.backend}, graphs "
           f"{eng.runner.use_graphs}; copy bandwidth {bw / 1e9:.0f} GB/s; engine set-up "
           f"{setup:.1f} s ({eng.capture_s:.1f} s capturing graphs); evidence {level}")  # fmt: skip
-    print(f"{'batch':>6} {'engine ms':>10} {'HF static ms':>13} {'roofline ms':>12} "
-          f"{'eng/roof':>9} {'HF/eng':>7} {'graph':>6}")  # fmt: skip
-    for b, step, h, roof, graph in rows:
+    if eng.runner.backend == "triton":
+        from parlab.serve.engine.kernels import tuned
+
+        layout_tuned = tuned()
+        doc = dataclasses.replace(doc, layout={**doc.layout, "decode_kernel_configs": layout_tuned})
+    if args.results:
+        print(f"# document: {write_result(doc, args.results)}")
+    print(f"{'batch':>6} {'engine ms':>10} {'GPU ms':>8} {'HF static ms':>13} {'roofline ms':>12} "
+          f"{'eng/roof':>9} {'HF/eng':>7} {'attn ms':>8} {'attn GB/s':>10} {'graph':>6}")  # fmt: skip
+    for b, r, h, roof, attn in rows:
         hs = "-" if h is None else f"{h * 1e3:.3f}"
-        ratio = "-" if h is None else f"{h / step:.2f}"
-        print(f"{b:>6} {step * 1e3:>10.3f} {hs:>13} {roof * 1e3:>12.3f} {step / roof:>9.2f} "
-              f"{ratio:>7} {graph:>6}")  # fmt: skip
+        ratio = "-" if h is None else f"{h / r['step']:.2f}"
+        gpu = "-" if r["gpu"] is None else f"{r['gpu'] * 1e3:.3f}"
+        am, ag = ("-", "-") if attn is None else (f"{attn[0] * 1e3:.3f}", f"{attn[1] / 1e9:.0f}")
+        print(f"{b:>6} {r['step'] * 1e3:>10.3f} {gpu:>8} {hs:>13} {roof * 1e3:>12.3f} "
+              f"{r['step'] / roof:>9.2f} {ratio:>7} {am:>8} {ag:>10} {r['graph']:>6}")  # fmt: skip
     if offline is not None:
         print(f"offline {off[0]} x {off[1]} + {off[2]} tokens: {offline:.0f} output tokens/s")
 

@@ -238,7 +238,7 @@ def test_cli_bench_serve_exit_codes(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nope\n")
     with pytest.raises(SystemExit) as e:
-        main(["bench", "serve", "--dataset", "jsonl", "--dataset-path", str(bad)])
+        main(["bench", "serve", "--dataset-name", "jsonl", "--dataset-path", str(bad)])
     assert e.value.code == 2
     with pytest.raises(SystemExit) as e:
         main(["bench", "serve", "--base-url", "http://8.8.8.8:1"])

@@ -320,3 +320,21 @@ def test_kv_transfer_send_recv_arrives_intact() -> None:
     assert [r["bytes"] for r in rows] == [2 * 2 * 2 * 4 * 8 * 4, 2 * 2 * 2 * 32 * 8 * 4]
     assert all(r["wrong"] == 0 and r["time_s"] > 0 for r in rows)
     assert kvxfer.kv_bytes_per_token(2, 2, 8, "bfloat16") == 2 * 2 * 2 * 8 * 2
+
+
+def test_equal_prompts_prefilled_together_equal_the_reference(model) -> None:
+    """Prompts of one length admitted in one step share one attention call per layer (their
+    chunks merged); each still equals the reference."""
+    import random
+
+    rng = random.Random(3)
+    prompts = [TOK.encode(TOK.words(rng, 24)) for _ in range(3)]
+    assert len({len(p) for p in prompts}) == 1
+    eng = Engine(model, EngineConfig(max_batch=4, max_len=64, prefix_cache=False))
+    groups = []
+    real = eng.runner._chunk_groups
+    eng.runner._chunk_groups = lambda inp, f: groups.append(real(inp, f)) or groups[-1]
+    outs = eng.generate(prompts, 5, ignore_eos=True)
+    assert [g.count for g in groups[0]] == [3]
+    for p, o in zip(prompts, outs, strict=True):
+        assert o == reference_greedy(model, p, 5)

@@ -100,7 +100,8 @@ from parlab.serve.replica import serving_spec
 m = build_model(serving_spec('$MODEL'), device='$DEV', dtype=torch.$DTYPE, seed=0)
 export_llama(m, '$HFDIR', eos=False)
 print('exported', '$HFDIR')" || rc=1
-    BENCH_EXTRA="--no-ignore-eos" pair transformers 8101 8102 --model "$HFDIR" --dtype $DTYPE \
+    mkdir -p "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"  # its /v1/models scans it
+    BENCH_EXTRA="--no-ignore-eos --model $HFDIR" pair transformers 8101 8102 --model "$HFDIR" --dtype $DTYPE \
       --extra=--continuous-batching
   fi
   BENCH_EXTRA="" pair parlab 8201 8202 --model $MODEL --dtype $DTYPE --max-len 2048 \

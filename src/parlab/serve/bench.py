@@ -418,12 +418,21 @@ async def send_one_fast(
 
 
 async def resolve_model(session: aiohttp.ClientSession, base: str) -> str:
+    """The first model the server lists; ``UsageError`` if it answers without one (pass
+    --model); ``unknown`` if it cannot be reached (every request then fails, and the run's
+    document says why)."""
+    why = ""
     try:
-        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
             data = await r.json(content_type=None)
-            return str(data["data"][0]["id"])
-    except Exception:
-        return "parlab"
+            if r.status == 200:
+                return str(data["data"][0]["id"])
+            why = f"HTTP {r.status}"
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError):
+        return "unknown"
+    except (aiohttp.ClientError, ValueError, KeyError, IndexError) as exc:
+        why = type(exc).__name__
+    raise UsageError(f"cannot learn the model name from {base}/v1/models ({why}): pass --model")
 
 
 async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:

@@ -37,34 +37,35 @@ batch 32: a decode step took 56.2 ms with cuDNN allowed and 15.2 ms without)."""
 
 @dataclass
 class ChunkMeta:
-    """One prompt chunk of the step: its tokens' place in the flat batch and in its
-    sequence."""
+    """``count`` prompt chunks of the step, side by side in the flat batch, of ``n`` tokens
+    each from position ``start`` (more than one only from position 0: equal prompts prefilled
+    together, one SDPA call for all of them)."""
 
     offset: int
     """First token's index in the step's batch."""
     n: int
-    """Tokens."""
+    """Tokens of each chunk."""
     start: int
-    """Its first token's position in the sequence (earlier tokens are in the pages)."""
+    """Their first token's position in their sequence (earlier tokens are in the pages)."""
     slots: torch.Tensor
-    """The page slots of positions ``0 .. start + n - 1`` (device, int64)."""
+    """The page slots of positions ``0 .. start + n - 1`` of each, one after the other."""
     mask: torch.Tensor | None
     """``[1, n, start + n]``: key ``j`` visible to chunk token ``i`` (None: causal from 0)."""
+    count: int = 1
 
     @classmethod
-    def build(cls, offset: int, n: int, start: int, pages: torch.Tensor, block: int) -> ChunkMeta:
-        """Its slots and mask, once per step (every layer reads them)."""
-        pos = torch.arange(start + n, device=pages.device)
+    def build(
+        cls, offset: int, n: int, start: int, pages: list[torch.Tensor], block: int
+    ) -> ChunkMeta:
+        """Slots and mask of the chunks over ``pages`` (one page list each), once per step
+        (every layer reads them)."""
+        dev = pages[0].device
+        pos = torch.arange(start + n, device=dev)
         mask = None
         if start:
-            mask = (pos[None, :] <= (start + torch.arange(n, device=pages.device))[:, None])[None]
-        return cls(
-            offset=offset,
-            n=n,
-            start=start,
-            slots=pages[pos // block] * block + pos % block,
-            mask=mask,
-        )
+            mask = (pos[None, :] <= (start + torch.arange(n, device=dev))[:, None])[None]
+        slots = torch.cat([p[pos // block] * block + pos % block for p in pages])
+        return cls(offset=offset, n=n, start=start, slots=slots, mask=mask, count=len(pages))
 
 
 @dataclass
@@ -137,7 +138,7 @@ class PagedAttention:
             else:
                 out[:B] = self._decode_torch(q[:B], k_cache, v_cache, meta)
         for c in meta.chunks:
-            out[c.offset : c.offset + c.n] = self._chunk(q, k_cache, v_cache, c)
+            out[c.offset : c.offset + c.count * c.n] = self._chunk(q, k_cache, v_cache, c)
         return out.view(T, N * D)
 
     def _decode_torch(
@@ -166,12 +167,13 @@ class PagedAttention:
         v_cache: torch.Tensor,
         c: ChunkMeta,
     ) -> torch.Tensor:
-        """A prompt chunk's attention ``[S, N, D]``: causal over its earlier tokens (from its
-        pages) and its own."""
+        """The chunks' attention ``[count * S, N, D]``: each causal over its earlier tokens
+        (from its pages) and its own."""
         N, K, D = self.N, self.K, self.D
-        q = q_TND[c.offset : c.offset + c.n].transpose(0, 1)[None]  # 1 N S D
-        keys = k_cache.view(-1, K, D)[c.slots].transpose(0, 1)[None]  # 1 K L D
-        vals = v_cache.view(-1, K, D)[c.slots].transpose(0, 1)[None]
+        G, L = c.count, c.start + c.n
+        q = q_TND[c.offset : c.offset + G * c.n].view(G, c.n, N, D).transpose(1, 2)  # G N S D
+        keys = k_cache.view(-1, K, D)[c.slots].view(G, L, K, D).transpose(1, 2)  # G K L D
+        vals = v_cache.view(-1, K, D)[c.slots].view(G, L, K, D).transpose(1, 2)
         mask = c.mask
         rep = N // K
         gqa = rep > 1 and not self.cuda
@@ -181,4 +183,4 @@ class PagedAttention:
             o = F.scaled_dot_product_attention(
                 q, keys, vals, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
             )
-        return o[0].transpose(0, 1)
+        return o.transpose(1, 2).reshape(G * c.n, N, D)

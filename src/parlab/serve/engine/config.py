@@ -89,15 +89,13 @@ class Sequence:
     seed: int | None = None
     """Sampling seed (None: one drawn when the engine takes it)."""
     ignore_eos: bool = False
-    """Keep generating past the stop ids."""
-    stop_ids: tuple[int, ...] = ()
-    """Token ids that end it (``finish_reason`` ``stop``) unless ``ignore_eos``."""
+    """Keep generating past the tokenizer's stop ids (else one ends it: ``stop``)."""
     output: list[int] = field(default_factory=list)
     """Generated token ids (a stop id that ended it included)."""
     cached_tokens: int = 0
     """Prompt tokens whose pages came from the prefix cache."""
     computed: int = 0
-    """Tokens whose K/V are in its pages."""
+    """Prompt tokens whose K/V are in its pages."""
     blocks: list[int] = field(default_factory=list)
     """Its pages, in order (the first ``cached_tokens // block`` shared)."""
     hashes: list[int] = field(default_factory=list)

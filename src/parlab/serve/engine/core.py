@@ -61,6 +61,8 @@ class Engine:
         self._seed = np.zeros(n, dtype=np.int64)
         self._eos_ok = np.zeros(n, dtype=np.int64)
         self._prompt_len = np.zeros(n, dtype=np.int64)
+        self._max_tokens = np.zeros(n, dtype=np.int64)
+        self._stop_ids = np.asarray(tok.stop_ids, dtype=np.int64)
         self.log: list[dict[str, float]] = []
         """Per step: ``kind`` (0: it held prompt chunks, 1: decode only), ``batch``
         (sequences), ``decode`` (decoding sequences), ``tokens`` (computed), ``prefill``
@@ -73,6 +75,7 @@ class Engine:
         self._next_uid = 0
         self._by_uid: dict[int, Sequence] = {}
         self._plan: StepPlan | None = None
+        self._cancelled = False
 
     @property
     def device(self) -> Any:
@@ -101,8 +104,6 @@ class Engine:
         """Hand a request to the engine; it joins at the start of the next ``step``."""
         if seq.seed is None:
             seq.seed = random.getrandbits(63)
-        if not seq.stop_ids and not seq.ignore_eos:
-            seq.stop_ids = self.tokenizer.stop_ids
         self._inbox.append(seq)
 
     def cancel(self, seq: Sequence) -> None:
@@ -124,12 +125,10 @@ class Engine:
         cancels, self._cancels = self._cancels, []
         if self.tp is not None:
             fields = ("prompt", "max_tokens", "temperature", "top_p", "seed", "ignore_eos")
-            msg = [(*(getattr(s, f) for f in fields), s.stop_ids) for s in new]
+            msg = [tuple(getattr(s, f) for f in fields) for s in new]
             msg, cancels = self.tp.broadcast_plan((msg, cancels))
             if not self.tp.is_main:
-                new = [
-                    Sequence(**dict(zip(fields, m[:-1], strict=True)), stop_ids=m[-1]) for m in msg
-                ]
+                new = [Sequence(**dict(zip(fields, m, strict=True))) for m in msg]
         for seq in new:
             seq.uid = self._next_uid
             self._next_uid += 1
@@ -138,8 +137,12 @@ class Engine:
         for uid in cancels:
             if uid in self._by_uid:
                 self._by_uid[uid].cancelled = True
+                self._cancelled = True
 
     def _drop_cancelled(self) -> None:
+        if not self._cancelled:
+            return
+        self._cancelled = False
         for s in [s for s in self.sched.running if s.cancelled]:
             self._finish(s, "cancelled")
         if any(s.cancelled for s in self.sched.waiting):
@@ -158,10 +161,10 @@ class Engine:
         """The step's inputs, built with numpy over the running rows."""
         s, bs = self.sched, self.config.block
         rows = plan.rows
-        L = s.length[rows]
+        L = s.length[rows]  # their new token included: its K/V go to position L - 1
         pos = L - 1
         toks, posl, slots = [s.last[rows]], [pos], [s.table[rows, pos // bs] * bs + pos % bs]
-        chunks, last_rows, chunk_rows = [], [], []
+        chunks, last_rows = [], []
         off = len(rows)
         for c in plan.chunks:
             seq = c.seq
@@ -173,9 +176,8 @@ class Engine:
             off += c.n
             if c.last:
                 last_rows.append(off - 1)
-                chunk_rows.append(seq.row)
-        sample_rows = np.concatenate([rows, np.asarray(chunk_rows, dtype=np.int64)])
-        steps = np.concatenate([L - self._prompt_len[rows], np.zeros(len(chunk_rows), np.int64)])
+        sample_rows = plan.sample_rows
+        steps = np.concatenate([L - self._prompt_len[rows], np.zeros(len(last_rows), np.int64)])
         return StepInputs(
             tokens=np.concatenate(toks),
             positions=np.concatenate(posl),
@@ -208,18 +210,11 @@ class Engine:
             self._seed[r] = (seq.seed or 0) & ((1 << 63) - 1)
             self._eos_ok[r] = int(not seq.ignore_eos)
             self._prompt_len[r] = len(seq.prompt)
+            self._max_tokens[r] = seq.max_tokens
         inp = self._inputs(plan)
         toks, bucket = self.runner.run(inp)
         self.sched.computed(plan)
-        seqs = [self.sched.seq_of[r] for r in plan.rows] + [c.seq for c in plan.chunks if c.last]
-        cfg = self.config
-        for seq, t in zip(seqs, toks.tolist(), strict=True):
-            assert seq is not None
-            self.sched.append(seq, t)
-            if t in seq.stop_ids and not seq.ignore_eos:
-                self._finish(seq, "stop")
-            elif len(seq.output) >= seq.max_tokens or seq.length >= cfg.max_len:
-                self._finish(seq, "length")
+        seqs = self._take(plan.sample_rows, toks)
         self._plan = None
         self.log.append(
             {
@@ -236,6 +231,22 @@ class Engine:
                 "graph": bucket,
             }
         )
+        return seqs  # type: ignore[return-value]
+
+    def _take(self, rows: np.ndarray, toks: np.ndarray) -> list[Sequence]:
+        """The step's tokens join their sequences; those a stop id (unless ``ignore_eos``)
+        or their length ends finish. Vectorized but for one list append per sequence."""
+        s = self.sched
+        seqs = [s.seq_of[r] for r in rows]
+        for seq, t in zip(seqs, toks.tolist(), strict=True):
+            seq.output.append(t)  # type: ignore[union-attr]
+        s.append(rows, toks)
+        stop = (self._eos_ok[rows] > 0) & (toks[:, None] == self._stop_ids).any(axis=1)
+        full = (s.length[rows] - self._prompt_len[rows] >= self._max_tokens[rows]) | (
+            s.length[rows] >= self.config.max_len
+        )
+        for i in np.flatnonzero(stop | full):
+            self._finish(seqs[i], "stop" if stop[i] else "length")  # type: ignore[arg-type]
         return seqs  # type: ignore[return-value]
 
     def fail_step(self) -> list[Sequence]:

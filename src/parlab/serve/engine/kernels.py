@@ -7,7 +7,8 @@ to torch where Triton is missing).
   elementwise ones and two indexed writes per layer.
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, query head, split) walks its share of the
-  sequence's keys in tiles of ``BLOCK_N`` tokens, each token's page read from the block
+  sequence's keys in tiles of ``BLOCK_N`` tokens (tile, warps and pipeline depth tuned at
+  the first call of each batch class: ``DECODE_CONFIGS``), each token's page read from the block
   table, with an online softmax in float32. With one split (``B * heads`` fills the GPU) it
   writes the output itself: one kernel per layer; with several, each writes its partial
   ``(acc, max, sum)`` and ``_combine`` merges them. Work follows each sequence's real length
@@ -101,6 +102,17 @@ def rope_store(
     )
 
 
+DECODE_CONFIGS = [
+    triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
+    for n in (16, 32, 64)
+    for w in (4, 8)
+    for st in (2, 4)
+]
+"""The tiles, warps and pipeline depths the decode kernel is tuned over (Triton's autotune,
+at its first call for each key: before the graphs are captured)."""
+
+
+@triton.autotune(configs=DECODE_CONFIGS, key=["D", "SPLITS", "B_CLASS"], warmup=5, rep=20)
 @triton.jit
 def _paged_decode(
     q,
@@ -117,11 +129,12 @@ def _paged_decode(
     N,
     K,
     R,
+    B_CLASS,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -191,12 +204,17 @@ def _combine(
 
 
 def decode_splits(B: int, N: int, sms: int) -> int:
-    """Splits per (sequence, head) so that about two programs per SM run: a power of two,
-    1 (one kernel per layer) from ``B * N >= 2 * sms``, at most 32."""
+    """Splits per (sequence, head) so that about four programs per SM run: a power of two,
+    1 (one kernel per layer) from ``B * N >= 4 * sms``, at most 32."""
     s = 1
-    while B * N * s < 2 * sms and s < 32:
+    while B * N * s < 4 * sms and s < 32:
         s *= 2
     return s
+
+
+def tuned() -> dict[str, str]:
+    """The decode kernel's tuned configuration for each key seen so far."""
+    return {str(k): str(c) for k, c in _paged_decode.cache.items()}
 
 
 def paged_decode(
@@ -208,18 +226,22 @@ def paged_decode(
     out_BND: torch.Tensor,
     scale: float,
     splits: int,
+    block_n: int | None = None,
 ) -> None:
-    """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens."""
+    """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens;
+    ``block_n``: a fixed tile (the untuned kernel, 4 warps) instead of the tuned one."""
     B, N, D = q_BND.shape
     K = k_cache.shape[2]
     page = k_cache.shape[1]
     block_d = triton.next_power_of_2(D)
-    block_n = max(16, min(64, 4096 // block_d))
     part_o = part_ml = out_BND
     if splits > 1:
         part_o = torch.empty((B, N, splits, block_d), device=q_BND.device, dtype=torch.float32)
         part_ml = torch.empty((B, N, splits, 2), device=q_BND.device, dtype=torch.float32)
-    _paged_decode[(B, N, splits)](
+    kernel, fixed = _paged_decode, {}
+    if block_n is not None:
+        kernel, fixed = _paged_decode.fn, {"BLOCK_N": block_n, "num_warps": 4}
+    kernel[(B, N, splits)](
         q_BND,
         k_cache,
         v_cache,
@@ -234,12 +256,12 @@ def paged_decode(
         N,
         K,
         N // K,
+        max(B - 1, 1).bit_length(),
         D=D,
         BLOCK_D=block_d,
         PAGE=page,
-        BLOCK_N=block_n,
         SPLITS=splits,
-        num_warps=4,
+        **fixed,
     )
     if splits > 1:
         _combine[(B, N)](part_o, part_ml, out_BND, N, D=D, BLOCK_D=block_d, SPLITS=splits)

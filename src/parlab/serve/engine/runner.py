@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from parlab.errors import UsageError
 from parlab.serve.engine.attention import ChunkMeta, PagedAttention, StepMeta
 from parlab.serve.engine.config import EngineConfig
+from parlab.serve.engine.graphs import StaticStep
 from parlab.serve.engine.sampling import sample
 
 _INT_FIELDS = ("tokens", "positions", "slots", "lens", "seed", "step", "eos_ok", "rows")
@@ -72,15 +73,6 @@ class StepInputs:
         return np.concatenate(ints), floats, where
 
 
-@dataclass
-class _Graph:
-    graph: Any
-    ints: torch.Tensor
-    floats: torch.Tensor
-    tokens: torch.Tensor
-    logits: torch.Tensor
-
-
 class ModelRunner:
     """The model's weights (fused), its KV pages and the step's forward."""
 
@@ -116,7 +108,8 @@ class ModelRunner:
             if self.device.type == "cuda"
             else 1
         )
-        self.graphs: dict[int, _Graph] = {}
+        self.static: dict[int, StaticStep] = {}
+        """Each decode bucket's fixed buffers and, where captured, its graph."""
         self.use_graphs = self._graphs_wanted()
         self.capture_s = self.capture() if self.use_graphs else 0.0
 
@@ -230,10 +223,7 @@ class ModelRunner:
             table_BM=f("table").view(B, -1) if B else f("table"),
             lens_B=f("lens"),
             max_pages=inp.table.shape[1] if B else 0,
-            chunks=[
-                ChunkMeta.build(o, n, s, f(f"c{i}"), self.cfg.block)
-                for i, (o, n, s, _) in enumerate(inp.chunks)
-            ],
+            chunks=self._chunk_groups(inp, f),
             splits=self._splits(B),
         )
         R = len(inp.rows)
@@ -245,6 +235,18 @@ class ModelRunner:
             "eos_ok_R": f("eos_ok").bool(),
         }
         return f("tokens"), f("positions"), meta, f("rows"), params
+
+    def _chunk_groups(self, inp: StepInputs, f: Any) -> list[ChunkMeta]:
+        """The step's prompt chunks, those from position 0 of equal length that sit side by
+        side merged into one group (one attention call for all)."""
+        groups: list[list[Any]] = []  # [offset, n, start, [pages...]]
+        for i, (o, n, s, _) in enumerate(inp.chunks):
+            g = groups[-1] if groups else None
+            if g and s == 0 and g[2] == 0 and g[1] == n and g[0] + len(g[3]) * n == o:
+                g[3].append(f(f"c{i}"))
+            else:
+                groups.append([o, n, s, [f(f"c{i}")]])
+        return [ChunkMeta.build(o, n, s, p, self.cfg.block) for o, n, s, p in groups]
 
     def _splits(self, B: int) -> int:
         if self.backend != "triton" or not B:
@@ -268,16 +270,20 @@ class ModelRunner:
         n_out = len(inp.rows)
         bucket = self._bucket(inp)
         if bucket:
-            inp = pad_decode(inp, bucket)
-            g = self.graphs.get(bucket)
-            if g is not None:
-                ints, floats, where = inp.pack()
-                g.ints.copy_(torch.from_numpy(ints), non_blocking=True)
-                g.floats.copy_(torch.from_numpy(floats), non_blocking=True)
-                g.graph.replay()
-                toks = self._resample(g, inp, top_p) if drawn else g.tokens
-                return toks[:n_out].cpu().numpy(), bucket
-        elif inp.n_decode:
+            st = self.static.get(bucket) or self.static.setdefault(
+                bucket, StaticStep.make(self.cfg, bucket, self.device)
+            )
+            st.fill(inp)
+            if st.graph is not None:
+                st.graph.replay()
+                toks, logits = st.tokens, st.logits
+            else:  # the captured step run eagerly (CPU tests)
+                toks, logits = self._static_step(st.ints, st.floats, st.where, st.inp)
+            if drawn:  # the graph took the greedy picks: draw from its logits, eagerly
+                *_, params = self._views(st.ints, st.floats, st.where, st.inp)
+                toks = self._sample(logits, params, top_p)
+            return toks[:n_out].cpu().numpy(), bucket
+        if inp.n_decode:
             # eager: the page table only as wide as the longest sequence needs
             pages = -(-int(inp.lens.max()) // self.cfg.block)
             inp.table = inp.table[:, :pages]
@@ -298,36 +304,24 @@ class ModelRunner:
     """Run decode-only steps padded to their bucket even without graphs (CPU tests of the
     captured step's inputs)."""
 
-    def _resample(self, g: _Graph, inp: StepInputs, top_p: bool) -> torch.Tensor:
-        """A graph step with sampled rows: its logits drawn from, on the device, eagerly (the
-        graph took the greedy picks only)."""
-        *_, where = inp.pack()
-        *_, params = self._views(g.ints, g.floats, where, inp)
-        return self._sample(g.logits, params, top_p)
-
     # -- graphs ----------------------------------------------------------------------------
     def capture(self) -> float:
         """Capture the decode step of every bucket (largest first, one memory pool); return
         the seconds it took. Only on an idle engine: the capture's padding rows write page
         0."""
         t0 = time.perf_counter()
-        self.graphs = {}
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.cfg.buckets()):
-            inp = pad_decode(empty_decode(self.cfg), b)
-            ints, floats, where = inp.pack()
-            g_ints = torch.from_numpy(ints).to(self.device)
-            g_floats = torch.from_numpy(floats).to(self.device)
+            st = self.static[b] = StaticStep.make(self.cfg, b, self.device)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):  # compile the Triton kernels, settle cuBLAS's choice
-                    self._static_step(g_ints, g_floats, where, inp)
+                    self._static_step(st.ints, st.floats, st.where, st.inp)
             torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                toks, logits = self._static_step(g_ints, g_floats, where, inp)
-            self.graphs[b] = _Graph(graph, g_ints, g_floats, toks, logits)
+            st.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(st.graph, pool=pool):
+                st.tokens, st.logits = self._static_step(st.ints, st.floats, st.where, st.inp)
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 

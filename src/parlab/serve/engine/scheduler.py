@@ -2,8 +2,8 @@
 prompts up to the step's token budget (chunked prefill mixed with decode, as vLLM's and
 SGLang's schedulers do).
 
-State, kept in arrays indexed by a running sequence's ``row`` so that building a step costs
-a few numpy operations whatever the batch: ``table[row]`` its pages, ``length[row]`` its
+State, kept in arrays indexed by a running sequence's ``row`` so that building a step and
+taking its tokens cost a few numpy operations whatever the batch: ``table[row]`` its pages, ``length[row]`` its
 tokens (prompt + output), ``last[row]`` its last token, ``decoding[row]`` whether its prompt
 is done. A waiting request is admitted first come, first served, while a row is free and the
 pool can give every page it may need (its prompt plus ``max_tokens``, reserved at once, so no
@@ -47,6 +47,8 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
     """Sequences that joined this step (their ``cached_tokens`` came from the cache)."""
+    sample_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Rows that get a token: the decoding ones, then each chunk that ends its prompt."""
 
     @property
     def tokens(self) -> int:
@@ -61,6 +63,8 @@ class Scheduler:
         self.pool = BlockPool(cfg.num_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefilling: list[Sequence] = []
+        """Running sequences whose prompt is not all computed yet, in admission order."""
         self.table = np.zeros((cfg.max_batch, cfg.blocks_per_seq), dtype=np.int64)
         self.length = np.zeros(cfg.max_batch, dtype=np.int64)
         self.last = np.zeros(cfg.max_batch, dtype=np.int64)
@@ -97,6 +101,7 @@ class Scheduler:
         self.decoding[row] = False
         self.seq_of[row] = seq
         self.running.append(seq)
+        self.prefilling.append(seq)
         return True
 
     def plan(self) -> StepPlan:
@@ -104,19 +109,21 @@ class Scheduler:
         rows = np.flatnonzero(self.decoding)
         budget = self.cfg.max_step_tokens - len(rows)
         plan = StepPlan(rows=rows)
-        for seq in self.running:
+        for seq in self.prefilling:
             if budget <= 0:
                 break
-            if seq.prefilling:
-                n = min(budget, len(seq.prompt) - seq.computed)
-                plan.chunks.append(Chunk(seq, seq.computed, n))
-                budget -= n
+            n = min(budget, len(seq.prompt) - seq.computed)
+            plan.chunks.append(Chunk(seq, seq.computed, n))
+            budget -= n
         while budget > 0 and self.waiting and self._admit(self.waiting[0]):
             seq = self.waiting.popleft()
             n = min(budget, len(seq.prompt) - seq.computed)
             plan.chunks.append(Chunk(seq, seq.computed, n))
             plan.admitted.append(seq)
             budget -= n
+        plan.sample_rows = np.concatenate(
+            [rows, np.asarray([c.seq.row for c in plan.chunks if c.last], dtype=np.int64)]
+        )
         return plan
 
     def computed(self, plan: StepPlan) -> None:
@@ -130,21 +137,22 @@ class Scheduler:
             for j in range(seq.registered, full):
                 self.pool.register(seq.blocks[j], seq.hashes[j])
             seq.registered = max(seq.registered, full)
+        if any(c.last for c in plan.chunks):
+            self.prefilling = [s for s in self.prefilling if s.prefilling]
 
-    def append(self, seq: Sequence, token: int) -> None:
-        """A sampled token joins ``seq``."""
-        seq.output.append(token)
-        row = seq.row
-        if seq.computed >= len(seq.prompt):
-            seq.computed = seq.length - 1  # every token but the new one has its K/V
-        self.length[row] = seq.length
-        self.last[row] = token
-        self.decoding[row] = True
+    def append(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """The step's sampled ``tokens`` join the sequences of ``rows`` (their K/V are
+        written by the next step)."""
+        self.length[rows] += 1
+        self.last[rows] = tokens
+        self.decoding[rows] = True
 
     def release(self, seq: Sequence) -> None:
         """``seq`` leaves (finished or cancelled): its pages and row go back."""
         if seq.row >= 0:
             self.running.remove(seq)
+            if seq.prefilling:
+                self.prefilling.remove(seq)
             self.pool.release(seq.blocks)
             self.decoding[seq.row] = False
             self.seq_of[seq.row] = None
