@@ -34,7 +34,6 @@ A contract document goes to ``--results``; the table is printed last.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
 import json
 import statistics
@@ -123,7 +122,7 @@ def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> dict[str, fl
 
 
 def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, float] | None:
-    """Seconds of one layer's decode attention (the tuned Triton kernel) over ``batch``
+    """Seconds of one layer's decode attention (the Triton kernel) over ``batch``
     sequences of ``context`` tokens in the engine's pages, and the K/V bytes it read per
     second; None without Triton."""
     if eng.runner.backend != "triton":
@@ -292,11 +291,6 @@ def main() -> None:
     print(f"# {args.model} {args.dtype} on {dev}; attention {eng.runner.backend}, graphs "
           f"{eng.runner.use_graphs}; copy bandwidth {bw / 1e9:.0f} GB/s; engine set-up "
           f"{setup:.1f} s ({eng.capture_s:.1f} s capturing graphs); evidence {level}")  # fmt: skip
-    if eng.runner.backend == "triton":
-        from parlab.serve.engine.kernels import tuned
-
-        layout_tuned = tuned()
-        doc = dataclasses.replace(doc, layout={**doc.layout, "decode_kernel_configs": layout_tuned})
     if args.results:
         print(f"# document: {write_result(doc, args.results)}")
     print(f"{'batch':>6} {'engine ms':>10} {'GPU ms':>8} {'HF static ms':>13} {'roofline ms':>12} "

@@ -200,7 +200,7 @@ async def run_failover(
     for u in urls:
         await post_json(u + "/engine/reset")
     ds = datasets.synthetic(
-        num_prompts=max(12, p.num_prompts // 2),
+        num_prompts=max(12, int(3 * p.rate)),  # 3 s of arrivals: 2 s of them after the kill
         input_len=p.question_len * 4,
         output_len=p.output_len * 4,  # long enough that some are in flight at the kill
         seed=1,

@@ -7,8 +7,11 @@ to torch where Triton is missing).
   elementwise ones and two indexed writes per layer.
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, query head, split) walks its share of the
-  sequence's keys in tiles of ``BLOCK_N`` tokens (tile, warps and pipeline depth tuned at
-  the first call of each batch class: ``DECODE_CONFIGS``), each token's page read from the block
+  sequence's keys in tiles of ``BLOCK_N`` tokens (``decode_tile``: a fixed choice -- Triton's
+  autotune, tried once, tuned at capture time on the padding rows of length 1 and chose
+  16-token tiles that ran the 128-sequence step at 21.5 ms against 14.4 ms for these,
+  results/PAR-DISTRIBUTED-INFERENCE/serve-engine-step-20261202T035816-f0e20b.json and
+  -20261202T033323-7f2176.json), each token's page read from the block
   table, with an online softmax in float32. With one split (``B * heads`` fills the GPU) it
   writes the output itself: one kernel per layer; with several, each writes its partial
   ``(acc, max, sum)`` and ``_combine`` merges them. Work follows each sequence's real length
@@ -102,17 +105,6 @@ def rope_store(
     )
 
 
-DECODE_CONFIGS = [
-    triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
-    for n in (16, 32, 64)
-    for w in (4, 8)
-    for st in (2, 4)
-]
-"""The tiles, warps and pipeline depths the decode kernel is tuned over (Triton's autotune,
-at its first call for each key: before the graphs are captured)."""
-
-
-@triton.autotune(configs=DECODE_CONFIGS, key=["D", "SPLITS", "B_CLASS"], warmup=5, rep=20)
 @triton.jit
 def _paged_decode(
     q,
@@ -129,7 +121,6 @@ def _paged_decode(
     N,
     K,
     R,
-    B_CLASS,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
@@ -204,17 +195,18 @@ def _combine(
 
 
 def decode_splits(B: int, N: int, sms: int) -> int:
-    """Splits per (sequence, head) so that about four programs per SM run: a power of two,
-    1 (one kernel per layer) from ``B * N >= 4 * sms``, at most 32."""
+    """Splits per (sequence, head) so that about two programs per SM run: a power of two,
+    1 (one kernel per layer) from ``B * N >= 2 * sms``, at most 32."""
     s = 1
-    while B * N * s < 4 * sms and s < 32:
+    while B * N * s < 2 * sms and s < 32:
         s *= 2
     return s
 
 
-def tuned() -> dict[str, str]:
-    """The decode kernel's tuned configuration for each key seen so far."""
-    return {str(k): str(c) for k, c in _paged_decode.cache.items()}
+def decode_tile(head_dim: int) -> int:
+    """Tokens per tile of the decode kernel: 32 for a 128-wide head (16 KiB of K and V per
+    tile in bf16), wider for narrower heads, 16 to 64."""
+    return max(16, min(64, 4096 // triton.next_power_of_2(head_dim)))
 
 
 def paged_decode(
@@ -229,7 +221,7 @@ def paged_decode(
     block_n: int | None = None,
 ) -> None:
     """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens;
-    ``block_n``: a fixed tile (the untuned kernel, 4 warps) instead of the tuned one."""
+    ``block_n``: the tile, tokens (default ``decode_tile``)."""
     B, N, D = q_BND.shape
     K = k_cache.shape[2]
     page = k_cache.shape[1]
@@ -238,10 +230,7 @@ def paged_decode(
     if splits > 1:
         part_o = torch.empty((B, N, splits, block_d), device=q_BND.device, dtype=torch.float32)
         part_ml = torch.empty((B, N, splits, 2), device=q_BND.device, dtype=torch.float32)
-    kernel, fixed = _paged_decode, {}
-    if block_n is not None:
-        kernel, fixed = _paged_decode.fn, {"BLOCK_N": block_n, "num_warps": 4}
-    kernel[(B, N, splits)](
+    _paged_decode[(B, N, splits)](
         q_BND,
         k_cache,
         v_cache,
@@ -256,12 +245,12 @@ def paged_decode(
         N,
         K,
         N // K,
-        max(B - 1, 1).bit_length(),
         D=D,
         BLOCK_D=block_d,
         PAGE=page,
         SPLITS=splits,
-        **fixed,
+        BLOCK_N=block_n or decode_tile(D),
+        num_warps=4,
     )
     if splits > 1:
         _combine[(B, N)](part_o, part_ml, out_BND, N, D=D, BLOCK_D=block_d, SPLITS=splits)
