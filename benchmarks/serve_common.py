@@ -23,7 +23,8 @@ def header(title: str) -> None:
         f"CPU cores {os.cpu_count()}, GPUs {torch.cuda.device_count()}, "
         f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
     )
-    print("# note: on the development machine the 2 cores were shared with other work")
+    if not torch.cuda.is_available():
+        print("# note: on the development machine the 2 cores were shared with other work")
 
 
 def spawn(args: list[str], marker: str = "listening on ") -> tuple[subprocess.Popen, str]:

@@ -1,174 +1,311 @@
-"""Prefill and decode-step time of the reference replica's engine (``parlab.serve.engine``).
+"""The reference engine's decode step against ``transformers`` ``generate`` (static cache) and
+the memory roofline, and its offline throughput.
 
-What it measures. For a model preset (random weights) the engine is built with
-``max_batch`` = the largest batch asked for and room for ``--prompt-len`` prompt tokens
-plus the decode steps. Prefill: one request of ``--prompt-len`` tokens on an idle engine
-(prefix cache off, so every token is computed), one ``Engine.step`` each, median of
-``--reps`` after one warm-up. Decode: for each batch size B, B requests of ``--prompt-len``
-tokens (each a little shorter than the last, so the rows sit at different lengths, as in
-serving) are admitted and prefilled, then ``--warmup`` decode steps run untimed and
-``--steps`` decode steps are timed one by one (``Engine.step``: the batched forward, the
-sampling and the bookkeeping; ``torch.cuda.synchronize`` before and after each on a GPU,
-the wall clock around it); the median is printed.
+What it measures, for one model preset (random weights, seeded) on one device:
 
-Evidence: on the CPU (``--model tiny``) the line says ``cpu-mechanism``: the numbers show
-the engine's per-row and per-layer overheads on this machine, nothing about GPU speed. On
-a GPU (``--model 1.3b --dtype bfloat16``) it says ``real-gpu``.
+- **copy bandwidth**: a device-to-device copy of a 2 GiB tensor (1 MiB on the CPU), bytes
+  read plus bytes written over the median of 10 copies timed with events (the ceiling the
+  roofline divides by);
+- **engine decode step** at each ``--batch`` B: B requests of ``--prompt-len`` random tokens
+  are prefilled, then every step that decodes all B and holds no prompt chunk is timed by
+  the engine itself (``Engine.log``: from planning the step to its tokens on the host -- the
+  graph replay, the copies both ways, the scheduling); the median of ``--steps`` such steps;
+- **roofline** at each B: the bytes one decode step must move -- every weight but the
+  embedding table once, the B embedding rows, each sequence's K/V for every cached token
+  read and its new token's written, the float32 logits written -- over the copy bandwidth;
+- **transformers** at each B (``--hf``, a child process per batch so that each compiles on
+  its own; their timed sections take turns under a file lock): the same weights
+  (``hf_export.export_llama``) in ``LlamaForCausalLM``, ``generate(cache_implementation=
+  "static", do_sample=False)`` -- which compiles its decode step on CUDA -- timed for 1 and
+  for ``steps + 1`` new tokens after two warm-ups; the step is their difference over
+  ``steps``;
+- **offline load** (``--offline N,P,O``): N requests of P prompt tokens and O output tokens
+  submitted at once, ``Engine.generate`` to the end; output tokens over wall time.
 
-    PYTHONPATH=src python3 benchmarks/serve_engine_step.py                       # tiny, CPU
-    PYTHONPATH=src python3 benchmarks/serve_engine_step.py --model 1.3b --dtype bfloat16 \
-        --batch 1,8,32 --prompt-len 1024                                         # GPU
+Evidence: ``serving-benchmark`` on a GPU (the engine and transformers on the same device and
+weights); on the CPU (``--model tiny``) a dry run of the same code, ``cpu-mechanism``.
+A contract document goes to ``--results``; the table is printed last.
+
+    PYTHONPATH=src python3 benchmarks/serve_engine_step.py                      # tiny, CPU
+    PYTHONPATH=src python3 benchmarks/serve_engine_step.py --model 1.3b --dtype bfloat16 \\
+        --batch 1,32,128 --prompt-len 1024 --hf --offline 128,1024,128 --results OUT
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import fcntl
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-if SRC not in sys.path:
-    sys.path.insert(0, SRC)
+import torch
+from serve_common import SRC, header
 
-import torch  # noqa: E402
+from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso, write_result
+from parlab.hardware.env import snapshot
+from parlab.models.reference import build_model
+from parlab.serve.engine import Engine, EngineConfig
+from parlab.serve.replica import serving_spec
 
-from parlab.models import get_spec  # noqa: E402
-from parlab.models.reference import build_model  # noqa: E402
-from parlab.serve.engine import Engine, EngineConfig, Sequence  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+PROJECT = "PAR-DISTRIBUTED-INFERENCE"
 
 
-def _timed_step(eng: Engine) -> float:
-    _sync(eng.device)
-    t0 = time.perf_counter()
-    eng.step()
-    _sync(eng.device)
-    return time.perf_counter() - t0
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
-def _prompt(n: int, salt: int) -> list[int]:
-    """``n`` printable byte tokens, different for each ``salt``."""
-    return [32 + (i * 7 + salt * 13) % 95 for i in range(n)]
-
-
-def prefill_ms(eng: Engine, prompt_len: int, reps: int) -> float:
-    """Median wall time of one request's prefill iteration (after one warm-up)."""
+def copy_bandwidth(dev: torch.device) -> float:
+    """Bytes read + written per second of a large device-to-device copy (median of 10)."""
+    n = (2 << 30) if dev.type == "cuda" else (1 << 20)
+    src = torch.randn(n // 4, device=dev)
+    dst = torch.empty_like(src)
     times = []
-    for r in range(reps + 1):
-        eng.add(Sequence(prompt=_prompt(prompt_len, 1000 + r), max_tokens=1))
-        t = _timed_step(eng)
-        assert not eng.has_work()
-        if r:
-            times.append(t)
-    return 1e3 * statistics.median(times)
+    for i in range(13):
+        sync(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(dev)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return 2 * n / statistics.median(times)
 
 
-def decode_ms(eng: Engine, batch: int, prompt_len: int, warmup: int, steps: int) -> float:
-    """Median wall time of one decode iteration with ``batch`` running requests."""
-    seqs = [
-        Sequence(prompt=_prompt(prompt_len - i % 64, i), max_tokens=warmup + steps + 2)
-        for i in range(batch)
+def roofline_s(model, batch: int, context: float, bw: float) -> float:
+    """Seconds a decode step of ``batch`` sequences of ``context`` cached tokens takes at
+    ``bw`` bytes/s moving only what it must (the module docstring)."""
+    spec, el = model.spec, next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) - model.tok_embeddings.weight.numel()
+    kv_token = spec.layers * 2 * spec.n_kv_heads * spec.d_head * el
+    moved = weights * el + batch * spec.hidden * el
+    moved += batch * context * kv_token + batch * kv_token + batch * spec.vocab_size * 4
+    return moved / bw
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(5, vocab, (n, length), generator=g).tolist()
+
+
+def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> dict[str, float]:
+    """The steps that decode all ``batch`` rows (no prompt chunk): their median seconds
+    (``step``), mean context per row, the graph bucket they replayed and -- on a GPU -- the
+    median of 20 replays of that graph alone, timed with events (``gpu``: the device's part
+    of a step; the rest is the host's)."""
+    eng.log.clear()
+    vocab = eng.tokenizer.vocab_size
+    eng.generate(prompts(batch, plen, vocab, batch), steps + 4, ignore_eos=True)
+    full = [e for e in eng.log if e["decode"] == batch and not e["prefill"]][2:]
+    out = {
+        "step": statistics.median(e["s"] for e in full),
+        "context": statistics.mean(e["context"] / batch for e in full),
+        "graph": int(full[-1]["graph"]),
+        "gpu": None,
+    }
+    st = eng.runner.static.get(out["graph"])
+    if st is not None and st.graph is not None:  # its buffers hold the last step's inputs
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            st.graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        out["gpu"] = statistics.median(times)
+    return out
+
+
+def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, float] | None:
+    """Seconds of one layer's decode attention (the Triton kernel) over ``batch``
+    sequences of ``context`` tokens in the engine's pages, and the K/V bytes it read per
+    second; None without Triton."""
+    if eng.runner.backend != "triton":
+        return None
+    from parlab.serve.engine.kernels import decode_splits, paged_decode
+
+    r = eng.runner
+    kc, vc = r.k_cache[0], r.v_cache[0]
+    pages = -(-context // eng.config.block)
+    table = torch.arange(1, 1 + batch * pages, device=kc.device).view(batch, pages)
+    table = table % (kc.shape[0] - 1) + 1
+    lens = torch.full((batch,), context, device=kc.device)
+    q = torch.randn(batch, r.N, r.D, device=kc.device, dtype=kc.dtype)
+    out = torch.empty_like(q)
+    splits = decode_splits(batch, r.N, r.sms)
+    times = []
+    for i in range(25):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, splits)
+        b.record()
+        b.synchronize()
+        if i >= 5:
+            times.append(a.elapsed_time(b) / 1e3)
+    t = statistics.median(times)
+    return t, 2 * batch * context * r.K * r.D * kc.element_size() / t
+
+
+def hf_child(args: argparse.Namespace) -> None:
+    """One batch through transformers' static-cache generate (run as a child process)."""
+    from transformers import AutoModelForCausalLM
+
+    dev = torch.device(args.device)
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(dev).eval()
+    vocab = json.loads((Path(args.hf_dir) / "config.json").read_text())["vocab_size"]
+    ids = torch.tensor(prompts(args.hf_batch, args.prompt_len, min(vocab, 1024), 7), device=dev)
+    kw = {"do_sample": False, "cache_implementation": "static", "pad_token_id": 0}
+
+    def gen(n: int) -> float:
+        sync(dev)
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync(dev)
+        return time.perf_counter() - t0
+
+    t_compile = time.perf_counter()
+    gen(2)
+    gen(args.steps + 1)  # compiles the decode step (CUDA), warms it
+    t_compile = time.perf_counter() - t_compile
+    with open(args.hf_lock, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the timed part alone on the device
+        one = min(gen(1) for _ in range(2))
+        many = min(gen(args.steps + 1) for _ in range(2))
+    out = {"batch": args.hf_batch, "step_s": (many - one) / args.steps, "warmup_s": t_compile}
+    print("HF " + json.dumps(out), flush=True)
+
+
+def hf_steps(args: argparse.Namespace, model) -> dict[int, dict]:
+    """transformers' decode step per batch, from one child per batch run side by side."""
+    from parlab.serve.hf_export import export_llama
+
+    tmp = Path(tempfile.mkdtemp(prefix="parlab-hf-"))
+    export_llama(model, tmp / "model")
+    base = [sys.executable, __file__, "--model", args.model, "--dtype", args.dtype,
+            "--device", args.device, "--prompt-len", str(args.prompt_len),
+            "--steps", str(args.steps), "--hf-dir", str(tmp / "model"),
+            "--hf-lock", str(tmp / "lock")]  # fmt: skip
+    children = [
+        subprocess.Popen([*base, "--hf-batch", str(b)], stdout=subprocess.PIPE, text=True)
+        for b in args.batches
     ]
-    for s in seqs:
-        eng.add(s)
-    while eng.waiting or eng._inbox:  # prefill iterations until every request runs
-        eng.step()
-    assert len(eng.running) == batch
-    for _ in range(warmup):
-        eng.step()
-    times = [_timed_step(eng) for _ in range(steps)]
-    assert eng.log[-1]["kind"] == 1 and eng.log[-1]["batch"] == batch
-    while eng.has_work():
-        eng.step()
-    return 1e3 * statistics.median(times)
+    out: dict[int, dict] = {}
+    deadline = time.monotonic() + args.hf_timeout
+    for c in children:
+        try:
+            text, _ = c.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            text, _ = c.communicate()
+        for line in text.splitlines():
+            if line.startswith("HF "):
+                r = json.loads(line[3:])
+                out[r["batch"]] = r
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--batch", default="1,8,32", help="decode batch sizes, comma-separated")
-    ap.add_argument("--prompt-len", type=int, default=1024)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=3, help="timed prefills")
-    ap.add_argument(
-        "--cudnn-attention",
-        action="store_true",
-        help="let SDPA use cuDNN attention (the engine excludes it by default on CUDA)",
-    )
-    ap.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="decode as CUDA graphs (default: the engine's, on for CUDA)",
-    )
-    ap.add_argument(
-        "--prefill-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with CUDA graphs, prefill as CUDA graphs too (the engine's default)",
-    )
+    ap.add_argument("--batch", default="1,4")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--max-step-tokens", type=int, default=8192)
+    ap.add_argument("--hf", action="store_true", help="Also time transformers' generate.")
+    ap.add_argument("--hf-timeout", type=float, default=300.0)
+    ap.add_argument("--offline", default="", help="N,PROMPT,OUTPUT: an offline load.")
+    ap.add_argument("--results", default="")
+    ap.add_argument("--hf-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-lock", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-batch", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-
-    device = torch.device(args.device)
-    batches = [int(b) for b in args.batch.split(",")]
-    spec = get_spec(args.model)
-    model = build_model(spec, device=device, dtype=DTYPES[args.dtype], seed=0)
+    args.batches = [int(b) for b in args.batch.split(",")]
+    if args.hf_batch:
+        return hf_child(args)
+    header("engine decode step vs transformers static-cache generate vs the memory roofline")
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    model = build_model(serving_spec(args.model), device=dev, dtype=getattr(torch, args.dtype))
+    bw = copy_bandwidth(dev)
+    hf = hf_steps(args, model) if args.hf else {}
+    off = [int(x) for x in args.offline.split(",")] if args.offline else []
+    max_len = max(args.prompt_len + args.steps + 8, off[1] + off[2] if off else 0)
     cfg = EngineConfig(
-        max_batch=max(batches),
-        max_len=args.prompt_len + args.warmup + args.steps + 8,
-        prefix_cache=False,
-        cudnn_attention=args.cudnn_attention,
-        cuda_graphs=args.cuda_graphs,
-        prefill_graphs=args.prefill_graphs,
-    )
+        max_batch=max([*args.batches, off[0] if off else 1]), max_len=max_len,
+        max_step_tokens=args.max_step_tokens, cache_blocks=0, prefix_cache=False,
+    )  # fmt: skip
+    t0 = time.perf_counter()
     eng = Engine(model, cfg)
-
-    gpu = device.type == "cuda"
-    name = torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu"
-    print(f"# serve engine step: {spec.name} {args.dtype} on {device.type} ({name})")
-    print(
-        f"# python {platform.python_version()}, torch {torch.__version__}"
-        + (f", CUDA {torch.version.cuda}" if gpu else "")
-        + f", CPU cores {os.cpu_count()}, threads {torch.get_num_threads()}, "
-        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
-    )
-    print(
-        "# evidence: "
-        + (
-            f"measured on {name} (the engine alone: no HTTP, no communication); "
-            f"cuDNN attention {'allowed' if args.cudnn_attention else 'excluded'}; "
-            f"decode {'as CUDA graphs' if eng.cuda_graphs else 'eager'}, prefill "
-            f"{'as CUDA graphs' if eng._static_prefill else 'eager'} (capture "
-            f"{eng.graph_capture_s:.1f} s)"
-            if gpu
-            else "cpu-mechanism (CPU timings show per-row/per-layer overheads, not GPU speed)"
+    setup = time.perf_counter() - t0
+    rows, metrics, preds = [], {}, {}
+    for b in args.batches:
+        r = engine_steps(eng, b, args.prompt_len, args.steps)
+        roof = roofline_s(model, b, r["context"], bw)
+        h = hf.get(b, {}).get("step_s")
+        attn = attention_kernel(eng, b, int(r["context"]))
+        rows.append((b, r, h, roof, attn))
+        metrics[f"decode_step_b{b}"] = Metric(value=r["step"] * 1e3, unit="ms")
+        gpu = None if r["gpu"] is None else r["gpu"] * 1e3
+        metrics[f"decode_step_gpu_b{b}"] = Metric(value=gpu, unit="ms")
+        metrics[f"hf_static_step_b{b}"] = Metric(value=None if h is None else h * 1e3, unit="ms")
+        if attn is not None:
+            metrics[f"attention_layer_b{b}"] = Metric(value=attn[0] * 1e3, unit="ms")
+            metrics[f"attention_bandwidth_b{b}"] = Metric(value=attn[1] / 1e9, unit="GB/s")
+        preds[f"decode_step_b{b}"] = Prediction(
+            value=roof * 1e3, unit="ms", model="memory-roofline"
         )
-    )
-    print(
-        f"# prompt {args.prompt_len} tokens; decode rows at lengths {args.prompt_len}-"
-        f"{max(args.prompt_len - 63, 1)}; median of {args.steps} steps after {args.warmup} "
-        f"warm-up; prefill median of {args.reps}"
-    )
-    pre = prefill_ms(eng, args.prompt_len, args.reps)
-    print(f"prefill {args.prompt_len} tokens: {pre:9.2f} ms")
-    print(f"{'batch':>6} {'decode ms/step':>15} {'ms/seq':>8}")
-    for b in batches:
-        ms = decode_ms(eng, b, args.prompt_len, args.warmup, args.steps)
-        print(f"{b:>6} {ms:>15.2f} {ms / b:>8.3f}", flush=True)
+    offline = None
+    if off:
+        n, p, o = off
+        t0 = time.perf_counter()
+        eng.generate(prompts(n, p, eng.tokenizer.vocab_size, 99), o, ignore_eos=True)
+        offline = n * o / (time.perf_counter() - t0)
+        metrics["offline_output_throughput"] = Metric(value=offline, unit="tokens/s")
+    metrics["copy_bandwidth"] = Metric(value=bw / 1e9, unit="GB/s")
+    metrics["engine_setup"] = Metric(value=setup, unit="s")
+    level = "serving-benchmark" if dev.type == "cuda" else "cpu-mechanism"
+    doc = Document(
+        run_id=new_run_id("serve-engine-step"), created=now_iso(), project=PROJECT, task="T4",
+        role="baseline", evidence_level=level, command=" ".join(["python3", *sys.argv]),
+        environment=snapshot(probe_links=False),
+        workload={"model": args.model, "dtype": args.dtype, "prompt_len": args.prompt_len,
+                  "steps": args.steps, "batches": args.batches, "offline": off,
+                  "hf": {str(k): v for k, v in hf.items()}},
+        layout={"world_size": 1, "strategy": "engine-decode-step",
+                "attention": eng.runner.backend, "cuda_graphs": eng.runner.use_graphs,
+                "max_step_tokens": args.max_step_tokens},
+        metrics=metrics, predictions=preds, status="ok",
+        notes=["decode step: the engine's own time per step (Engine.log) at full batch, no "
+               "prompt chunk, median; transformers: (generate(steps+1) - generate(1)) / steps, "
+               "static cache, after two warm-ups; roofline: bytes a step must move over the "
+               "measured copy bandwidth (read + written)"],
+    )  # fmt: skip
+    print(f"# {args.model} {args.dtype} on {dev}; attention {eng.runner.backend}, graphs "
+          f"{eng.runner.use_graphs}; copy bandwidth {bw / 1e9:.0f} GB/s; engine set-up "
+          f"{setup:.1f} s ({eng.capture_s:.1f} s capturing graphs); evidence {level}")  # fmt: skip
+    if args.results:
+        print(f"# document: {write_result(doc, args.results)}")
+    print(f"{'batch':>6} {'engine ms':>10} {'GPU ms':>8} {'HF static ms':>13} {'roofline ms':>12} "
+          f"{'eng/roof':>9} {'HF/eng':>7} {'attn ms':>8} {'attn GB/s':>10} {'graph':>6}")  # fmt: skip
+    for b, r, h, roof, attn in rows:
+        hs = "-" if h is None else f"{h * 1e3:.3f}"
+        ratio = "-" if h is None else f"{h / r['step']:.2f}"
+        gpu = "-" if r["gpu"] is None else f"{r['gpu'] * 1e3:.3f}"
+        am, ag = ("-", "-") if attn is None else (f"{attn[0] * 1e3:.3f}", f"{attn[1] / 1e9:.0f}")
+        print(f"{b:>6} {r['step'] * 1e3:>10.3f} {gpu:>8} {hs:>13} {roof * 1e3:>12.3f} "
+              f"{r['step'] / roof:>9.2f} {ratio:>7} {am:>8} {ag:>10} {r['graph']:>6}")  # fmt: skip
+    if offline is not None:
+        print(f"offline {off[0]} x {off[1]} + {off[2]} tokens: {offline:.0f} output tokens/s")
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, SRC)
     main()

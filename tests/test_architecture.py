@@ -22,14 +22,8 @@ SRC = ROOT / "src" / "parlab"
 
 ALLOWED: dict[tuple[str, str], str] = {
     # (importer, imported) as module-name patterns: why the import is there, and who ends it
-    ("parlab.projects.serving", "parlab.cli.common"): "issue 26: serving writes through "
-    "parlab.contract.write_document",
-    ("parlab.serve.bench", "parlab.cli.common"): "issue 26: serve bench writes through "
-    "parlab.contract.write_document",
     ("parlab.cli.*", "parlab.cli"): "issue 25: every command module takes `app` from the "
     "package that imports it back (a module of its own ends the loop)",
-    ("parlab.serve.sim", "parlab.serve.engine"): "issue 26: the simulator's profile of a replica "
-    "moves out of the engine",
 }
 
 

@@ -300,7 +300,6 @@ def test_cli_documents_from_another_schema_are_one_line_exit_2(
 def test_memory_rejection_says_when_a_fused_optimizer_would_fit() -> None:
     """A candidate over memory only by foreach AdamW's temporaries says that the fused form
     (no temporaries) fits, and its peak; one over memory without them says nothing of it."""
-    from parlab.plan.planner import Verdict
 
     def rejected(gpus: str) -> Verdict:
         req = PlanRequest(

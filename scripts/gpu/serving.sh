@@ -48,7 +48,7 @@ if [ "${SERVING_TP:-1}" = 1 ]; then
     sleep 0.5
   done
   if [ -n "$URL" ]; then
-    timeout --kill-after=5 25 $PY -m parlab bench serve --base-url "$URL" --dataset synthetic \
+    timeout --kill-after=5 25 $PY -m parlab bench serve --base-url "$URL" --dataset-name random \
       --num-prompts $N --input-len $IN --output-len $OUTL --request-rate $RATE --no-progress \
       --max-duration 20 --results "$OUT/results" --layout world_size=2 --layout tp=2 \
       --layout strategy=tensor-parallel-replica --note "one replica, tensor-parallel over 2 ranks" \

@@ -48,12 +48,17 @@ def _dataset(
     prefix_len: int,
     question_len: int,
     seed: int,
+    range_ratio: float = 0.0,
 ):
     from parlab.serve import datasets
 
-    if kind == "synthetic":
+    if kind == "random":
         return datasets.synthetic(
-            num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=seed
+            num_prompts=num_prompts,
+            input_len=input_len,
+            output_len=output_len,
+            seed=seed,
+            range_ratio=range_ratio,
         )
     if kind == "shared-prefix":
         if num_prompts < num_groups:
@@ -68,9 +73,9 @@ def _dataset(
         )
     if kind == "jsonl":
         if path is None:
-            raise UsageError("--dataset jsonl needs --dataset-path FILE")
+            raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
         return datasets.jsonl(path, num_prompts=num_prompts)
-    raise UsageError(f"--dataset {kind!r} is not one of synthetic, shared-prefix, jsonl")
+    raise UsageError(f"--dataset-name {kind!r} is not one of random, shared-prefix, jsonl")
 
 
 def _slo(items: list[str] | None):  # type: ignore[no-untyped-def]
@@ -82,27 +87,50 @@ def _slo(items: list[str] | None):  # type: ignore[no-untyped-def]
         raise UsageError(f"--goodput: {exc}") from None
 
 
-@bench_app.command("serve")
+@bench_app.command(
+    "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}
+)
 def bench_serve_cmd(
+    ctx: typer.Context,
     base_url: str = typer.Option("http://127.0.0.1:8000", help="Server or router URL."),
     api: str = typer.Option("completions", help="completions or chat."),
     model: str | None = typer.Option(None, help="Model name (default: the server's first)."),
-    dataset: str = typer.Option("synthetic", help="synthetic, shared-prefix or jsonl."),
-    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset jsonl)."),
+    dataset: str = typer.Option(
+        "random", "--dataset-name", help="random (vLLM's), shared-prefix or jsonl."
+    ),
+    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset-name jsonl)."),
     num_prompts: int = typer.Option(100, help="Requests to send (at most, for jsonl)."),
-    input_len: int = typer.Option(128, help="Synthetic prompt length, tokens."),
-    output_len: int = typer.Option(32, help="Tokens to generate per request."),
+    input_len: int = typer.Option(
+        128, "--random-input-len", "--input-len", help="Prompt length, tokens (random)."
+    ),
+    output_len: int = typer.Option(
+        32, "--random-output-len", "--output-len", help="Tokens to generate per request."
+    ),
+    range_ratio: float = typer.Option(
+        0.0, "--random-range-ratio", help="Lengths drawn within this ratio of the given ones."
+    ),
     num_groups: int = typer.Option(4, help="Shared-prefix groups."),
     prefix_len: int = typer.Option(512, help="Shared-prefix length, tokens."),
     question_len: int = typer.Option(32, help="Unique part after the shared prefix, tokens."),
-    request_rate: float = typer.Option(math.inf, help="Requests/s (inf: all at once)."),
-    burstiness: float = typer.Option(1.0, help="Gamma shape of arrival gaps (1: Poisson)."),
+    request_rate: float = typer.Option(
+        math.inf, help="Requests/s (inf: all at once); vLLM's schedule: the last leaves at n/rate."
+    ),
+    burstiness: float = typer.Option(
+        1.0, help="Gamma shape of arrival gaps (1: Poisson, inf: even spacing)."
+    ),
     max_concurrency: int | None = typer.Option(None, help="Most requests in flight."),
     replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
     stream: bool = typer.Option(True, help="Stream (SSE)."),
+    ignore_eos: bool = typer.Option(
+        True,
+        help="Send ignore_eos (every request runs to its length); off for servers "
+        "that reject it (transformers serve).",
+    ),
     seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
     percentiles: str = typer.Option("90,99", help="Percentiles to report, comma-separated."),
-    goodput: list[str] | None = typer.Option(None, help="SLO KEY:MS (ttft, tpot, e2el)."),
+    goodput: list[str] | None = typer.Option(
+        None, help="SLOs KEY:MS (ttft, tpot, e2el), as vLLM: --goodput ttft:500 tpot:50."
+    ),
     request_timeout: float = typer.Option(60.0, help="Per-request timeout, s."),
     max_duration: float = typer.Option(600.0, help="Whole-run time limit, s."),
     allow_remote: bool = typer.Option(False, help="Allow a non-loopback target."),
@@ -128,6 +156,7 @@ def bench_serve_cmd(
 
     if role not in ("baseline", "candidate"):
         raise UsageError(f"--role {role!r}: use baseline or candidate")
+    goodput = _goodput_items(goodput, ctx.args)
     try:
         pcts = tuple(float(p) for p in percentiles.split(",") if p.strip())
     except ValueError:
@@ -143,6 +172,7 @@ def bench_serve_cmd(
         max_concurrency=max_concurrency,
         replay_timestamps=replay_timestamps,
         stream=stream,
+        ignore_eos=ignore_eos,
         seed=seed,
         request_timeout_s=request_timeout,
         max_duration_s=max_duration,
@@ -168,6 +198,7 @@ def bench_serve_cmd(
         prefix_len,
         question_len,
         seed,
+        range_ratio,
     )
     for line, why in ds.bad_lines[:20]:
         err_console.print(f"{dataset_path}:{line}: skipped: {why}")
@@ -210,6 +241,17 @@ def bench_serve_cmd(
         console.print(f"document: {path}")
     if res.summary["completed"] == 0:
         raise typer.Exit(1)
+
+
+def _goodput_items(given: list[str] | None, extra: list[str]) -> list[str]:
+    """``--goodput ttft:500 tpot:50`` (vLLM's form, several items after one flag): the
+    items typer leaves over join the ones it took; any other stray argument is an error."""
+    items = list(given or [])
+    for a in extra:
+        if not items or ":" not in a:
+            raise UsageError(f"unexpected argument {a!r}: bench serve takes options only")
+        items.append(a)
+    return items
 
 
 def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None = None) -> None:
@@ -274,20 +316,19 @@ def replica_cmd(
     cuda_graphs: bool | None = typer.Option(
         None,
         "--cuda-graphs/--no-cuda-graphs",
-        help="Decode iterations as captured CUDA graphs (default: on for a CUDA --device "
-        "with --tp 1 and no MoE; --cuda-graphs requires them).",
+        help="Decode steps as captured CUDA graphs, one per batch bucket (default: on for a "
+        "CUDA --device with --tp 1 and no MoE; --cuda-graphs requires them).",
     ),
-    prefill_graphs: bool = typer.Option(
-        True,
-        "--prefill-graphs/--no-prefill-graphs",
-        help="With CUDA graphs, prefills as captured graphs too (one per padded prompt "
-        "length and key length).",
+    max_step_tokens: int = typer.Option(
+        2048, help="Tokens one step computes: decode tokens, then prompt chunks."
     ),
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,
     rdzv_backend: str = RdzvBackendOption,
     rdzv_id: str = RdzvIdOption,
+    attention: str = typer.Option("auto", help="Paged attention: auto, triton or torch."),
+    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     from parlab.cli.common import nodes
@@ -374,17 +415,86 @@ def replica_cmd(
             prefix_cache=prefix_cache,
             cache_blocks=cache_blocks,
             cuda_graphs=cuda_graphs,
-            prefill_graphs=prefill_graphs,
+            max_step_tokens=max_step_tokens,
+            attention=attention,
         ),
     )
     asyncio.run(
-        serve_forever(eng, host=host, port=port, name=f"parlab-{model}", duration_s=duration)
+        serve_forever(
+            eng,
+            host=host,
+            port=port,
+            name=f"parlab-{model}",
+            duration_s=duration,
+            request_timeout_s=request_timeout,
+        )
     )
+
+
+@serve_app.command("launch")
+def launch_cmd(
+    engine: str = typer.Option(..., help="vllm, sglang, transformers or parlab."),
+    model: str = typer.Option(..., help="What the engine serves (a Hugging Face name or folder)."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree (the engine's own flag)."),
+    port: int = typer.Option(8000, help="Port of the engine's server."),
+    host: str = typer.Option("127.0.0.1", help="Address the engine listens on."),
+    pd: str = typer.Option("none", help="Prefill/decode role: none, prefill or decode."),
+    dtype: str | None = typer.Option(None, help="Weights dtype (the engine's default if unset)."),
+    max_len: int | None = typer.Option(
+        None, help="Context length (the engine's default if unset)."
+    ),
+    device: str | None = typer.Option(None, help="Device (transformers, parlab: cuda:0, cpu)."),
+    executable: str | None = typer.Option(None, help="The engine's program, if not the default."),
+    extra: list[str] | None = typer.Option(None, help="One more argument for the engine."),
+    router: str | None = typer.Option(None, help="Register with this parlab router URL."),
+    ready_timeout: float = typer.Option(900.0, help="Seconds to wait for it to serve."),
+    duration: float | None = typer.Option(None, help="Stop it after this many seconds."),
+    log: Path | None = typer.Option(None, help="Write the engine's output here."),
+) -> None:
+    """Start an engine's own OpenAI server (TP and prefill/decode flags), wait until it serves,
+    register it with a router; prints its record (JSON), then serves until Ctrl-C."""
+    import signal
+    import time
+
+    from parlab.serve.launch import LaunchSpec, launch
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM too: the engine's server must not outlive us
+
+    signal.signal(signal.SIGTERM, stop)
+
+    spec = LaunchSpec(
+        engine=engine, model=model, tp=tp, host=host, port=port, pd=pd, dtype=dtype,
+        max_len=max_len, device=device, executable=executable, extra=tuple(extra or ()),
+    )  # fmt: skip
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115  (held while it runs)
+    try:
+        started = launch(spec, ready_timeout_s=ready_timeout, router=router, log=out)
+        end = None if duration is None else time.monotonic() + duration
+        try:
+            print(json.dumps(started.record), flush=True)
+            while started.proc.poll() is None and (end is None or time.monotonic() < end):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            started.stop()
+        if started.proc.returncode not in (0, -15, None) and end is None:
+            raise typer.Exit(1)
+    except (RuntimeError, TimeoutError) as exc:
+        err_console.print(f"launch failed: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        if out is not None:
+            out.close()
 
 
 @serve_app.command("router")
 def router_cmd(
-    replica: list[str] = typer.Option(..., help="Replica base URL (repeat for each)."),
+    replica: list[str] | None = typer.Option(
+        None,
+        help="Replica base URL (repeat for each; more can join: parlab serve launch --router).",
+    ),
     policy: str = typer.Option(
         "cache_aware",
         help="round_robin, random, least_outstanding, power_of_two or cache_aware.",
@@ -394,7 +504,10 @@ def router_cmd(
     cache_threshold: float = typer.Option(0.5, help="cache_aware: matched fraction to follow."),
     balance_abs: int = typer.Option(32, help="cache_aware: load gap counted as uneven."),
     balance_rel: float = typer.Option(1.0001, help="cache_aware: load ratio counted as uneven."),
-    health_interval: float = typer.Option(1.0, help="Seconds between health checks."),
+    health_interval: float = typer.Option(0.5, help="Seconds between health checks."),
+    health_failures: int = typer.Option(2, help="Missed checks in a row that take a replica out."),
+    health_timeout: float = typer.Option(1.0, help="A health check slower than this is a miss."),
+    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
     allow_remote: bool = typer.Option(False, help="Allow non-loopback replicas."),
     duration: float | None = typer.Option(None, help="Stop after this many seconds."),
     seed: int = typer.Option(0, help="Seed of random policies."),
@@ -404,7 +517,7 @@ def router_cmd(
     from parlab.serve.router import Router, RouterConfig
 
     cfg = RouterConfig(
-        replicas=tuple(replica),
+        replicas=tuple(replica or ()),
         policy=PolicyConfig(
             name=policy,
             seed=seed,
@@ -413,6 +526,9 @@ def router_cmd(
             balance_rel=balance_rel,
         ),
         health_interval_s=health_interval,
+        health_failures=health_failures,
+        health_timeout_s=health_timeout,
+        request_timeout_s=request_timeout,
         allow_remote=allow_remote,
     )
 
@@ -444,13 +560,13 @@ def kv_transfer_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """KV-cache transfer (NCCL send/recv on GPUs, gloo on CPU) against request length."""
-    from parlab.projects.serving import kv_transfer_document
+    from parlab.projects.serving.rank import measure_kv
     from parlab.units import parse_count
 
     toks = [parse_count(t, "--tokens") for t in tokens.split(",") if t.strip()]
     if not toks or min(toks) < 1:
         raise UsageError(f"--tokens {tokens!r}: give positive lengths like 16,256,4096")
-    doc = kv_transfer_document(
+    doc = measure_kv(
         model=model,
         tokens=toks,
         dtype=TORCH_NAMES[dtype],
@@ -548,16 +664,28 @@ def _serving_project(
     num_prompts: int | None,
     request_rate: float | None,
     kv_transfer: bool,
+    replicas: str | None,
+    devices: str | None = None,
 ) -> None:
-    from parlab.projects.serving import run_project
+    from dataclasses import replace
 
+    from parlab.projects.serving import get_preset, run_project
+
+    urls = [u.strip().rstrip("/") for u in (replicas or "").split(",") if u.strip()]
+    p = get_preset(preset)
+    if devices:
+        try:
+            p = replace(p, devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     rc = run_project(
         results_dir(results),
-        preset=preset,
+        preset=p,
         policies=[p for p in policies.split(",") if p],
         num_prompts=num_prompts,
         request_rate=request_rate,
         kv_transfer=kv_transfer,
+        replicas=urls,
         console=console,
         command=reproduce_command(),
     )
@@ -573,6 +701,14 @@ _POLICIES = typer.Option(
 _NUM = typer.Option(None, help="Override requests per policy.")
 _RATE = typer.Option(None, help="Override requests/s.")
 _KV = typer.Option(True, help="Also measure the KV transfer (2 ranks).")
+_DEVICES = typer.Option(
+    None, help="One reference replica per device, e.g. cuda:0,cuda:0 (default: the preset's)."
+)
+_REPLICAS = typer.Option(
+    None,
+    help="Running OpenAI-compatible replicas URL,URL,... (vLLM, SGLang, transformers, parlab) "
+    "to compare the policies on, instead of starting parlab's.",
+)
 
 
 @serve_app.command("project")
@@ -583,9 +719,13 @@ def serve_project_cmd(
     num_prompts: int | None = _NUM,
     request_rate: float | None = _RATE,
     kv_transfer: bool = _KV,
+    replicas: str | None = _REPLICAS,
+    devices: str | None = _DEVICES,
 ) -> None:
     """The serving project (same as ``parlab project serving``)."""
-    _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
+    _serving_project(
+        results, preset, policies, num_prompts, request_rate, kv_transfer, replicas, devices
+    )
 
 
 def register_project_command() -> None:
@@ -603,9 +743,13 @@ def register_project_command() -> None:
         num_prompts: int | None = _NUM,
         request_rate: float | None = _RATE,
         kv_transfer: bool = _KV,
+        replicas: str | None = _REPLICAS,
+        devices: str | None = _DEVICES,
     ) -> None:
         """Replicas + router + load per policy, simulator check, KV transfer; a report."""
-        _serving_project(results, preset, policies, num_prompts, request_rate, kv_transfer)
+        _serving_project(
+            results, preset, policies, num_prompts, request_rate, kv_transfer, replicas, devices
+        )
 
 
 register_project_command()

@@ -7,11 +7,13 @@ the same ``_Stream``) and times every streamed chunk with
 ``time.perf_counter`` on arrival, the way vLLM's ``benchmark_serving.py`` and
 SGLang's ``bench_serving.py`` do; the metrics are theirs (``metrics.py``).
 
-Arrivals (vLLM's ``get_request``): with a finite ``request_rate`` the gaps are
-drawn from a gamma distribution with shape ``burstiness`` and scale
-``1 / (request_rate * burstiness)`` -- burstiness 1 is a Poisson process,
-below 1 burstier, above 1 steadier -- from a seeded numpy generator, so the
-schedule is the same on every run. An infinite rate sends everything at once;
+Arrivals (vLLM's ``get_request``): with a finite ``request_rate`` every request's gap,
+the first one's included, is drawn from a gamma distribution with shape ``burstiness``
+and scale ``1 / (request_rate * burstiness)`` -- burstiness 1 is a Poisson process,
+below 1 burstier, above 1 steadier, ``inf`` evenly spaced -- from a seeded numpy
+generator, and the send times are scaled so the last request leaves at
+``num_prompts / request_rate`` exactly (vLLM: "to close the gap for stabilizing the
+throughput data from different random seeds"). An infinite rate sends everything at once;
 with ``max_concurrency`` at most that many requests are in flight (a closed
 loop). A trace's own ``timestamp`` field can be replayed instead. The lag
 between the scheduled and the actual send time is measured per request and
@@ -22,10 +24,11 @@ garbage collector is paused for the run (its pauses stall the loop).
 
 What counts as a success (stricter than vLLM, which accepts a stream cut
 after its first chunk): HTTP 200 and, when streaming, at least one chunk with
-text and the final ``data: [DONE]``; a chunk that is not JSON, an ``error``
-chunk, a stream that stops before ``[DONE]``, a JSON answer to a streaming
-request, a timeout or a refused connection are failures, each with its
-reason. Every request ends in exactly one outcome. TTFT is taken at the first
+text and the stream's end -- the final ``data: [DONE]``, or, for servers that send none
+(``transformers serve``), a body that ends whole after a chunk with a ``finish_reason``;
+a chunk that is not JSON, an ``error`` chunk, a stream that stops before its end, a JSON
+answer to a streaming request, a timeout or a refused connection are failures, each
+with its reason. Every request ends in exactly one outcome. TTFT is taken at the first
 chunk whose text is non-empty (as SGLang does).
 
 Bounds: the request count is the dataset's; every request has a timeout and
@@ -85,6 +88,9 @@ class BenchConfig:
     """Send at the dataset's ``timestamp`` offsets instead of a rate."""
     stream: bool = True
     """Ask for server-sent events."""
+    ignore_eos: bool = True
+    """Send ``ignore_eos`` (vLLM's and SGLang's field), so every request runs to its
+    ``max_tokens``; off for servers that reject the field (``transformers serve``)."""
     seed: int = 0
     """Seed of the arrival schedule."""
     request_timeout_s: float = 60.0
@@ -142,18 +148,20 @@ def check_target(url: str, *, allow_remote: bool) -> None:
 def arrival_offsets(
     n: int, *, rate: float, burstiness: float, seed: int, timestamps: Sequence[float | None] = ()
 ) -> np.ndarray:
-    """Send-time offsets (seconds from the start) of ``n`` requests."""
+    """Send-time offsets (seconds from the start) of ``n`` requests (vLLM's schedule)."""
     if timestamps:
         if any(t is None for t in timestamps):
             raise UsageError("--replay-timestamps needs a 'timestamp' on every dataset line")
         return np.asarray(timestamps, dtype=np.float64) - float(min(timestamps))  # type: ignore[type-var]
-    if math.isinf(rate):
+    if math.isinf(rate) or n == 0:
         return np.zeros(n)
-    rng = np.random.default_rng(seed)
-    theta = 1.0 / (rate * burstiness)
-    gaps = rng.gamma(shape=burstiness, scale=theta, size=n)
-    gaps[0] = 0.0  # the first request goes at once
-    return np.cumsum(gaps)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        rng = np.random.default_rng(seed)
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    sends = np.cumsum(gaps)
+    return sends * (n / rate / sends[-1])
 
 
 @dataclass
@@ -176,8 +184,9 @@ def _payload(cfg: BenchConfig, model: str, req: SampleRequest) -> dict[str, Any]
         "max_tokens": req.output_len,
         "temperature": 0.0,
         "stream": cfg.stream,
-        "ignore_eos": True,
     }
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
     if cfg.stream:
         body["stream_options"] = {"include_usage": True}
     if cfg.api == "chat":
@@ -216,7 +225,7 @@ class _Stream:
     when reading should stop (``[DONE]`` or a failure); ``finish()`` settles the outcome.
     """
 
-    __slots__ = ("chat", "chunks", "done", "last", "out", "st", "text", "usage_seen")
+    __slots__ = ("chat", "chunks", "done", "ended", "last", "out", "st", "text", "usage_seen")
 
     def __init__(self, out: RequestOutcome, chat: bool, st: float) -> None:
         self.out, self.chat, self.st, self.last = out, chat, st, st
@@ -224,6 +233,7 @@ class _Stream:
         self.text: list[str] = []
         self.usage_seen = False
         self.done = False
+        self.ended = False
 
     def feed(self, raw: bytes) -> bool:
         line = raw.strip()
@@ -247,6 +257,9 @@ class _Stream:
             msg = err.get("message") if isinstance(err, dict) else err
             out.error = f"server error in stream: {msg}"
             return True
+        choices = data.get("choices")
+        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            self.ended = True
         t = _chunk_text(data, self.chat)
         if t:
             now = time.perf_counter()
@@ -266,7 +279,7 @@ class _Stream:
         out = self.out
         if out.error:
             return
-        if not self.done:
+        if not (self.done or self.ended):
             out.error = "stream ended before [DONE]"
             return
         if self.chunks == 0:
@@ -291,7 +304,7 @@ def _full(out: RequestOutcome, data: Any, chat: bool, st: float) -> None:
         out.error = "malformed response: no choices"
         return
     out.generated_text = t
-    out.output_tokens = len(t.encode())
+    out.output_tokens = 1 if t else 0  # the server's usage, below, gives the count
     _apply_usage(out, data.get("usage"))
     out.success = True
 
@@ -405,12 +418,21 @@ async def send_one_fast(
 
 
 async def resolve_model(session: aiohttp.ClientSession, base: str) -> str:
+    """The first model the server lists; ``UsageError`` if it answers without one (pass
+    --model); ``unknown`` if it cannot be reached (every request then fails, and the run's
+    document says why)."""
+    why = ""
     try:
-        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
             data = await r.json(content_type=None)
-            return str(data["data"][0]["id"])
-    except Exception:
-        return "parlab"
+            if r.status == 200:
+                return str(data["data"][0]["id"])
+            why = f"HTTP {r.status}"
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError):
+        return "unknown"
+    except (aiohttp.ClientError, ValueError, KeyError, IndexError) as exc:
+        why = type(exc).__name__
+    raise UsageError(f"cannot learn the model name from {base}/v1/models ({why}): pass --model")
 
 
 async def arun(cfg: BenchConfig, dataset: Dataset) -> BenchResult:
@@ -546,11 +568,11 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
+            from rich.console import Console
             from rich.progress import Progress
 
-            from parlab.cli.common import err_console
-
-            self._p = Progress(console=err_console, transient=True, refresh_per_second=4)
+            console = Console(stderr=True, highlight=False)
+            self._p = Progress(console=console, transient=True, refresh_per_second=4)
             self._p.__enter__()
             self._task = self._p.add_task("requests", total=self.total)
         return self

@@ -2,9 +2,11 @@
 
 Three sources, all seeded and all producing ``SampleRequest`` lists:
 
-- ``synthetic``: fixed input and output lengths, random ASCII text (one byte
-  is one token for parlab's byte-level tokenizer; other tokenizers see about
-  as many tokens, and the server's ``usage`` gives the exact count);
+- ``synthetic`` (vLLM's ``random`` dataset): prompts of random words, each word one token
+  of parlab's tokenizer (``Tokenizer.words``), so a prompt of ``input_len`` words is exactly
+  ``input_len`` tokens there (and for any engine serving that tokenizer, as the exported
+  Hugging Face copy); lengths drawn uniformly within ``range_ratio`` of the given ones, as
+  vLLM's ``--random-range-ratio``;
 - ``shared_prefix``: groups of prompts sharing a long common system prompt
   followed by a short unique question, interleaved at random -- the workload
   where cache-aware routing matters (SGLang's ``generated-shared-prefix``);
@@ -18,14 +20,12 @@ from __future__ import annotations
 
 import json
 import random
-import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parlab.errors import UsageError
-
-_ALPHABET = string.ascii_lowercase + "     "
+from parlab.serve.tokenizer import get as get_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +35,7 @@ class SampleRequest:
     prompt: str
     """The prompt text (the user message for chat)."""
     prompt_len: int
-    """Its length in tokens as the dataset counts them (bytes for the byte-level tokenizer)."""
+    """Its length in parlab's tokenizer's tokens."""
     output_len: int
     """Tokens to generate (``max_tokens``)."""
     prefix_group: int | None = None
@@ -62,35 +62,42 @@ class Dataset:
     """``(line number, reason)`` for every line of a trace that was skipped."""
 
 
-def _text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choices(_ALPHABET, k=n))
-
-
 def _positive(name: str, value: int) -> None:
     if value < 1:
         raise UsageError(f"{name} {value} is below 1: give a positive number")
 
 
-def synthetic(*, num_prompts: int, input_len: int, output_len: int, seed: int = 0) -> Dataset:
-    """``num_prompts`` random prompts of ``input_len`` tokens asking for ``output_len``."""
+def synthetic(
+    *, num_prompts: int, input_len: int, output_len: int, seed: int = 0, range_ratio: float = 0.0
+) -> Dataset:
+    """``num_prompts`` prompts of random words, ``input_len`` tokens each, asking for
+    ``output_len`` (each drawn within ``range_ratio`` of it, as vLLM's random dataset)."""
     for name, v in (
         ("--num-prompts", num_prompts),
-        ("--input-len", input_len),
-        ("--output-len", output_len),
+        ("--random-input-len", input_len),
+        ("--random-output-len", output_len),
     ):
         _positive(name, v)
+    if not 0 <= range_ratio < 1:
+        raise UsageError(f"--random-range-ratio {range_ratio} must be in [0, 1)")
     rng = random.Random(seed)
-    reqs = [
-        SampleRequest(prompt=_text(rng, input_len), prompt_len=input_len, output_len=output_len)
-        for _ in range(num_prompts)
-    ]
+    tok = get_tokenizer()
+
+    def draw(n: int) -> int:
+        return rng.randint(max(1, int(n * (1 - range_ratio))), int(n * (1 + range_ratio)))
+
+    reqs = []
+    for _ in range(num_prompts):
+        n, out = draw(input_len), draw(output_len)
+        reqs.append(SampleRequest(prompt=tok.words(rng, n), prompt_len=n, output_len=out))
     return Dataset(
-        name="synthetic",
+        name="random",
         requests=reqs,
         params={
             "num_prompts": num_prompts,
             "input_len": input_len,
             "output_len": output_len,
+            "range_ratio": range_ratio,
             "seed": seed,
         },
     )
@@ -116,12 +123,12 @@ def shared_prefix(
     ):
         _positive(name, v)
     rng = random.Random(seed)
+    tok = get_tokenizer()
     reqs: list[SampleRequest] = []
     for g in range(num_groups):
-        prefix = f"[system {g}] " + _text(rng, max(0, prefix_len - len(f"[system {g}] ")))
-        prefix = prefix[:prefix_len]
+        prefix = tok.words(rng, prefix_len)
         for _ in range(prompts_per_group):
-            q = _text(rng, question_len)
+            q = tok.words(rng, question_len)
             reqs.append(
                 SampleRequest(
                     prompt=prefix + q,
@@ -167,7 +174,7 @@ def _parse_line(data: Any) -> SampleRequest:
         raise ValueError("'timestamp' must be a number of seconds >= 0")
     plen = data.get("prompt_len")
     if not isinstance(plen, int) or isinstance(plen, bool) or plen < 1:
-        plen = len(prompt.encode())
+        plen = len(get_tokenizer().encode(prompt))
     return SampleRequest(
         prompt=prompt,
         prompt_len=plen,

@@ -62,7 +62,7 @@ class PolicyConfig:
             raise UsageError("--balance-abs must be >= 0 and --balance-rel >= 1")
 
 
-class Router:
+class PolicyState:
     """The routing state of N replicas under one policy.
 
     Loads are kept in buckets (load -> replicas) so that the least and most
@@ -72,8 +72,8 @@ class Router:
     """
 
     def __init__(self, n: int, config: PolicyConfig) -> None:
-        if n < 1:
-            raise UsageError("routing needs at least one replica")
+        if n < 0:
+            raise UsageError("routing needs a replica count >= 0")
         self.config = config
         self.n = n
         self.load = [0] * n
@@ -186,6 +186,17 @@ class Router:
         assert self.load[i] >= 0
         if self.alive[i]:
             self._move(i, self.load[i] + 1, self.load[i])
+
+    def add(self) -> int:
+        """A new replica (alive, no load, an empty tree); its index."""
+        i = self.n
+        self.n += 1
+        self.load.append(0)
+        self.alive.append(True)
+        self.trees.append(BlockLRU(self.config.tree_blocks, self._evictor(i)))
+        self._move(i, None, 0)
+        self._live = [j for j in range(self.n) if self.alive[j]]
+        return i
 
     def set_alive(self, i: int, alive: bool) -> None:
         if alive == self.alive[i]:

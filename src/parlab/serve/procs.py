@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -26,6 +27,8 @@ class ReplicaProcess:
 
     proc: subprocess.Popen[str]
     url: str
+    args: list[str] = field(default_factory=list)
+    """What it was started with (``restart_replica`` starts it again on its port)."""
 
     def kill(self) -> None:
         """Kill it at once (a crash, as far as its clients can tell)."""
@@ -49,6 +52,13 @@ def start_replica(
     return wait_replica(spawn_replica(args, threads=threads, duration_s=duration_s), timeout_s)
 
 
+def restart_replica(r: ReplicaProcess, timeout_s: float = 120.0) -> ReplicaProcess:
+    """Start a stopped replica again, with its arguments, on the port it had."""
+    port = r.url.rsplit(":", 1)[1]
+    args = [*r.args, "--port", port]
+    return wait_replica(spawn_replica(args, duration_s=1800.0), timeout_s)
+
+
 def spawn_replica(
     args: list[str], *, threads: int = 1, duration_s: float = 1800.0
 ) -> tuple[subprocess.Popen[str], list[str]]:
@@ -57,7 +67,9 @@ def spawn_replica(
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [sys.executable, "-m", "parlab", "serve", "replica", *args, "--port", "0"]
+    if "--port" not in args:
+        args = [*args, "--port", "0"]
+    cmd = [sys.executable, "-m", "parlab", "serve", "replica", *args]
     cmd += ["--threads", str(threads), "--duration", str(duration_s)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True, start_new_session=True
@@ -77,16 +89,41 @@ def wait_replica(
         if not line:
             break
         if "listening on " in line:
-            return ReplicaProcess(proc=proc, url=line.strip().split("listening on ")[1])
+            url = line.strip().split("listening on ")[1]
+            args = _strip_run_args(cmd[cmd.index("replica") + 1 :])
+            return ReplicaProcess(proc=proc, url=url, args=args)
     proc.kill()
     proc.wait(5)
     raise RuntimeError(f"replica did not start within {timeout_s:g} s: {' '.join(cmd)}")
 
 
-async def post_json(url: str, timeout_s: float = 300.0) -> dict:
+def _strip_run_args(args: list[str]) -> list[str]:
+    """A replica's own arguments without what ``spawn_replica`` adds (port, threads,
+    duration)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--port", "--threads", "--duration"):
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+async def post_json(url: str, timeout_s: float = 300.0) -> Any:
     async with (
         aiohttp.ClientSession() as s,
         s.post(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
+    ):
+        r.raise_for_status()
+        return await r.json()
+
+
+async def get_json(url: str, timeout_s: float = 30.0) -> Any:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
     ):
         r.raise_for_status()
         return await r.json()

@@ -1,21 +1,34 @@
 """The OpenAI-compatible wire format parlab's servers speak (and its client expects).
 
-Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (JSON
-body; ``"stream": true`` answers with server-sent events, one
-``data: {json}\\n\\n`` per chunk and a final ``data: [DONE]\\n\\n``),
-``GET /v1/models`` and ``GET /health``. A streamed completion chunk carries
-``choices[0].text``; a chat chunk ``choices[0].delta.content``. With
-``stream_options.include_usage`` a last chunk carries ``usage``
-(``prompt_tokens``, ``completion_tokens`` and, as vLLM reports it,
-``prompt_tokens_details.cached_tokens``). Errors are ``{"error": {message,
-type, code}}`` with a 4xx/5xx status; an error after the stream began is sent
-as a ``data: {"error": ...}`` chunk and the stream is closed without
-``[DONE]``.
+Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (JSON body;
+``"stream": true`` answers with server-sent events, one ``data: {json}\\n\\n`` per chunk and
+a final ``data: [DONE]\\n\\n``), ``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET
+/health``. A streamed completion chunk carries ``choices[i].text``; a chat chunk
+``choices[i].delta.content``, the first one of each choice also ``delta.role``. With
+``stream_options.include_usage`` a last chunk carries ``usage`` (``prompt_tokens``,
+``completion_tokens`` and, as vLLM reports it, ``prompt_tokens_details.cached_tokens``).
+``finish_reason`` is ``stop`` (an end-of-sequence token or a ``stop`` string) or ``length``
+(``max_tokens`` or the context). Errors are ``{"error": {message, type, code, param}}`` with
+a 4xx/5xx status; an error after the stream began is sent as a ``data: {"error": ...}`` chunk
+and the stream is closed without ``[DONE]``.
+
+What a request may hold (``parse_request``; anything else is a 400 naming the field, never
+ignored): ``model``; ``prompt`` (a string, a list of strings, a list of token ids or a list
+of such lists: one choice each) or ``messages`` (roles ``system``, ``developer``, ``user``,
+``assistant``; content a string or a list of ``{"type": "text", "text"}`` parts);
+``max_tokens`` / ``max_completion_tokens``; ``temperature`` (finite, 0..2; below 1e-5 is
+greedy, as vLLM's ``_SAMPLING_EPS``); ``top_p`` (finite, in (0, 1]); ``seed`` (a 64-bit
+signed integer); ``n`` (1..``MAX_N``); ``stop`` (a string or a list of up to ``MAX_STOP``
+non-empty strings); ``stream``, ``ignore_eos`` (JSON booleans); ``stream_options``
+(``include_usage``); ``user``. The fields clients send at their no-op values are accepted at
+those values only (``logprobs: null``, ``best_of: 1``, ``repetition_penalty: 1``,
+``presence_penalty``/``frequency_penalty: 0``, ``echo: false``, ``tool_choice: "none"``, ...).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,83 +36,311 @@ from typing import Any
 from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
-MAX_TOKENS_LIMIT = 1 << 16
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest request body a server reads (413 past it)."""
+MAX_N = 16
+"""Most choices per request."""
+MAX_STOP = 8
+"""Most ``stop`` strings."""
+SAMPLING_EPS = 1e-5
+"""A temperature below this is greedy (vLLM's ``_SAMPLING_EPS``)."""
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+NOOP_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "repetition_penalty": (None, 1, 1.0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True),
+    "min_tokens": (None, 0),
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0, 0.0),
+    "stop_token_ids": (None, []),
+}
+"""Fields accepted only at the values that ask for nothing (what clients send by default)."""
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream"}
+_COMMON |= {"stream_options", "ignore_eos", "user", "response_format", *NOOP_FIELDS}
+_FIELDS = {
+    False: _COMMON | {"prompt"},
+    True: _COMMON | {"messages", "max_completion_tokens"},
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class GenRequest:
     """A parsed generation request."""
 
-    prompt: str
-    """The prompt (chat: the messages' contents joined by newlines)."""
-    max_tokens: int
-    """Tokens to generate."""
+    prompts: tuple[str | tuple[int, ...], ...]
+    """Completions: each prompt (text or token ids), one choice group each; chat: empty."""
+    messages: tuple[dict[str, str], ...]
+    """Chat: the messages, content as one string; completions: empty."""
+    max_tokens: int | None
+    """Tokens to generate at most; None: up to the context (chat's default)."""
     stream: bool
     """Server-sent events or one JSON response."""
     chat: bool
     """``/v1/chat/completions`` (else ``/v1/completions``)."""
-    model: str
-    """The model name the client asked for."""
-    include_usage: bool
+    model: str | None
+    """The model name the client asked for (None: the server's own)."""
+    include_usage: bool = False
     """Send a final ``usage`` chunk when streaming."""
-    temperature: float = 0.0
+    temperature: float = 1.0
     """0: greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
     seed: int | None = None
-    """Sampling seed."""
+    """Sampling seed (choice ``i`` of ``n`` draws with ``seed + i``)."""
+    n: int = 1
+    """Choices per prompt."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a choice (left out of its text)."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-sequence tokens."""
 
 
 class BadRequest(ValueError):
-    """A request the server rejects with 400."""
+    """A request the server rejects: ``status`` and the field it names (``param``)."""
+
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
 
 
-def parse_request(body: Any, *, chat: bool, default_model: str) -> GenRequest:
-    """Parse a JSON body; ``BadRequest`` names what is wrong."""
+def _bool(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{key}' must be true or false, not {json.dumps(v)}", param=key)
+    return v
+
+
+def _int(body: dict, key: str, lo: int, hi: int, default: int | None) -> int | None:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"'{key}' must be an integer, not {json.dumps(v)[:40]}", param=key)
+    if not lo <= v <= hi:
+        raise BadRequest(f"'{key}' {v} is outside {lo}..{hi}", param=key)
+    return v
+
+
+def _float(body: dict, key: str, lo: float, hi: float, default: float, *, open_lo: bool) -> float:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadRequest(f"'{key}' must be a number, not {json.dumps(v)[:40]}", param=key)
+    x = float(v)
+    if not math.isfinite(x) or x > hi or x < lo or (open_lo and x == lo):
+        side = "(" if open_lo else "["
+        raise BadRequest(f"'{key}' {v} is outside {side}{lo:g}, {hi:g}]", param=key)
+    return x
+
+
+def _prompts(p: Any) -> tuple[str | tuple[int, ...], ...]:
+    def ids(xs: list) -> tuple[int, ...]:
+        if not xs or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in xs):
+            raise BadRequest("'prompt' token ids must be a non-empty list of ints >= 0", "prompt")
+        return tuple(xs)
+
+    if isinstance(p, str):
+        out: list[str | tuple[int, ...]] = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        out = list(p)
+    elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+        out = [ids(p)]
+    elif isinstance(p, list) and p and all(isinstance(x, list) for x in p):
+        out = [ids(x) for x in p]
+    else:
+        raise BadRequest(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of "
+            "token-id lists",
+            param="prompt",
+        )
+    if any(x == "" for x in out):
+        raise BadRequest("'prompt' is empty: give at least one character", param="prompt")
+    return tuple(out)
+
+
+def _content(c: Any, where: str) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        texts = []
+        for j, part in enumerate(c):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(
+                    f"{where}.content[{j}] is a {kind!r} part: only text parts are supported",
+                    param=f"{where}.content[{j}].type",
+                )
+            if not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}.content[{j}].text must be a string", param=where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise BadRequest(f"{where}.content must be a string or a list of text parts", param=where)
+
+
+def _messages(msgs: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object with 'role' and 'content'", param=where)
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise BadRequest(
+                f"{where}.role {role!r} is not supported: use system, developer, user or assistant",
+                param=f"{where}.role",
+            )
+        for key in m:
+            if key not in ("role", "content", "name"):
+                raise BadRequest(f"{where}.{key} is not supported", param=f"{where}.{key}")
+        out.append({"role": role, "content": _content(m.get("content"), where)})
+    return tuple(out)
+
+
+def _noop(body: dict) -> None:
+    for key, ok in NOOP_FIELDS.items():
+        if key in body and body[key] not in ok:
+            raise BadRequest(
+                f"'{key}' is not supported (got {json.dumps(body[key])[:40]}): leave it out",
+                param=key,
+            )
+    rf = body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        raise BadRequest("'response_format' other than text is not supported", "response_format")
+
+
+def parse_request(body: Any, *, chat: bool) -> GenRequest:
+    """Validate a JSON body; ``BadRequest`` names the field that is wrong."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
+    for key in body:
+        if key not in _FIELDS[chat]:
+            raise BadRequest(f"unsupported field '{key}'", param=key)
+    _noop(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
     if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise BadRequest("'messages' must be a non-empty list")
-        parts = []
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-                raise BadRequest("each message needs a string 'content'")
-            parts.append(m["content"])
-        prompt = "\n".join(parts)
+        messages, prompts = _messages(body.get("messages")), ()
+        if "max_completion_tokens" in body:
+            max_tokens = _int(body, "max_completion_tokens", 1, 1 << 30, None)
+        else:
+            max_tokens = _int(body, "max_tokens", 1, 1 << 30, None)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise BadRequest("'prompt' must be a string")
-    mt = body.get("max_completion_tokens", body.get("max_tokens", 16))
-    if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS_LIMIT:
-        raise BadRequest(f"'max_tokens' must be an integer in 1..{MAX_TOKENS_LIMIT}")
-    temp = body.get("temperature", 0.0)
-    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp < 0:
-        raise BadRequest("'temperature' must be a number >= 0")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest("'seed' must be an integer")
-    opts = body.get("stream_options") or {}
+        if "prompt" not in body:
+            raise BadRequest("'prompt' is missing", param="prompt")
+        messages, prompts = (), _prompts(body["prompt"])
+        max_tokens = _int(body, "max_tokens", 1, 1 << 30, 16)
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str) and stop:
+        stops = (stop,)
+    elif (
+        isinstance(stop, list)
+        and len(stop) <= MAX_STOP
+        and all(isinstance(s, str) and s for s in stop)
+    ):
+        stops = tuple(stop)
+    else:
+        raise BadRequest(
+            f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
+            param="stop",
+        )
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+        raise BadRequest("'stream_options' may hold 'include_usage' only", "stream_options")
+    stream = _bool(body, "stream", False)
+    if opts and not stream:
+        raise BadRequest("'stream_options' needs 'stream': true", param="stream_options")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("'user' must be a string", param="user")
+    temperature = _float(body, "temperature", 0.0, 2.0, 1.0, open_lo=False)
     return GenRequest(
-        prompt=prompt,
-        max_tokens=mt,
-        stream=bool(body.get("stream", False)),
+        prompts=prompts,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=stream,
         chat=chat,
-        model=str(body.get("model") or default_model),
-        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        temperature=float(temp),
-        seed=seed,
+        model=model,
+        include_usage=bool(opts and _bool(opts, "include_usage", False)),
+        temperature=0.0 if temperature < SAMPLING_EPS else temperature,
+        top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_lo=True),
+        seed=_int(body, "seed", *INT64, None),
+        n=_int(body, "n", 1, MAX_N, 1) or 1,
+        stop=stops,
+        ignore_eos=_bool(body, "ignore_eos", False),
     )
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", code: int = 400) -> dict:
-    return {"error": {"message": message, "type": kind, "code": code}}
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; ``BadRequest`` for a body over ``MAX_BODY_BYTES`` (413) or
+    one that is not JSON (400)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(
+            f"the body is over the {MAX_BODY_BYTES // 2**20} MiB limit", status=413
+        ) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}"[:200]) from None
 
 
-def error_response(message: str, *, status: int = 400, kind: str = "invalid_request_error"):
-    return web.json_response(error_body(message, kind=kind, code=status), status=status)
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", code: int = 400, param: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": kind, "code": code, "param": param}}
+
+
+def error_response(
+    message: str,
+    *,
+    status: int = 400,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+) -> web.Response:
+    return web.json_response(
+        error_body(message, kind=kind, code=status, param=param), status=status
+    )
+
+
+def bad_request_response(exc: BadRequest) -> web.Response:
+    kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+    return error_response(str(exc), status=exc.status, kind=kind, param=exc.param)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown paths and methods answer JSON errors (404/405) naming what was asked."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(f"no such path {request.path!r}", status=404, kind="not_found_error")
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(
+            f"{request.method} is not allowed on {request.path}: use {', '.join(exc.allowed_methods)}",
+            status=405,
+        )
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
@@ -118,24 +359,27 @@ def chunk(
     rid: str,
     text: str,
     *,
+    index: int = 0,
+    role: bool = False,
     finish_reason: str | None = None,
     usage_obj: dict | None = None,
+    created: int | None = None,
 ) -> bytes:
-    """One SSE event; ``text=""`` with ``usage_obj`` is the final usage chunk."""
+    """One SSE event of choice ``index``; ``role``: the chat choice's first delta (it carries
+    ``"role": "assistant"``); ``usage_obj``: the final usage chunk (no choices)."""
     if req.chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": {"content": text} if text else {},
-            "finish_reason": finish_reason,
-        }
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if text or role:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "finish_reason": finish_reason}
         obj = "text_completion"
     data: dict[str, Any] = {
         "id": rid,
         "object": obj,
-        "created": int(time.time()),
+        "created": created or int(time.time()),
         "model": req.model,
         "choices": [] if usage_obj is not None else [choice],
     }
@@ -147,29 +391,48 @@ def chunk(
 DONE = b"data: [DONE]\n\n"
 
 
-def full_response(req: GenRequest, rid: str, text: str, usage_obj: dict) -> dict:
-    if req.chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": "length",
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": "length"}
-        obj = "text_completion"
+def full_response(
+    req: GenRequest, rid: str, choices: list[tuple[str, str]], usage_obj: dict
+) -> dict:
+    """The non-streaming answer: ``choices`` as ``(text, finish_reason)`` in index order."""
+    out = []
+    for i, (text, reason) in enumerate(choices):
+        if req.chat:
+            out.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": reason,
+                    "logprobs": None,
+                }
+            )
+        else:
+            out.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
     return {
         "id": rid,
-        "object": obj,
+        "object": "chat.completion" if req.chat else "text_completion",
         "created": int(time.time()),
         "model": req.model,
-        "choices": [choice],
+        "choices": out,
         "usage": usage_obj,
     }
 
 
-def models_body(name: str) -> dict:
-    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "parlab"}]}
+def model_card(name: str, *, max_model_len: int | None = None, root: str | None = None) -> dict:
+    """One ``/v1/models`` entry, with vLLM's ``root`` and ``max_model_len``."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "parlab",
+        "root": root or name,
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
+
+
+def models_body(name: str, *, max_model_len: int | None = None) -> dict:
+    return {"object": "list", "data": [model_card(name, max_model_len=max_model_len)]}
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -1,36 +1,62 @@
 """``parlab serve replica``: the reference replica, an OpenAI-compatible server over ``Engine``.
 
-One asyncio loop serves HTTP; one worker thread runs the engine's
-iterations (``Engine.step``) so streaming never waits on a forward pass.
-New requests are handed to the engine between iterations (never while one
-runs); each request's tokens come back through its own queue and are
-streamed as SSE chunks (``protocol.py``), one token a chunk, then a usage
-chunk (``prompt_tokens_details.cached_tokens`` from the prefix cache) and
-``[DONE]``. A client that disconnects cancels its request.
+One asyncio loop serves HTTP; one worker thread runs the engine's steps (``Engine.step``) so
+streaming never waits on a forward pass. New requests are handed to the engine between
+steps; each choice's tokens come back through its request's queue and are streamed as SSE
+chunks (``protocol.py``), then a usage chunk (``prompt_tokens_details.cached_tokens`` from
+the prefix cache) and ``[DONE]``. A client that disconnects cancels its request.
 
-Extra endpoints: ``POST /engine/reset`` (empty the prefix cache, when idle),
-``GET /engine/log`` (every iteration: kind, batch, tokens, compute seconds,
-its wall time as the serving loop sees it, and the gap since the previous one
-while busy -- the serving loop's own overhead),
-``GET /engine/stats`` (iterations run, by kind, with their
-mean time; requests served; prefix-cache hits) and ``POST /engine/profile``
-(the short prefill/decode profile that feeds the simulator; only while idle).
-Listens on 127.0.0.1 unless given another host.
+Reliability:
+- the door: ``protocol.parse_request`` and ``choices.prompt_ids`` reject what the engine
+  cannot take (4xx naming the field; bodies over ``protocol.MAX_BODY_BYTES`` are 413);
+- a step that raises fails the requests it held (500 / an error chunk), its pages freed, and
+  the loop goes on (``step_errors`` counts them);
+- every request has a deadline (``request_timeout_s``: cancelled, 504 / an error chunk);
+- ``GET /health`` is 200 only while the loop lives and moves: 503 ``dead`` once the loop
+  task ended, 503 ``stalled`` when a step has run, or work has waited for one, longer than
+  ``stall_s``; its JSON gives the outstanding requests and the oldest one's age.
+
+Other endpoints: ``GET /v1/models`` and ``/v1/models/{id}`` (vLLM's ``root`` and
+``max_model_len``), ``GET /version`` (vLLM's; with ``engine``), ``POST /tokenize`` and ``/detokenize`` (vLLM's), ``POST /engine/reset``
+(empty the prefix cache and the log, when idle), ``GET /engine/log`` (every step: kind,
+batch, tokens, seconds, the serving loop's own ``wall`` and ``gap``), ``GET /engine/stats``
+and ``POST /engine/profile`` (``profiling.profile_engine``, when idle). Listens on 127.0.0.1
+unless given another host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
+import json
+import sys
 import time
+import traceback
 from typing import Any
 
 from aiohttp import web
 
 from parlab.errors import UsageError
 from parlab.serve import protocol
-from parlab.serve.engine import Engine, EngineConfig, Sequence, decode, encode
+from parlab.serve.choices import Choice, prompt_ids
+from parlab.serve.engine import Engine, EngineConfig, Sequence
+from parlab.serve.protocol import BadRequest
+from parlab.serve.tokenizer import get as get_tokenizer
+from parlab.serve.tokenizer import render_chat
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def serving_spec(name: str) -> Any:
+    """The catalog model ``name`` with a vocabulary that holds parlab's tokenizer (a
+    smaller vocabulary, as ``tiny``'s 256, is widened to it)."""
+    from parlab.models import get_spec
+
+    spec = get_spec(name)
+    vocab = get_tokenizer().vocab_size
+    return dataclasses.replace(spec, vocab_size=vocab) if spec.vocab_size < vocab else spec
 
 
 def build_engine(
@@ -44,50 +70,69 @@ def build_engine(
     """The reference model ``model`` with random weights (seeded) in an ``Engine``."""
     import torch
 
-    from parlab.models import get_spec
     from parlab.models.reference import build_model
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in dtypes:
-        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(dtypes)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: no GPU here; use --device cpu")
-    spec = get_spec(model)
-    return Engine(build_model(spec, device=device, dtype=dtypes[dtype], seed=seed), config)
+    m = build_model(serving_spec(model), device=device, dtype=getattr(torch, dtype), seed=seed)
+    return Engine(m, config)
 
 
 class ReplicaServer:
     """HTTP front of one engine: ``await start()``, ``await stop()``."""
 
     def __init__(
-        self, engine: Engine, *, name: str = "parlab-tiny", heartbeat_s: float | None = None
+        self,
+        engine: Engine,
+        *,
+        name: str = "parlab-tiny",
+        heartbeat_s: float | None = None,
+        request_timeout_s: float = 300.0,
+        stall_s: float = 1.0,
     ) -> None:
-        """``heartbeat_s``: when idle, run an empty iteration this often (tensor-parallel
-        engines: keeps the other ranks in step)."""
+        """``heartbeat_s``: when idle, run an empty step this often (tensor-parallel engines:
+        keeps the other ranks in step)."""
         self.engine = engine
         self.name = name
         self.heartbeat_s = heartbeat_s
+        self.request_timeout_s = request_timeout_s
+        self.stall_s = stall_s
+        self.tok = engine.tokenizer
         self._ids = itertools.count()
         self._pending: list[Sequence] = []
         self._wake = asyncio.Event()
-        self._busy = False
         self._exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._step_started: float | None = None
+        self._last_step_end = time.monotonic()
+        self._open: dict[str, float] = {}
         self.port = 0
         self.served = 0
         self.cancelled = 0
+        self.timed_out = 0
+        self.step_errors = 0
+        self.last_error = ""
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/engine/stats", self._stats)
-        app.router.add_get("/engine/log", self._log)
-        app.router.add_post("/engine/profile", self._profile)
-        app.router.add_post("/engine/reset", self._reset)
+        app = web.Application(
+            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
+        )
+        add_post, add_get = app.router.add_post, app.router.add_get
+        add_post("/v1/completions", self._completions)
+        add_post("/v1/chat/completions", self._chat)
+        add_get("/v1/models", self._models)
+        add_get("/v1/models/{model_id:.+}", self._model)
+        add_get("/health", self._health)
+        add_get("/version", self._version)
+        add_post("/tokenize", self._tokenize)
+        add_post("/detokenize", self._detokenize)
+        add_get("/engine/stats", self._stats)
+        add_get("/engine/log", self._log)
+        add_post("/engine/profile", self._profile)
+        add_post("/engine/reset", self._reset)
         return app
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
@@ -107,6 +152,7 @@ class ReplicaServer:
     def url(self) -> str:
         return f"http://{protocol.LOOPBACK}:{self.port}"
 
+    # -- the engine loop ---------------------------------------------------------------------
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         eng = self.engine
@@ -125,36 +171,123 @@ class ReplicaServer:
                     await asyncio.wait_for(self._wake.wait(), self.heartbeat_s)
                     continue
                 except asyncio.TimeoutError:
-                    pass  # an empty iteration: the other ranks take part in it
-            self._busy = True
+                    pass  # an empty step: the other ranks take part in it
             t0 = time.perf_counter()
+            self._step_started = time.monotonic()
             n_log = len(eng.log)
             try:
                 emitted = await loop.run_in_executor(self._exec, eng.step)
+            except Exception as exc:  # one request must not take the replica down
+                self._failed_step(exc)
+                continue
             finally:
-                self._busy = False
+                self._step_started = None
+                self._last_step_end = time.monotonic()
             t1 = time.perf_counter()
             if len(eng.log) > n_log:
-                # as the serving loop sees it: the iteration including the hand-offs to and
-                # from the engine thread, and the time since the previous one while busy
+                # as the serving loop sees it: the step including the hand-offs to and from
+                # the engine thread, and the time since the previous one while busy
                 eng.log[-1]["wall"] = t1 - t0
                 eng.log[-1]["gap"] = 0.0 if prev_end is None else t0 - prev_end
             prev_end = t1
             for s in emitted:
                 if s.sink is not None:
-                    s.sink.put_nowait(s.output[-1])
-                    if s.finished:
-                        s.sink.put_nowait(None)
+                    queue, index = s.sink
+                    queue.put_nowait((index, s.output[-1], s.finish_reason))
             if emitted:
-                # let the woken handlers write their chunks before the next iteration takes
-                # the GIL-heavy engine thread: tokens leave as soon as they exist
+                # let the woken handlers write their chunks before the next step takes the
+                # GIL-heavy engine thread: tokens leave as soon as they exist
                 await asyncio.sleep(0)
 
+    def _failed_step(self, exc: Exception) -> None:
+        self.step_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"parlab replica: a step failed: {self.last_error}", file=sys.stderr, flush=True)
+        traceback.print_exc(file=sys.stderr)
+        for s in self.engine.fail_step():
+            if s.sink is not None:
+                queue, index = s.sink
+                queue.put_nowait((index, None, "error"))
+
+    # -- small endpoints ---------------------------------------------------------------------
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """The health check's status and body (see the module docstring)."""
+        now = time.monotonic()
+        oldest = min(self._open.values(), default=None)
+        body: dict[str, Any] = {
+            "status": "ok",
+            "outstanding": len(self._open),
+            "oldest_request_s": None if oldest is None else now - oldest,
+            "step_running_s": None if self._step_started is None else now - self._step_started,
+            "step_errors": self.step_errors,
+        }
+        waiting = self.engine.has_work() or bool(self._pending)
+        if self._task is None or self._task.done():
+            body["status"] = "dead"
+        elif (self._step_started is not None and now - self._step_started > self.stall_s) or (
+            self._step_started is None and waiting and now - self._last_step_end > self.stall_s
+        ):
+            body["status"] = "stalled"
+        return (200 if body["status"] == "ok" else 503), body
+
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        status, body = self.health()
+        return web.json_response(body, status=status)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        from parlab import __version__
+
+        return web.json_response({"engine": "parlab", "version": __version__})
+
+    def _card(self) -> dict:
+        return protocol.model_card(self.name, max_model_len=self.engine.config.max_len)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(protocol.models_body(self.name))
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        mid = request.match_info["model_id"]
+        if mid != self.name:
+            return self._no_model(mid)
+        return web.json_response(self._card())
+
+    def _no_model(self, mid: str) -> web.Response:
+        return protocol.error_response(
+            f"the model {mid!r} does not exist here: this replica serves {self.name!r}",
+            status=404,
+            kind="not_found_error",
+            param="model",
+        )
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await protocol.read_json(request)
+            if not isinstance(body, dict) or not (
+                isinstance(body.get("prompt"), str) or isinstance(body.get("messages"), list)
+            ):
+                raise BadRequest("give 'prompt' (a string) or 'messages'", param="prompt")
+            if "messages" in body:
+                text = render_chat(protocol.parse_request(body, chat=True).messages)
+            else:
+                text = body["prompt"]
+        except BadRequest as exc:
+            return protocol.bad_request_response(exc)
+        ids = self.tok.encode(text)
+        cap = self.engine.config.max_len
+        return web.json_response({"count": len(ids), "max_model_len": cap, "tokens": ids})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await protocol.read_json(request)
+            ids = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.tok.vocab_size
+                for i in ids
+            ):
+                raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+        except BadRequest as exc:
+            return protocol.bad_request_response(exc)
+        return web.json_response({"prompt": self.tok.decode(ids)})
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
@@ -164,7 +297,13 @@ class ReplicaServer:
 
     def stats(self) -> dict[str, Any]:
         log = self.engine.log
-        out: dict[str, Any] = {"served": self.served, "cancelled": self.cancelled}
+        out: dict[str, Any] = {
+            "served": self.served,
+            "cancelled": self.cancelled,
+            "timed_out": self.timed_out,
+            "step_errors": self.step_errors,
+            "prefix_cache_hit_pages": self.engine.sched.pool.hits,
+        }
         for kind, label in ((0, "prefill"), (1, "decode")):
             xs = [e for e in log if e["kind"] == kind]
             out[f"{label}_iterations"] = len(xs)
@@ -172,89 +311,154 @@ class ReplicaServer:
             out[f"{label}_mean_batch"] = sum(e["batch"] for e in xs) / len(xs) if xs else None
         return out
 
+    def _busy(self) -> bool:
+        return self.engine.has_work() or bool(self._pending) or self._step_started is not None
+
     async def _profile(self, request: web.Request) -> web.Response:
-        if self.engine.has_work() or self._pending or self._busy:
+        from parlab.serve.profiling import profile_engine
+
+        if self._busy():
             return protocol.error_response("the replica is busy: profile it idle", status=409)
         loop = asyncio.get_running_loop()
-        prof = await loop.run_in_executor(self._exec, self.engine.profile)
-        return web.json_response(prof)
+        return web.json_response(
+            await loop.run_in_executor(self._exec, profile_engine, self.engine)
+        )
 
     async def _reset(self, request: web.Request) -> web.Response:
-        """Empty the prefix cache and the iteration log (between experiments)."""
-        if self.engine.has_work() or self._pending or self._busy:
+        """Empty the prefix cache and the step log (between experiments)."""
+        if self._busy():
             return protocol.error_response("the replica is busy: reset it idle", status=409)
-        self.engine.prefix.clear()
-        self.engine.log.clear()
+        self.engine.reset_cache()
         return web.json_response({"reset": True})
 
+    # -- generation --------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
+    def _sequences(self, req: protocol.GenRequest) -> tuple[list[Sequence], list[list[int]]]:
+        cfg = self.engine.config
+        vocab = self.engine.model.spec.vocab_size
+        prompts = prompt_ids(req, self.tok, vocab=vocab, max_len=cfg.max_len)
+        seqs = []
+        for p in prompts:
+            for j in range(req.n):
+                seqs.append(
+                    Sequence(
+                        prompt=p,
+                        max_tokens=req.max_tokens or cfg.max_len - len(p),
+                        temperature=req.temperature,
+                        top_p=req.top_p,
+                        seed=None if req.seed is None else req.seed + j,
+                        ignore_eos=req.ignore_eos,
+                    )
+                )
+        return seqs, prompts
+
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
-            req = protocol.parse_request(await request.json(), chat=chat, default_model=self.name)
-            seq = Sequence(
-                prompt=encode(req.prompt),
-                max_tokens=req.max_tokens,
-                temperature=req.temperature,
-                seed=req.seed,
-            )
-            if not seq.prompt:
-                raise UsageError("empty prompt: give at least one character")
-            cfg = self.engine.config
-            if len(seq.prompt) + seq.max_tokens > cfg.max_len:
-                raise UsageError(
-                    f"prompt ({len(seq.prompt)} tokens) + max_tokens ({seq.max_tokens}) "
-                    f"exceeds the replica's max length {cfg.max_len}"
-                )
-        except ValueError as exc:
-            return protocol.error_response(str(exc))
-        rid = f"cmpl-parlab-{next(self._ids)}"
-        queue: asyncio.Queue[int | None] = asyncio.Queue()
-        seq.sink = queue
-        self._pending.append(seq)
+            req = protocol.parse_request(await protocol.read_json(request), chat=chat)
+            if req.model is not None and req.model != self.name:
+                return self._no_model(req.model)
+            seqs, prompts = self._sequences(req)
+        except BadRequest as exc:
+            return protocol.bad_request_response(exc)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-parlab-{next(self._ids)}"
+        req = dataclasses.replace(req, model=self.name)
+        queue: asyncio.Queue[tuple[int, int | None, str | None]] = asyncio.Queue()
+        for i, s in enumerate(seqs):
+            s.sink = (queue, i)
+        self._pending.extend(seqs)
         self._wake.set()
-        resp: web.StreamResponse | None = None
+        self._open[rid] = time.monotonic()
         try:
-            if req.stream:
-                resp = await protocol.sse_start(request)
-            pieces: list[str] = []
-            n = 0
-            while True:
-                tok = await queue.get()
-                if tok is None:
-                    break
-                n += 1
-                text = decode([tok])
-                if resp is not None:
-                    last = n == req.max_tokens
-                    await resp.write(
-                        protocol.chunk(req, rid, text, finish_reason="length" if last else None)
-                    )
-                else:
-                    pieces.append(text)
-            use = protocol.usage(len(seq.prompt), n, seq.cached_tokens)
-            self.served += 1
-            if resp is None:
-                return web.json_response(protocol.full_response(req, rid, "".join(pieces), use))
-            if req.include_usage:
-                await resp.write(protocol.chunk(req, rid, "", usage_obj=use))
-            await resp.write(protocol.DONE)
-            return resp
+            return await self._respond(request, req, rid, seqs, prompts, queue)
         except (asyncio.CancelledError, ConnectionError):
-            self.engine.cancel(seq)
             self.cancelled += 1
             raise
+        finally:
+            del self._open[rid]
+            for s in seqs:
+                if not s.finished:
+                    self.engine.cancel(s)
+
+    async def _respond(
+        self,
+        request: web.Request,
+        req: protocol.GenRequest,
+        rid: str,
+        seqs: list[Sequence],
+        prompts: list[list[int]],
+        queue: asyncio.Queue,
+    ) -> web.StreamResponse:
+        choices = [Choice(stop=req.stop) for _ in seqs]
+        deadline = time.monotonic() + self.request_timeout_s
+        resp = await protocol.sse_start(request) if req.stream else None
+        created = int(time.time())
+        open_ = len(seqs)
+        while open_:
+            try:
+                index, token, reason = await asyncio.wait_for(
+                    queue.get(), max(0.0, deadline - time.monotonic())
+                )
+            except asyncio.TimeoutError:
+                self.timed_out += 1
+                return await self._fail(resp, "the request passed its deadline", 504)
+            ch = choices[index]
+            if ch.finish_reason is not None:
+                continue  # a choice a stop string ended, before its cancel took effect
+            if token is None:
+                return await self._fail(resp, f"the engine step failed: {self.last_error}", 500)
+            text = ch.add(self.tok.piece(token), reason)
+            if ch.finish_reason is not None:
+                open_ -= 1
+                if not seqs[index].finished:
+                    self.engine.cancel(seqs[index])  # a stop string ended it
+            if resp is not None and (text or ch.finish_reason is not None):
+                first = req.chat and not ch.started
+                ch.started = True
+                fin = ch.finish_reason
+                event = protocol.chunk(
+                    req, rid, text, index=index, role=first, finish_reason=fin, created=created
+                )
+                await resp.write(event)
+        cached = sum(seqs[i * req.n].cached_tokens for i in range(len(prompts)))
+        use = protocol.usage(sum(map(len, prompts)), sum(c.tokens for c in choices), cached)
+        self.served += 1
+        if resp is None:
+            body = protocol.full_response(
+                req, rid, [(c.text, c.finish_reason or "length") for c in choices], use
+            )
+            return web.json_response(body)
+        if req.include_usage:
+            await resp.write(protocol.chunk(req, rid, "", usage_obj=use, created=created))
+        await resp.write(protocol.DONE)
+        return resp
+
+    async def _fail(
+        self, resp: web.StreamResponse | None, message: str, status: int
+    ) -> web.StreamResponse:
+        kind = "timeout" if status == 504 else "internal_error"
+        if resp is None:
+            return protocol.error_response(message, status=status, kind=kind)
+        err = protocol.error_body(message, kind=kind, code=status)
+        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+        return resp
 
 
 async def serve_forever(
-    engine: Engine, *, host: str, port: int, name: str, duration_s: float | None
+    engine: Engine,
+    *,
+    host: str,
+    port: int,
+    name: str,
+    duration_s: float | None,
+    request_timeout_s: float = 300.0,
 ) -> None:
     """Run a replica until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
-    server = ReplicaServer(engine, name=name)
+    server = ReplicaServer(engine, name=name, request_timeout_s=request_timeout_s)
     bound = await server.start(host, port)
     print(f"parlab replica listening on http://{host}:{bound}", flush=True)
     try:

@@ -15,13 +15,22 @@ Failures, each request ending exactly once:
 - the replica dies mid-stream: the client gets a ``data: {"error": ...}``
   chunk and the stream ends without ``[DONE]`` -- a failure, counted once in
   that replica's ``failed``; the replica is marked dead;
+- the replica is taken out by its health checks while requests are in flight there
+  (hung, not dead: its connections stay open): those requests are cut at once, failed
+  the same way, instead of waiting for ``request_timeout_s``;
+- the replica answers 4xx: the client's request was wrong, not the replica
+  (``client_errors``; the answer is relayed as it is); 5xx counts in ``failed``;
 - no live replica: 503.
 Health checks (``GET /health`` every ``health_interval_s``, a miss past
-``health_timeout_s``) take a replica out after ``health_failures`` misses in a
-row (a request it completes resets the count: a replica busy enough to answer
-health checks slowly is still alive) and put it back on success.
+``health_timeout_s`` or any status but 200: parlab's replica answers 503 when its engine
+loop is dead or stalled) take a replica out after ``health_failures`` misses in a row --
+about ``health_interval_s * health_failures`` after it stops answering, 1 s by default --
+and put it back on the first success (its prefix tree starts empty). A request it
+completes resets the count.
 
-Recorded (``GET /router/stats``): per replica its load now, requests routed,
+Replicas can join a running router (``POST /router/replicas`` with ``{"url", "engine",
+"version", ...}``: ``parlab serve launch --router``); what they said of themselves is in
+the stats. Recorded (``GET /router/stats``): per replica its load now, requests routed,
 completed and failed, prompt tokens and estimated cached tokens (from the
 router's approximate prefix tree of that replica, under any policy); the
 routing overhead -- policy decision time and the time from receiving a
@@ -47,8 +56,7 @@ from aiohttp import web
 from parlab.errors import UsageError
 from parlab.serve import httpc, protocol
 from parlab.serve.bench import check_target
-from parlab.serve.policy import PolicyConfig
-from parlab.serve.policy import Router as PolicyState
+from parlab.serve.policy import PolicyConfig, PolicyState
 from parlab.serve.prefix import DEFAULT_BLOCK, block_hashes
 
 _HOP_HEADERS = {
@@ -69,27 +77,28 @@ class RouterConfig:
     """The router's knobs."""
 
     replicas: tuple[str, ...]
-    """Base URLs of the replicas (``http://127.0.0.1:8001``, ...)."""
+    """Base URLs of the replicas (``http://127.0.0.1:8001``, ...); more can join later
+    (``POST /router/replicas``)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Routing policy and its thresholds."""
-    health_interval_s: float = 1.0
+    health_interval_s: float = 0.5
     """Seconds between health checks of each replica."""
-    health_failures: int = 3
+    health_failures: int = 2
     """Missed health checks in a row before a replica is taken out."""
-    health_timeout_s: float = 5.0
+    health_timeout_s: float = 1.0
     """A health check slower than this is a miss."""
     request_timeout_s: float = 300.0
-    """Longest a forwarded request may take."""
+    """Longest a forwarded request may take (its deadline)."""
     allow_remote: bool = False
     """Allow replicas on non-loopback addresses."""
 
     def __post_init__(self) -> None:
-        if not self.replicas:
-            raise UsageError("the router needs at least one replica: pass --replica URL")
         for u in self.replicas:
             check_target(u, allow_remote=self.allow_remote)
         if self.health_interval_s <= 0 or self.health_failures < 1:
-            raise UsageError("--health-interval must be positive and health_failures >= 1")
+            raise UsageError("--health-interval must be positive and --health-failures >= 1")
+        if self.health_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise UsageError("--health-timeout and --request-timeout must be positive seconds")
 
 
 @dataclass
@@ -104,6 +113,11 @@ class ReplicaStats:
     health_misses: int = 0
     taken_out: int = 0
     client_gone: int = 0
+    client_errors: int = 0
+    cut: int = 0
+    """In-flight requests cut when the replica was taken out."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What it registered with (engine, version, model, ...)."""
 
 
 class Router:
@@ -120,16 +134,22 @@ class Router:
         self._clients: list[httpc.Client] = []
         self._runner: web.AppRunner | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._inflight: list[set[asyncio.Task[Any]]] = [set() for _ in config.replicas]
+        self._cut: set[asyncio.Task[Any]] = set()
         self.port = 0
 
     # -- lifecycle -----------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
+        )
         app.router.add_post("/v1/completions", self._proxy)
         app.router.add_post("/v1/chat/completions", self._proxy)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model_id:.+}", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/router/stats", self._stats)
+        app.router.add_post("/router/replicas", self._add_replica)
         return app
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
@@ -162,10 +182,39 @@ class Router:
     def url(self) -> str:
         return f"http://{protocol.LOOPBACK}:{self.port}"
 
+    def add_replica(self, url: str, info: dict[str, Any] | None = None) -> int:
+        """Add a replica (``UsageError`` for a bad or non-loopback URL); its index."""
+        check_target(url, allow_remote=self.config.allow_remote)
+        url = url.rstrip("/")
+        if any(r.url == url for r in self.replicas):
+            raise UsageError(f"{url} is already a replica of this router")
+        u = urlparse(url)
+        self._clients.append(
+            httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
+        )
+        self.replicas.append(ReplicaStats(url=url, info=dict(info or {})))
+        self._inflight.append(set())
+        return self.state.add()
+
+    async def _add_replica(self, request: web.Request) -> web.Response:
+        try:
+            body = await protocol.read_json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+                raise protocol.BadRequest("give {'url': 'http://HOST:PORT', ...}", param="url")
+            i = self.add_replica(body["url"], body)
+        except protocol.BadRequest as exc:
+            return protocol.bad_request_response(exc)
+        except UsageError as exc:
+            return protocol.error_response(str(exc), param="url")
+        return web.json_response({"replica": i, "replicas": len(self.replicas)})
+
     # -- health --------------------------------------------------------------
     def mark(self, i: int, alive: bool) -> None:
         if not alive and self.state.alive[i]:
             self.replicas[i].taken_out += 1
+            for t in self._inflight[i]:  # a hung replica's streams would wait for the deadline
+                self._cut.add(t)
+                t.cancel()
         self.state.set_alive(i, alive)
 
     async def _check(self, i: int) -> None:
@@ -203,8 +252,9 @@ class Router:
             if not self.state.alive[i]:
                 continue
             try:
-                async with self._session.get(r.url + "/v1/models") as resp:
-                    return web.json_response(await resp.json(content_type=None))
+                async with self._session.get(r.url + request.path) as resp:
+                    body = await resp.json(content_type=None)
+                    return web.json_response(body, status=resp.status)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                 continue
         return protocol.error_response("no live replica", status=503, kind="unavailable")
@@ -214,17 +264,16 @@ class Router:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         t_in = time.perf_counter()
-        raw = await request.read()
         try:
-            body = json.loads(raw)
-            prompt = body.get("prompt")
-            if prompt is None and isinstance(body.get("messages"), list):
-                prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
-            if not isinstance(prompt, str):
-                prompt = str(prompt or "")
-        except (ValueError, AttributeError):
-            return protocol.error_response("the body must be a JSON object")
-        hashes = block_hashes(prompt, DEFAULT_BLOCK)
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = protocol.MAX_BODY_BYTES // 2**20
+            return protocol.error_response(f"the body is over the {limit} MiB limit", status=413)
+        try:
+            key, n_tokens = prompt_key(json.loads(raw))
+        except ValueError as exc:
+            return protocol.error_response(f"the body is not a JSON request: {exc}"[:200])
+        hashes = block_hashes(key, DEFAULT_BLOCK)
         tried: set[int] = set()
         while True:
             t0 = time.perf_counter()
@@ -248,8 +297,8 @@ class Router:
                 r.retried_away += 1
                 continue
             if isinstance(outcome, web.StreamResponse):
-                r.prompt_tokens += len(prompt.encode())
-                r.est_cached_tokens += min(matched * DEFAULT_BLOCK, len(prompt.encode()))
+                r.prompt_tokens += n_tokens
+                r.est_cached_tokens += min(matched * DEFAULT_BLOCK, n_tokens)
             return outcome if isinstance(outcome, web.StreamResponse) else web.Response()
 
     def _choose(self, hashes: list[int], tried: set[int]) -> tuple[int, int]:
@@ -295,10 +344,26 @@ class Router:
 
         try:
             self.forward_s.append(time.perf_counter() - t_in)
-            await client.post(request.path, raw, relay, self.config.request_timeout_s)
+            task = asyncio.ensure_future(
+                client.post(request.path, raw, relay, self.config.request_timeout_s)
+            )
+            self._inflight[i].add(task)
+            try:
+                await task
+            except asyncio.CancelledError:
+                if task not in self._cut:
+                    task.cancel()
+                    raise  # the client's handler was cancelled
+                self._cut.discard(task)
+                r.cut += 1
+                raise EOFError("the replica was taken out by its health checks") from None
+            finally:
+                self._inflight[i].discard(task)
             if status[0] == 200:
                 r.completed += 1
                 r.health_misses = 0  # it just served a request: it is alive
+            elif 400 <= status[0] < 500:
+                r.client_errors += 1  # the client's request was wrong, not the replica
             else:
                 r.failed += 1
             return box[0]
@@ -362,6 +427,9 @@ class Router:
                     "est_cached_tokens": r.est_cached_tokens,
                     "taken_out": r.taken_out,
                     "client_gone": r.client_gone,
+                    "client_errors": r.client_errors,
+                    "cut": r.cut,
+                    "info": r.info,
                 }
             )
         pt = sum(r.prompt_tokens for r in self.replicas)
@@ -374,3 +442,25 @@ class Router:
             "decision": pct(self.decision_s),
             "pre_forward": pct(self.forward_s),
         }
+
+
+def prompt_key(body: Any) -> tuple[str | list[int], int]:
+    """What the router hashes of a request (its prompt text, or its token ids) and its
+    length (characters, or token ids); ``ValueError`` if ``body`` is no JSON object."""
+    if not isinstance(body, dict):
+        raise ValueError("not an object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        return prompt, len(prompt)
+    if isinstance(prompt, list):
+        prompt = "".join(x for x in prompt if isinstance(x, str))
+    if prompt is None and isinstance(body.get("messages"), list):
+        parts = []
+        for m in body["messages"]:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, list):
+                c = "".join(p.get("text", "") for p in c if isinstance(p, dict))
+            parts.append(f"{m.get('role') if isinstance(m, dict) else ''}:{c or ''}")
+        prompt = "\n".join(parts)
+    text = prompt if isinstance(prompt, str) else ""
+    return text, len(text)

@@ -1,55 +1,43 @@
 """A discrete-event simulator of serving replicas behind a router.
 
-Each simulated replica schedules exactly as the reference engine does
-(``engine.py``): when requests wait and KV slots are free, a *prefill
-iteration* prefills every admitted request (``prefill_base_s +
-prefill_per_token_s * uncached tokens + prefill_per_cached_token_s * cached
-tokens`` each, or with ``prefill_overlap`` the larger of the first two terms plus
-the third; each then has its first token); otherwise a *decode iteration*
-advances the running batch by one token in ``decode_base_s + decode_per_seq_s *
-batch + decode_per_token_s * context tokens`` seconds (the context: every
-running request's prompt and generated tokens) -- or, for an engine whose
-decode is a static CUDA graph over every KV slot per key-length bucket
-(``ReplicaProfile.decode_bucket_s``), in the measured seconds of the smallest
-bucket above the longest running request's length, as the engine picks its
-graph. A prefill of an engine whose prefills are static graphs
-(``ReplicaProfile.prefill_bucket_s``) costs its graph's measured seconds plus the
-host work around it. Every iteration also pays the replica's serving loop
-(``loop_base_s + loop_per_seq_s * requests``: the hand-offs to the engine thread and
-the streamed tokens), and every request its path through the router
-(``path_s``, added to TTFT and end-to-end latency). Those numbers come from a
-short measured profile of a real replica (``Engine.profile``, the replica's
-``POST /engine/profile``, and the serving project's ``loop_probe`` of its serving
-loop: all but ``decode_per_token_s``), or from the iteration log of a real run
-(``fit_profile``: all, the buckets its log saw, its serving loop included), so
-simulated times rest on measured ones.
-A cached prompt token is not free: the reference engine copies its KV into the
-request's slot and the new tokens attend to it (on 2xH200 a prefix-cache hit
-cost about as much as a miss: ``benchmarks/serve_sim_accuracy.py``). Each replica has a prefix cache (``BlockLRU``); the router runs the
-same policy code as the real router (``policy.py``).
+Each simulated replica schedules as the reference engine does (``engine/scheduler.py``):
+every step advances each running request by a token; when requests wait and slots are
+free, the step also admits them first come, first served, up to its token budget
+(``max_step_tokens``, at least one request), and each admitted request gets its first
+token at the step's end. A step costs (``ReplicaProfile.step_s``)::
 
-Decode iterations are simulated in leaps: between two events nothing
-changes, so a replica jumps to its next completion (a heap of per-request
-finishing step counts) in one event -- with decode buckets, or to the step
-where its longest request's length reaches the next bucket, whichever comes
-first (a heap of the running requests' lengths); an arrival that can be
-admitted cuts the leap at the end of the step in progress, as the engine
-would. That keeps the cost per request to a few heap operations: 1,000
-replicas and 1M requests take minutes on one core.
+    decode_base_s + decode_per_seq_s * running + decode_per_token_s * context tokens
+      + sum over admitted requests of (prefill_base_s + prefill_per_token_s * uncached
+                                      + prefill_per_cached_token_s * cached)
 
-Disaggregated mode (the prefill/decode split): ``prefill_replicas`` only
-prefill, then send the request's KV to the least-loaded of
-``decode_replicas`` (``kv_base_s + prompt tokens * kv_bytes_per_token /
-kv_bandwidth``, from the measured NCCL send/recv of ``kvxfer.py``), which
-only decode; TTFT is the prefill's end, as in colocated serving.
+plus the replica's serving loop (``loop_base_s + loop_per_seq_s * requests`` that got a
+token: the hand-offs to the engine thread and the streamed tokens), and every request pays
+its path through the router (``path_s``, added to TTFT and end-to-end latency). Those
+numbers come from a short measured profile of a real replica (``profiling.profile_engine``,
+the replica's ``POST /engine/profile``, and the serving project's probe of its serving
+loop), or from the step log of a real run (``fit_profile``), so simulated times rest on
+measured ones. A cached prompt token is not free: the new tokens attend to it. Each replica
+has a prefix cache (``BlockLRU``); the router runs the same policy code as the real router
+(``policy.py``).
 
-Not modelled: ITL per token (the summary gives TTFT, TPOT, E2E), chunked
-prefill, preemption, network time between client and router.
+Decode steps are simulated in leaps: between two events nothing changes, so a replica jumps
+to its next completion (a heap of per-request finishing step counts) in one event; an
+arrival that can be admitted cuts the leap at the end of the step in progress, as the
+engine would. That keeps the cost per request to a few heap operations: 1,000 replicas and
+1M requests take minutes on one core.
+
+Disaggregated mode (the prefill/decode split): ``prefill_replicas`` only prefill, then send
+the request's KV to the least-loaded of ``decode_replicas`` (``kv_base_s + prompt tokens *
+kv_bytes_per_token / kv_bandwidth``, from the measured NCCL send/recv of ``kvxfer.py``),
+which only decode; TTFT is the prefill's end, as in colocated serving.
+
+Not modelled: ITL per token (the summary gives TTFT, TPOT, E2E), a prompt's chunks over
+several steps (a prompt is admitted whole: its cost is its tokens' either way), network
+time between client and router.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import statistics
@@ -60,138 +48,72 @@ from typing import Any
 import numpy as np
 
 from parlab.errors import UsageError
-from parlab.serve.policy import PolicyConfig
-from parlab.serve.policy import Router as PolicyState
+from parlab.serve.policy import PolicyConfig, PolicyState
 from parlab.serve.prefix import BlockLRU
+
+PROFILE_TERMS = (
+    "decode_base_s",
+    "prefill_base_s",
+    "prefill_per_token_s",
+    "prefill_per_cached_token_s",
+    "decode_per_seq_s",
+    "decode_per_token_s",
+)
+"""The step cost's coefficients, in the order of ``step_features``."""
+
+
+def step_features(e: dict[str, float]) -> list[float]:
+    """A logged engine step's regressors for ``PROFILE_TERMS``: 1, requests admitted, prompt
+    tokens computed, prompt tokens cached, decoding requests, context tokens."""
+    return [
+        1.0,
+        float(e.get("admitted", 0)),
+        float(e.get("prefill", 0)),
+        float(e.get("cached", 0)),
+        float(e.get("decode", 0)),
+        float(e.get("context", 0)),
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaProfile:
-    """Measured iteration times of one replica (``Engine.profile``)."""
+    """Measured step costs of one replica (``profiling.profile_engine``, ``fit_profile``)."""
 
     prefill_base_s: float
-    """Fixed cost of prefilling one request."""
+    """Cost of admitting one request."""
     prefill_per_token_s: float
-    """Cost per uncached prompt token."""
+    """Cost per uncached prompt token computed."""
     decode_base_s: float
-    """Fixed cost of a decode iteration."""
+    """Fixed cost of a step."""
     decode_per_seq_s: float
-    """Cost per running request in a decode iteration."""
+    """Cost per running (decoding) request in a step."""
     prefill_per_cached_token_s: float = 0.0
-    """Cost per prompt token taken from the prefix cache (its KV copied in, attended to)."""
+    """Cost per prompt token taken from the prefix cache (the new tokens attend to it)."""
     decode_per_token_s: float = 0.0
-    """Cost per context token of the running batch in a decode iteration (attention reads)."""
+    """Cost per context token of the running batch in a step (attention reads)."""
     max_batch: int = 16
-    """KV slots."""
-    max_prefill_tokens: int = 8192
-    """Prefill token budget per iteration."""
+    """Requests running at once."""
+    max_step_tokens: int = 8192
+    """Token budget of a step: the running requests' one each, then prompts."""
     block: int = 16
     """Prefix-cache block, tokens."""
     cache_blocks: int = 4096
     """Prefix-cache capacity, blocks (0: no prefix cache)."""
-    decode_bucket_s: tuple[tuple[int, float], ...] | None = None
-    """``(L, seconds)`` per key-length bucket of a static (CUDA-graph) decode, ascending in
-    ``L``; None: an eager decode (the linear cost). When set, a decode iteration costs the
-    seconds of the smallest ``L`` above its longest running request's length (prompt plus
-    tokens generated so far, as the engine's ``_decode_slots`` picks its graph), whatever
-    the batch; a length at or past the largest ``L`` is charged the largest (the engine's
-    last bucket is ``max_len``, which no running request reaches). From ``Engine.profile``
-    (every bucket of the engine) or ``fit_profile`` (the buckets its log saw)."""
-
-    prefill_overlap: bool = False
-    """How a request's prefill terms combine: False, they add (``base + per_token * uncached
-    + per_cached_token * cached``: ``fit_profile``'s least squares); True, the fixed host
-    cost and the per-token GPU work overlap (``max(base, per_token * uncached) +
-    per_cached_token * cached``): the host enqueues every layer's kernels whatever the
-    length, and the GPU runs them meanwhile, so a prompt costs its GPU work only once that
-    exceeds the host's time (``Engine.profile``'s prefill model)."""
-
-    prefill_bucket_s: tuple[tuple[int, int, float], ...] | None = None
-    """``(Q, L, seconds)`` per pair of a static (CUDA-graph) prefill: ``Q`` new tokens (the
-    request's uncached ones, zero-padded) attending over ``L`` keys of its slot, or, with
-    ``L = 0``, a miss's ``Q`` tokens attending causally to themselves; None: an eager
-    prefill. When set, a request's prefill costs the seconds of its pair -- a miss: the
-    smallest ``Q`` of ``L = 0`` that holds its prompt; a hit: the smallest ``Q`` that holds
-    its uncached tokens, and the smallest ``L`` of that ``Q`` that holds its whole prompt, as
-    the engine's ``_prefill_slot`` picks its graph -- plus the additive host
-    terms ``prefill_base_s + prefill_per_token_s * uncached + prefill_per_cached_token_s *
-    cached`` (what the engine does around the replay: hashing the prompt, copying its cached
-    blocks in, storing its new ones). From ``Engine.profile`` (every pair: their replays
-    timed, the host terms fitted to its prefills' remainder)."""
-
     loop_base_s: float = 0.0
-    """The serving loop's cost per iteration beyond the engine's modelled one (the hand-off to
-    the engine thread and back, streaming the new tokens, the wait for the next iteration),
-    fixed part; added to every prefill and decode iteration."""
+    """The serving loop's cost per step beyond the engine's (the hand-off to the engine
+    thread and back, streaming the new tokens), fixed part."""
     loop_per_seq_s: float = 0.0
-    """The same, per request that gets a token in the iteration (the decode batch, or the
-    requests a prefill iteration admitted). Both from ``loop_overhead`` on a short probe of
-    the replica's own serving loop; 0: the engine alone, as ``Engine.profile`` times it."""
+    """The same, per request that gets a token in the step. Both from ``fit_loop`` on a
+    short probe of the replica's own serving loop; 0: the engine alone."""
     path_s: float = 0.0
-    """A request's way from the client through the router to the replica's engine and its
-    first token's way back (HTTP, the router, the replica's hand-off), seconds: added to
-    every request's TTFT and end-to-end latency. From ``loop_overhead``'s lone requests
-    (their TTFT as the client saw it less their prefill iteration as the replica's serving
-    loop did); 0: the replica alone."""
-    _pairs: Any = field(default=None, init=False, repr=False, compare=False)
-    """``prefill_pair_s``'s lookup (``__post_init__``): the misses' prompt lengths and seconds,
-    and each hit query length's key lengths and seconds."""
-
-    def prefill_s(self, uncached: int, cached: int) -> float:
-        """Seconds of one request's prefill (``prefill_bucket_s``, else ``prefill_overlap``,
-        say how the terms add)."""
-        work = self.prefill_per_token_s * uncached
-        if self.prefill_bucket_s is not None:
-            host = self.prefill_base_s + work + self.prefill_per_cached_token_s * cached
-            return self.prefill_pair_s(uncached, uncached + cached) + host
-        own = max(self.prefill_base_s, work) if self.prefill_overlap else self.prefill_base_s + work
-        return own + self.prefill_per_cached_token_s * cached
-
-    def prefill_pair_s(self, new: int, total: int) -> float:
-        """The replay seconds of the static prefill pair for ``new`` uncached tokens of a
-        ``total``-token prompt (the largest ``Q``, or ``L``, where none holds it; a miss
-        without ``L = 0`` pairs is priced as a hit)."""
-        misses, hits = self._pairs
-        if new == total and misses[0]:
-            qs, secs = misses
-            return secs[min(bisect.bisect_left(qs, new), len(qs) - 1)]
-        qs = sorted(hits)
-        q = qs[min(bisect.bisect_left(qs, new), len(qs) - 1)]
-        ls, secs = hits[q]
-        return secs[min(bisect.bisect_left(ls, total), len(ls) - 1)]
-
-    def __post_init__(self) -> None:
-        pairs: dict[int, tuple[list[int], list[float]]] = {}
-        misses: tuple[list[int], list[float]] = ([], [])
-        if self.prefill_bucket_s is not None:
-            seen: set[tuple[int, int]] = set()
-            for Q, L, t in sorted(self.prefill_bucket_s):
-                if (0 < L < Q) or t < 0 or (Q, L) in seen:
-                    raise ValueError(
-                        "prefill_bucket_s: give (Q, L, seconds) triples, L >= Q (or 0: a miss), "
-                        f"each pair once, seconds >= 0; got {self.prefill_bucket_s!r}"
-                    )
-                seen.add((Q, L))
-                ls, secs = misses if L == 0 else pairs.setdefault(Q, ([], []))
-                ls.append(Q if L == 0 else L)
-                secs.append(t)
-            if not pairs:
-                raise ValueError("prefill_bucket_s: give at least one (Q, L >= Q, seconds) triple")
-        object.__setattr__(self, "_pairs", (misses, pairs))
-        if self.decode_bucket_s is not None:
-            ls = [L for L, _ in self.decode_bucket_s]
-            if not ls or ls != sorted(set(ls)) or any(s < 0 for _, s in self.decode_bucket_s):
-                raise ValueError(
-                    "decode_bucket_s: give (L, seconds) pairs, L ascending and distinct, "
-                    f"seconds >= 0; got {self.decode_bucket_s!r}"
-                )
+    """A request's way from the client through the router to the engine and its first
+    token's way back, seconds: added to every request's TTFT and end-to-end latency (the
+    serving project's probe); 0: the replica alone."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **over: Any) -> ReplicaProfile:
-        """A profile from ``Engine.profile``'s or ``fit_profile``'s dictionary (or its JSON:
-        ``decode_bucket_s`` as ``{L: seconds}``, its keys strings or ints, or as pairs;
-        ``prefill_bucket_s`` as ``[Q, L, seconds]`` triples);
-        fields it lacks keep their defaults, ``over`` sets any field."""
+        """A profile from ``profile_engine``'s or ``fit_profile``'s dictionary; fields it
+        lacks keep their defaults, ``over`` sets any field."""
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
         extra = (
             "prefill_per_cached_token_s",
@@ -200,39 +122,38 @@ class ReplicaProfile:
             "loop_per_seq_s",
             "path_s",
         )
-        buckets = data.get("decode_bucket_s")
-        if buckets is not None:
-            pairs = buckets.items() if isinstance(buckets, dict) else buckets
-            over = {"decode_bucket_s": tuple(sorted((int(L), float(t)) for L, t in pairs)), **over}
-        if data.get("prefill_overlap"):
-            over = {"prefill_overlap": True, **over}
-        if data.get("prefill_bucket_s") is not None:
-            triples = tuple((int(q), int(L), float(t)) for q, L, t in data["prefill_bucket_s"])
-            over = {"prefill_bucket_s": triples, **over}
         return cls(
             **{k: float(data[k]) for k in keys},
             **{k: float(data[k]) for k in extra if k in data},
             **over,
         )
 
-    def decode_step_s(self, batch: int, context: float, longest: int) -> float:
-        """Seconds of one decode iteration: ``batch`` running requests holding ``context``
-        tokens in all, the longest ``longest`` (its bucket's seconds with
-        ``decode_bucket_s``, else the linear cost), plus the serving loop's (``loop_s``)."""
-        return self.engine_decode_s(batch, context, longest) + self.loop_s(batch)
+    def prefill_s(self, uncached: int, cached: int) -> float:
+        """One admitted request's share of a step."""
+        return (
+            self.prefill_base_s
+            + self.prefill_per_token_s * uncached
+            + self.prefill_per_cached_token_s * cached
+        )
 
-    def engine_decode_s(self, batch: int, context: float, longest: int) -> float:
-        """``decode_step_s`` without the serving loop's part (``loop_s``)."""
-        if self.decode_bucket_s is not None:
-            ls = [L for L, _ in self.decode_bucket_s]
-            j = min(bisect.bisect_right(ls, longest), len(ls) - 1)
-            return self.decode_bucket_s[j][1]
+    def decode_step_s(self, batch: int, context: float) -> float:
+        """A step's decoding part: ``batch`` running requests holding ``context`` tokens,
+        plus the serving loop's (``loop_s``)."""
+        return self.engine_decode_s(batch, context) + self.loop_s(batch)
+
+    def engine_decode_s(self, batch: int, context: float) -> float:
+        """``decode_step_s`` without the serving loop's part."""
         return (
             self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_token_s * context
         )
 
+    def step_s(self, e: dict[str, float]) -> float:
+        """The engine's cost of a logged step (``step_features``), the serving loop left out."""
+        coef = [getattr(self, k) for k in PROFILE_TERMS]
+        return float(np.dot(coef, step_features(e)))
+
     def loop_s(self, requests: int) -> float:
-        """The serving loop's seconds around one iteration that gives ``requests`` a token."""
+        """The serving loop's seconds around one step that gives ``requests`` a token."""
         return self.loop_base_s + self.loop_per_seq_s * requests
 
 
@@ -255,29 +176,16 @@ def nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_loop(log: list[dict[str, float]], engine: ReplicaProfile) -> dict[str, Any]:
-    """The serving loop's cost per iteration (``ReplicaProfile.loop_base_s`` and
-    ``loop_per_seq_s``) from the iteration log of a replica that served real requests (its
+    """The serving loop's cost per step (``ReplicaProfile.loop_base_s`` and
+    ``loop_per_seq_s``) from the step log of a replica that served real requests (its
     ``wall`` and ``gap``, as the serving loop saw them) and the engine's own costs in
     ``engine`` (its idle profile): least squares, non-negative, of ``wall + gap -`` the
-    iteration's engine cost (a static decode's bucket, else the linear decode cost; a prefill
-    of one request, ``prefill_s``) against the requests that got a token. Prefill iterations
-    of several requests are left out (the log sums their tokens)."""
-    rows: list[tuple[float, float]] = []
-    for e in log:
-        if "wall" not in e:
-            continue
-        if e["kind"] == 1:
-            graph = int(e.get("graph", 0))
-            cost = engine.engine_decode_s(int(e["batch"]), e["tokens"], max(graph - 1, 0))
-            if graph and engine.decode_bucket_s is None:
-                continue  # a static decode without the table that prices it
-        elif e["batch"] == 1:
-            cost = engine.prefill_s(int(e["tokens"]), int(e.get("cached", 0)))
-        else:
-            continue
-        rows.append((e["batch"], e["wall"] + e.get("gap", 0.0) - cost))
+    step's engine cost against the requests that got a token."""
+    rows = [
+        (e["batch"], e["wall"] + e.get("gap", 0.0) - engine.step_s(e)) for e in log if "wall" in e
+    ]
     if len(rows) < 2:
-        raise ValueError("fit_loop needs the log of at least two served iterations")
+        raise ValueError("fit_loop needs the log of at least two served steps")
     a = np.asarray(rows, dtype=float)
     base, per_seq = nonneg_lstsq(np.column_stack([np.ones(len(a)), a[:, 0]]), a[:, 1])
     return {
@@ -289,43 +197,20 @@ def fit_loop(log: list[dict[str, float]], engine: ReplicaProfile) -> dict[str, A
 
 
 def fit_profile(log: list[dict[str, float]]) -> dict[str, Any]:
-    """Iteration costs from an engine's iteration log (``GET /engine/log``), least squares
-    with non-negative costs: prefill iteration ``s = base * requests + per_token * uncached
-    tokens + per_cached_token * cached tokens``, decode ``s = base + per_seq * batch +
-    per_token * context tokens``, where ``s`` is the iteration's wall time as the serving
-    loop saw it plus the gap before it (the serving loop's overhead), where logged, else its
-    compute time; ``cached`` is 0 where the log does not say. Where decode iterations ran a
-    static decode (``graph``: its bucket, > 0), also ``decode_bucket_s``: the median cost
-    ``s`` (as above) of each bucket seen, ``{L: seconds}`` (absent otherwise); the simulator then prices decode
-    iterations by it (``ReplicaProfile.decode_bucket_s``). The profile of a replica *under
-    the run's own conditions*."""
-    pre = [e for e in log if e["kind"] == 0]
-    dec = [e for e in log if e["kind"] == 1]
-    if not pre or not dec:
-        raise ValueError("the iteration log needs prefill and decode iterations")
+    """Step costs from an engine's step log (``GET /engine/log``): least squares with
+    non-negative costs of each step's seconds -- its wall time as the serving loop saw it
+    plus the gap before it, where logged, else its compute time -- against
+    ``step_features``. The profile of a replica *under the run's own conditions* (its
+    serving loop included, where logged)."""
+    if not any(e.get("prefill", 0) for e in log) or not any(e.get("decode", 0) for e in log):
+        raise ValueError("the step log needs steps with prompt tokens and with decoding ones")
 
     def cost(e: dict[str, float]) -> float:
         return e.get("wall", e["s"]) + e.get("gap", 0.0)
 
-    a = np.asarray([[e["batch"], e["tokens"], e.get("cached", 0)] for e in pre], dtype=float)
-    pb, pt, pc = nonneg_lstsq(a, np.asarray([cost(e) for e in pre]))
-    b = np.asarray([[1.0, e["batch"], e["tokens"]] for e in dec], dtype=float)
-    db, ds, dt = nonneg_lstsq(b, np.asarray([cost(e) for e in dec]))
-    out: dict[str, Any] = {
-        "prefill_base_s": float(pb),
-        "prefill_per_token_s": float(pt),
-        "prefill_per_cached_token_s": float(pc),
-        "decode_base_s": float(db),
-        "decode_per_seq_s": float(ds),
-        "decode_per_token_s": float(dt),
-    }
-    graphs: dict[int, list[float]] = {}
-    for e in dec:
-        if e.get("graph", 0) > 0:
-            graphs.setdefault(int(e["graph"]), []).append(cost(e))
-    if graphs:
-        out["decode_bucket_s"] = {L: statistics.median(c) for L, c in sorted(graphs.items())}
-    return out
+    a = np.asarray([step_features(e) for e in log], dtype=float)
+    coef = nonneg_lstsq(a, np.asarray([cost(e) for e in log]))
+    return {k: float(c) for k, c in zip(PROFILE_TERMS, coef, strict=True)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,15 +244,16 @@ class Workload:
 
 def from_dataset(dataset: Any, arrival: np.ndarray, block: int = 16) -> Workload:
     """A workload of a ``Dataset``'s requests, hashed as the replica hashes them."""
-    from parlab.serve.engine import encode
     from parlab.serve.prefix import block_hashes
+    from parlab.serve.tokenizer import get
 
-    reqs = dataset.requests
+    tok = get()
+    ids = [tok.encode(r.prompt) for r in dataset.requests]
     return Workload(
         arrival=np.asarray(arrival, dtype=np.float64),
-        prompt_len=np.asarray([len(encode(r.prompt)) for r in reqs]),
-        output_len=np.asarray([r.output_len for r in reqs]),
-        hashes=[block_hashes(encode(r.prompt), block) for r in reqs],
+        prompt_len=np.asarray([len(x) for x in ids]),
+        output_len=np.asarray([r.output_len for r in dataset.requests]),
+        hashes=[block_hashes(x, block) for x in ids],
     )
 
 
@@ -408,11 +294,8 @@ class _Rep:
     kind: int = -1  # 0 prefill, 1 decode
     admitted: list[int] = field(default_factory=list)
     served: int = 0
-    ctx: int = 0  # sum over running requests of (prompt length - step at which it joined)
-    # with decode buckets: a heap of (step at which r joined - its prompt length, r) over the
-    # requests that joined, finished ones popped lazily; its top gives the longest running
-    # request's length at step s: s - top (the engine's seq.length: prompt + decode steps)
-    by_length: list[tuple[int, int]] = field(default_factory=list)
+    ctx: int = 0  # sum over running requests of (prompt length + 1 - step at which it joined)
+    mixed: bool = False  # the prefill step in progress also advances the running requests
 
 
 _ARRIVE, _END, _KV = 0, 1, 2
@@ -453,9 +336,6 @@ def simulate(
     joined = np.zeros(n, dtype=np.int64)  # the replica's step count when r joined its batch
     front = np.zeros(n, dtype=np.int64)
     back = np.zeros(n, dtype=np.int64)
-    gone = bytearray(n)  # r finished decoding (``_Rep.by_length`` drops it lazily)
-    bucket_ls = [L for L, _ in p.decode_bucket_s] if p.decode_bucket_s is not None else []
-    bucket_s = [t for _, t in p.decode_bucket_s] if p.decode_bucket_s is not None else []
     group_blocks: dict[int, list[int]] = {}
     fresh = [1 << 62]
 
@@ -496,13 +376,16 @@ def simulate(
                 while rep.waiting and len(rep.running) < p.max_batch:
                     join(rep, rep.waiting.popleft())
             else:
-                dur = 0.0
-                budget = p.max_prefill_tokens
+                b = len(rep.running)
+                dur = p.decode_base_s
+                if b:  # the step also advances the running requests by a token
+                    dur += p.decode_per_seq_s * b + p.decode_per_token_s * (rep.ctx + b * rep.steps)
+                budget = p.max_step_tokens - b
                 adm = rep.admitted
                 while rep.waiting and (is_prefill_only[i] or len(adm) < free):
                     r = rep.waiting[0]
                     plen = int(work.prompt_len[r])
-                    if adm and plen - 0 > budget:
+                    if adm and plen > budget:
                         break
                     rep.waiting.popleft()
                     hs = hashes_of(r)
@@ -516,33 +399,20 @@ def simulate(
                     dur += p.prefill_s(plen - hit, hit)
                     budget -= plen - hit
                     adm.append(r)
-                dur += p.loop_s(len(adm))
-                rep.busy, rep.kind = True, 0
+                dur += p.loop_s(len(adm) + b)
+                rep.busy, rep.kind, rep.mixed = True, 0, b > 0
                 rep.version += 1
                 push(now + dur, _END, i, rep.version)
                 return
         if rep.running:
             b = len(rep.running)
             k = max(1, rep.running[0][0] - rep.steps)
-            if bucket_ls:
-                # the bucket of the longest running request (ReplicaProfile.decode_step_s);
-                # the leap ends where that request's length reaches the bucket, so each
-                # step is charged its own bucket
-                top = rep.by_length
-                while gone[top[0][1]]:
-                    heapq.heappop(top)
-                longest = rep.steps - top[0][0]
-                j = bisect.bisect_right(bucket_ls, longest)
-                if j < len(bucket_ls):
-                    k = min(k, bucket_ls[j] - longest)
-                t = bucket_s[min(j, len(bucket_s) - 1)] + p.loop_s(b)
-            else:
-                # context tokens at this step: sum of (prompt + tokens generated so far); the
-                # leap's steps are timed at its mean context (it grows by b tokens a step);
-                # ReplicaProfile.decode_step_s, inline (the hot path)
-                ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
-                t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
-                t += p.loop_s(b)
+            # context tokens at this step: sum of (prompt + tokens generated so far); the
+            # leap's steps are timed at its mean context (it grows by b tokens a step);
+            # ReplicaProfile.decode_step_s, inline (the hot path)
+            ctx = rep.ctx + b * rep.steps + b * (k - 1) / 2
+            t = p.decode_base_s + p.decode_per_seq_s * b + p.decode_per_token_s * ctx
+            t += p.loop_s(b)
             rep.busy, rep.kind = True, 1
             rep.leap_start, rep.leap_t, rep.leap_k = now, t, k
             rep.version += 1
@@ -565,9 +435,7 @@ def simulate(
     def join(rep: _Rep, r: int) -> None:
         heapq.heappush(rep.running, (rep.steps + int(work.output_len[r]) - 1, r))
         joined[r] = rep.steps
-        rep.ctx += int(work.prompt_len[r]) - rep.steps
-        if bucket_ls:
-            heapq.heappush(rep.by_length, (rep.steps - int(work.prompt_len[r]), r))
+        rep.ctx += int(work.prompt_len[r]) + 1 - rep.steps
 
     def finish_req(r: int, now: float) -> None:
         finish[r] = now
@@ -576,6 +444,16 @@ def simulate(
         else:
             assert dec_router is not None
             dec_router.done(int(back[r]) - n_front)
+
+    def advance(i: int, rep: _Rep, k: int, now: float) -> None:
+        """``k`` steps of the running requests ended at ``now``."""
+        rep.steps += k
+        while rep.running and rep.running[0][0] <= rep.steps:
+            _, r = heapq.heappop(rep.running)
+            rep.ctx -= int(work.prompt_len[r]) + 1 - int(joined[r])
+            finish_req(r, now)
+            if is_decode_only[i]:
+                rep.served += 1
 
     count = 0
     while events:
@@ -602,6 +480,8 @@ def simulate(
             if version != rep.version:
                 continue
             if rep.kind == 0:
+                if rep.mixed:
+                    advance(i, rep, 1, now)
                 for r in rep.admitted:
                     ttft[r] = now
                     rep.served += 1
@@ -624,14 +504,7 @@ def simulate(
                         join(rep, r)
                 rep.admitted = []
             else:
-                rep.steps += rep.leap_k
-                while rep.running and rep.running[0][0] <= rep.steps:
-                    _, r = heapq.heappop(rep.running)
-                    rep.ctx -= int(work.prompt_len[r]) - int(joined[r])
-                    gone[r] = 1
-                    finish_req(r, now)
-                    if is_decode_only[i]:
-                        rep.served += 1
+                advance(i, rep, rep.leap_k, now)
             start(i, now)
     arr = work.arrival
     t_ttft = ttft - arr + p.path_s

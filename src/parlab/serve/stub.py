@@ -3,13 +3,14 @@
 Used where the model is irrelevant: the load generator's and the router's own
 overhead (with every delay 0 it answers at once, a "trivial endpoint"), the
 router's failure handling, and the cache-locality experiments where only the
-*shape* of the cost matters. It streams ``max_tokens`` one-character chunks. ``serve_trivial`` is the
+*shape* of the cost matters. It streams ``max_tokens`` one-character chunks and counts
+prompt tokens with parlab's tokenizer. ``serve_trivial`` is the
 barest endpoint of all: a raw asyncio protocol answering every POST with
 the same canned stream, for measuring the load generator itself.
 
 Timing model (all optional, default 0): a prefill of
 ``prefill_base_s + prefill_per_token_s * uncached`` where ``uncached`` is the
-prompt length minus what its own prefix cache (a ``BlockLRU`` over 16-char
+prompt length minus what its own prefix cache (a ``BlockLRU`` over 16-token
 blocks) already holds, prefills one at a time (``serial_prefill``) as one
 accelerator would; then ``token_s`` between chunks. It reports
 ``usage.prompt_tokens_details.cached_tokens`` as vLLM does.
@@ -18,6 +19,7 @@ accelerator would; then ``token_s`` between chunks. It reports
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from aiohttp import web
 
 from parlab.serve import protocol
 from parlab.serve.prefix import DEFAULT_BLOCK, BlockLRU, block_hashes
+from parlab.serve.tokenizer import get as get_tokenizer
+from parlab.serve.tokenizer import render_chat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +58,7 @@ class StubServer:
     def __init__(self, config: StubConfig | None = None) -> None:
         self.config = config or StubConfig()
         self.cache = BlockLRU(self.config.cache_blocks)
+        self.tok = get_tokenizer()
         self._lock = asyncio.Lock()
         self._ids = itertools.count()
         self._runner: web.AppRunner | None = None
@@ -63,10 +68,13 @@ class StubServer:
         self.in_flight = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(
+            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
+        )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model_id:.+}", self._model)
         app.router.add_get("/health", self._health)
         app.router.add_post("/engine/reset", self._reset)
         return app
@@ -96,6 +104,11 @@ class StubServer:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(protocol.models_body(self.config.name))
 
+    async def _model(self, request: web.Request) -> web.Response:
+        if request.match_info["model_id"] != self.config.name:
+            return protocol.error_response("no such model", status=404, param="model")
+        return web.json_response(protocol.model_card(self.config.name))
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
@@ -104,18 +117,22 @@ class StubServer:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
-            req = protocol.parse_request(
-                await request.json(), chat=chat, default_model=self.config.name
-            )
-        except (protocol.BadRequest, ValueError) as exc:
-            return protocol.error_response(str(exc))
+            req = protocol.parse_request(await protocol.read_json(request), chat=chat)
+            if req.n != 1 or req.stop or len(req.prompts) > 1:
+                raise protocol.BadRequest("the stub serves one prompt, n = 1, no stop strings")
+        except protocol.BadRequest as exc:
+            return protocol.bad_request_response(exc)
         cfg = self.config
+        req = dataclasses.replace(req, model=cfg.name, max_tokens=req.max_tokens or 16)
+        assert req.max_tokens is not None
         rid = f"cmpl-stub-{next(self._ids)}"
         self.in_flight += 1
         try:
-            hashes = block_hashes(req.prompt, DEFAULT_BLOCK) if cfg.prefix_cache else []
+            text = render_chat(req.messages) if chat else req.prompts[0]
+            ids = self.tok.encode(text) if isinstance(text, str) else list(text)
+            hashes = block_hashes(ids, DEFAULT_BLOCK) if cfg.prefix_cache else []
             cached = self.cache.match(hashes) * DEFAULT_BLOCK if cfg.prefix_cache else 0
-            n_prompt = len(req.prompt.encode())
+            n_prompt = len(ids)
             cached = min(cached, n_prompt)
             prefill = cfg.prefill_base_s + cfg.prefill_per_token_s * (n_prompt - cached)
             if prefill > 0:
@@ -132,19 +149,21 @@ class StubServer:
                     await asyncio.sleep(cfg.token_s * (req.max_tokens - 1))
                 self.served += 1
                 return web.json_response(
-                    protocol.full_response(req, rid, "x" * req.max_tokens, use)
+                    protocol.full_response(req, rid, [("x" * req.max_tokens, "length")], use)
                 )
             resp = await protocol.sse_start(request)
             for i in range(req.max_tokens):
                 if i and cfg.token_s > 0:
                     await asyncio.sleep(cfg.token_s)
                 if self._dead:
-                    assert request.transport is not None
-                    request.transport.abort()
+                    if request.transport is not None:
+                        request.transport.abort()
                     return resp
                 last = i == req.max_tokens - 1
                 await resp.write(
-                    protocol.chunk(req, rid, "x", finish_reason="length" if last else None)
+                    protocol.chunk(
+                        req, rid, "x", role=i == 0, finish_reason="length" if last else None
+                    )
                 )
             if req.include_usage:
                 await resp.write(protocol.chunk(req, rid, "", usage_obj=use))
@@ -212,8 +231,9 @@ def trivial_responses(output_len: int, name: str = "trivial") -> tuple[bytes, by
     """The canned streaming answer (``output_len`` one-character chunks, usage, [DONE]) and
     the ``/v1/models`` answer, as complete HTTP/1.1 responses."""
     req = protocol.GenRequest(
-        prompt="", max_tokens=output_len, stream=True, chat=False, model=name, include_usage=True
-    )
+        prompts=("",), messages=(), max_tokens=output_len, stream=True, chat=False, model=name,
+        include_usage=True,
+    )  # fmt: skip
     events = [
         protocol.chunk(
             req, "cmpl-trivial", "x", finish_reason="length" if i == output_len - 1 else None

@@ -9,13 +9,13 @@ output projection stay replicated, so every rank ends with the same logits.
 
 What crosses the wire, per engine iteration:
 - one ``broadcast_object_list`` from rank 0: the requests submitted and
-  cancelled since the last iteration (prompt ids, max_tokens, sampling), so
+  cancelled since the last step (prompt ids, max_tokens, sampling), so
   every rank runs the same deterministic scheduler (``Engine.step``) on the
-  same inputs -- same slots, same prefix-cache hits, same batch;
+  same inputs -- same rows, same pages, same prefix-cache hits, same batch;
 - per layer, two ``all_reduce(SUM)`` of the ``[B, S, hidden]`` partial
   outputs of ``wo`` and ``w2`` (the paper's ``g``), in the model's dtype.
-Rank 0 alone serves HTTP and samples (the others sample the same token from
-the same logits and throw it away). When idle, rank 0 sends an empty
+Rank 0 alone serves HTTP (the others sample the same token from the same logits -- the
+sampler hashes each request's seed -- and throw it away). When idle, rank 0 sends an empty
 iteration every second so the others never wait past the group's timeout; a
 ``None`` message stops them.
 """
@@ -93,12 +93,12 @@ def shard_model(model: nn.Module, rank: int, world: int) -> nn.Module:
 
 def build_tp_engine(ctx: RankContext, *, model: str, dtype: str, seed: int, config: Any) -> Any:
     """Every rank builds the same seeded model, keeps its shard, and wraps it in an Engine."""
-    from parlab.models import get_spec
     from parlab.models.reference import build_model
     from parlab.serve.engine import Engine
+    from parlab.serve.replica import serving_spec
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    m = build_model(get_spec(model), device=ctx.device, dtype=dtypes[dtype], seed=seed)
+    m = build_model(serving_spec(model), device=ctx.device, dtype=dtypes[dtype], seed=seed)
     shard_model(m, ctx.rank, ctx.world_size)
     return Engine(m, config, tp=TPComm(ctx.rank, ctx.world_size))
 
