@@ -130,6 +130,9 @@ EXTERNAL_FLAGS = {
     "--expert-model-parallel-size", "--enable-expert-parallel", "--use-distributed-optimizer",
     "--recompute-granularity", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
     "--moe-router-load-balancing-type", "--num-layers-per-virtual-pipeline-",
+    # the engines' own server flags, which serve launch passes on (vLLM, SGLang, transformers)
+    "--tokenizer", "--kv-transfer-config", "--model-path", "--tp-size", "--disaggregation-mode",
+    "--force-model", "--max-model-len", "--context-length",
     "--watch",  # the launcher's watchdog, python -m parlab.runtime.launch --watch
 }  # fmt: skip
 

@@ -56,13 +56,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench": ("parlab bench serve --base-url http://127.0.0.1:8000",),
     "bench serve": (
         "parlab bench serve --base-url http://127.0.0.1:8000 --num-prompts 100",
-        "parlab bench serve --dataset shared-prefix --request-rate 20",
+        "parlab bench serve --dataset-name shared-prefix --request-rate 20",
     ),
     "serve": ("parlab serve replica --model tiny --port 8000",),
     "serve replica": ("parlab serve replica --model tiny --port 8000",),
     "serve router": (
         "parlab serve router --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002",
     ),
+    "serve launch": ("parlab serve launch --engine vllm --model meta-llama/Llama-3.1-8B --tp 2",),
     "serve sim": ("parlab serve sim --replicas 8 --policy cache_aware",),
     "serve kv-transfer": ("parlab serve kv-transfer --tokens 16,256",),
     "serve project": ("parlab serve project --preset cpu",),
