@@ -8,16 +8,7 @@ input; here it is fixed so the runs are comparable). Wall time is
 ``time.perf_counter`` around the call, in this one process (one core).
 The simulated metrics are printed beside it.
 
-``--graph-decode-len N`` prices decode iterations as an engine with CUDA-graph decode and
-``max_len`` N does (``ReplicaProfile.decode_bucket_s``, at the key-length buckets of
-``parlab.serve.engine.decode_buckets(N)``, illustrative seconds ``20.8 ms + 2 us * L``): the
-simulator then also follows each replica's longest running request and ends a decode leap
-where it reaches the next bucket.
-
-    python benchmarks/serve_sim.py [--replicas 1000] [--requests 1000000] [--graph-decode-len N]
-
-``benchmarks/results/serve_sim.txt`` holds the output of the plain run followed by that of
-``--graph-decode-len 2048``.
+    python benchmarks/serve_sim.py [--replicas 1000] [--requests 1000000]
 """
 
 from __future__ import annotations
@@ -39,22 +30,9 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=4000)
     ap.add_argument("--prefix-len", type=int, default=1024)
     ap.add_argument("--policies", default="round_robin,least_outstanding,power_of_two,cache_aware")
-    ap.add_argument(
-        "--graph-decode-len",
-        type=int,
-        default=0,
-        help="price decode per key-length bucket of a graph-decoding engine of this max_len "
-        "(0: the linear decode cost)",
-    )
     a = ap.parse_args()
-    buckets = None
-    if a.graph_decode_len:
-        from parlab.serve.engine import decode_buckets
-
-        buckets = tuple((L, 20.8e-3 + 2e-6 * L) for L in decode_buckets(a.graph_decode_len))
     serve_common.header(
         f"simulator: {a.replicas} replicas, {a.requests} requests, {a.rate:g} req/s, one core"
-        + (f"; decode per graph bucket {[L for L, _ in buckets]}" if buckets else "")
     )
     prof = sim.ReplicaProfile(
         prefill_base_s=2e-3,
@@ -64,7 +42,6 @@ def main() -> None:
         max_batch=64,
         block=64,
         cache_blocks=512,
-        decode_bucket_s=buckets,
     )
     w = sim.shared_prefix_arrays(
         n=a.requests,

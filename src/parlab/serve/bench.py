@@ -371,8 +371,10 @@ async def send_one_fast(
 
     chat = cfg.api == "chat"
     out.prompt_len = req.prompt_len
-    body = json.dumps(_payload(cfg, model, req)).encode()
+    # the clock starts before the body is built, as vLLM's (aiohttp serialises ``json=``
+    # inside ``post``) and SGLang's clients start it: a request's TTFT includes its encoding
     st = time.perf_counter()
+    body = json.dumps(_payload(cfg, model, req)).encode()
     out.start = st
 
     async def use(resp: Any) -> None:
