@@ -443,3 +443,24 @@ def test_fast_client_reuses_connections_and_survives_a_server_closing_them() -> 
 
     first, total = asyncio.run(main())
     assert first == 1 and total == 2
+
+
+# ----- the serving project at CPU size (what the README's `parlab project serving` runs) --------
+
+
+@pytest.mark.timeout(240)
+def test_serving_project_at_cpu_size_writes_documents_and_its_report(tmp_path) -> None:
+    """Two replicas under both policies and a failover, then the report from those documents."""
+    from parlab.cli import main
+
+    args = ["project", "serving", "--preset", "cpu", "--policies", "round_robin,cache_aware"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--no-kv-transfer", "--results", str(tmp_path)])
+    assert not info.value.code
+    out = tmp_path / "PAR-DISTRIBUTED-INFERENCE"
+    docs = [json.loads(p.read_text()) for p in sorted(out.glob("serve-bench-*.json"))]
+    assert len(docs) == 3 and all(d["metrics"] for d in docs)
+    (report,) = out.glob("serving-report-*.md")
+    text = report.read_text()
+    assert "| round_robin |" in text and "| cache_aware |" in text
+    assert "[serving-benchmark]" in text and "failover" in text

@@ -65,8 +65,7 @@ def report_blocks(docs: list[Document], extra: list[Document]) -> Report:
         blocks.append(
             Para(
                 text=f"Workload {first.workload.get('dataset')} {first.workload.get('dataset_params')}; "
-                f"rate {first.workload.get('request_rate')} req/s.",
-                level=first.evidence_level,
+                f"rate {first.workload.get('request_rate')} req/s [{first.evidence_level}].",
             )
         )
         blocks.append(Table(headers=POLICY_COLUMNS, rows=[_policy_row(d) for d in docs]))
