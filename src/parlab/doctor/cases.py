@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.contract import Document
+from parlab.ledger.activations import bubble_fraction
 
 SLOW_LINK_FRACTION = 0.40
 """busbw at the largest size below this fraction of the link peak: far below the topology."""
@@ -430,8 +431,9 @@ def detect_fsdp_no_prefetch(docs: list[Doc]) -> list[Finding]:
 
 
 def bubble_formula(pp: int, microbatches: int, vpp: int = 1) -> float:
-    """Fill-and-drain idle fraction of a pipeline: (p-1) / (v*m + p-1)."""
-    return (pp - 1) / (vpp * microbatches + pp - 1)
+    """Fill-and-drain idle fraction of a pipeline's step: (p-1) / (v*m + p-1)."""
+    idle = bubble_fraction(pp, microbatches, vpp)
+    return idle / (1 + idle)
 
 
 def detect_pp_bubble(docs: list[Doc]) -> list[Finding]:

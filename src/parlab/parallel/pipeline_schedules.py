@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.ledger.activations import bubble_fraction
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
@@ -194,11 +195,8 @@ def simulate(schedule: list[list[Action]], *, t_f: float = 1.0, t_b: float = 2.0
 
 def formula(name: str, p: int, m: int, v: int = 1) -> dict[str, float]:
     """The analytic bubble: ``of_step`` (idle / step time) and ``of_compute`` (idle / busy)."""
-    vv = v if name == "interleaved-1f1b" else 1
-    return {
-        "of_step": (p - 1) / (vv * m + p - 1),
-        "of_compute": (p - 1) / (vv * m),
-    }
+    idle = bubble_fraction(p, m, v if name == "interleaved-1f1b" else 1)
+    return {"of_step": idle / (1 + idle), "of_compute": idle}
 
 
 def grid(schedule: list[list[Action]], *, t_f: float = 1.0, t_b: float = 1.0) -> list[list[str]]:
