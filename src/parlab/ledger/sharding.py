@@ -74,11 +74,6 @@ def gradient_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def flat_padded_numel(numel: int, shards: int) -> int:
-    """The padded length of that flat buffer (``ceil(numel / shards) * shards``)."""
-    return flat_shard_numel(numel, shards) * shards
-
-
 def dim0_shard_numel(shape: tuple[int, ...], shards: int) -> int:
     """Elements a rank holds of one parameter under FSDP2: ``ceil(dim0 / shards)`` padded rows."""
     if not shape:

@@ -121,10 +121,6 @@ def n_stages(schedule: list[list[Action]]) -> int:
     return 1 + max(a.stage for acts in schedule for a in acts)
 
 
-def rank_of_stage(stage: int, p: int) -> int:
-    return stage % p
-
-
 @dataclass(frozen=True, kw_only=True)
 class Timeline:
     """A simulated run of a schedule."""

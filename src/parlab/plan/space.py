@@ -245,10 +245,6 @@ class Candidate:
         return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp, "ep": self.ep}
 
     @property
-    def layout_key(self) -> tuple[int, int, int, int, int, int]:
-        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.vpp)
-
-    @property
     def name(self) -> str:
         mesh = " ".join(f"{k}{v}" for k, v in self.degrees.items() if v > 1) or "1 GPU"
         sched = f" {self.schedule}" + (f"x{self.vpp}" if self.vpp > 1 else "")

@@ -4,7 +4,6 @@ I/O)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from parlab.contract import Metric
 from parlab.units import format_bytes, format_seconds
@@ -77,17 +76,3 @@ def prediction_error(predicted: float | None, measured: float | None) -> float |
 def fmt_error(err: float | None) -> str:
     """A prediction error (``prediction_error``) as a signed percentage, or ``unknown``."""
     return "unknown" if err is None else f"{100 * err:+.1f} %"
-
-
-def layout_label(layout: dict[str, Any]) -> str:
-    """``fsdp dp=2 tp=2`` from a document's layout (strategy and the mesh axes above 1)."""
-    parts: list[str] = []
-    strategy = layout.get("strategy")
-    if strategy:
-        parts.append(str(strategy))
-    mesh = layout.get("mesh")
-    if isinstance(mesh, dict):
-        parts += [f"{k}={v}" for k, v in mesh.items() if isinstance(v, int) and v > 1]
-    if not parts:
-        parts.append(f"world={layout.get('world_size')}")
-    return " ".join(parts)

@@ -45,13 +45,6 @@ class ReplicaProcess:
                 self.kill()
 
 
-def start_replica(
-    args: list[str], *, threads: int = 1, timeout_s: float = 120.0, duration_s: float = 1800.0
-) -> ReplicaProcess:
-    """Start ``parlab serve replica <args> --port 0``; return once it listens."""
-    return wait_replica(spawn_replica(args, threads=threads, duration_s=duration_s), timeout_s)
-
-
 def restart_replica(r: ReplicaProcess, timeout_s: float = 120.0) -> ReplicaProcess:
     """Start a stopped replica again, with its arguments, on the port it had."""
     port = r.url.rsplit(":", 1)[1]
