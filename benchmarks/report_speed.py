@@ -38,8 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from parlab import contract
-from parlab.contract import new_run_id, now_iso, read_results
+from parlab.contract import new_run_id, now_iso, read_results, validation
 from parlab.report.html import to_html
 from parlab.report.markdown import to_markdown
 from parlab.report.render import build_blocks
@@ -160,12 +159,12 @@ def main() -> None:
         try:
             synthesize(Path(args.results), tmp, args.synthetic)
             measure(f"synthetic {args.synthetic}", tmp, args.repeat)
-            real = contract._validator
-            contract._validator = lambda: None  # what the GPU machines' image does: no schema
+            real = validation._validator
+            validation._validator = lambda: None  # what the GPU machines' image does: no schema
             try:
                 measure("synthetic, no schema", tmp, args.repeat)
             finally:
-                contract._validator = real
+                validation._validator = real
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     print(

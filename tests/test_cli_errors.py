@@ -97,7 +97,7 @@ def test_an_internal_error_names_what_failed_and_where(
     assert code == 3, err
     assert err.startswith("parlab: internal error:") and len(err.splitlines()) == 1
     assert "cannot write" in err and "is not a finite number" in err
-    assert "parlab/contract.py" in err and "PARLAB_DEBUG=1" in err
+    assert "parlab/contract/write.py" in err and "PARLAB_DEBUG=1" in err
 
 
 @pytest.mark.parametrize(

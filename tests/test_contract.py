@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from parlab import contract
-from parlab.contract import Decision, Document, Failure, Metric, Prediction
+from parlab.contract import Decision, Document, Failure, Metric, Prediction, validation
 
 
 def make_doc(**over) -> Document:
@@ -95,7 +95,7 @@ def test_schema_refuses_what_dataclasses_cannot_see(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"schema at <root>: .*'surprise' was unexpected"):
         contract.validate(data)
     # one validator, built once, checks every document (the schema is not re-checked per call)
-    assert contract._validator() is contract._validator()
+    assert validation._validator() is validation._validator()
 
 
 def test_nan_is_never_written(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ needs no torch).
 """
 
 from parlab.models.catalog import get_spec, list_specs
-from parlab.models.spec import MLASpec, ModelSpec, MoESpec
+from parlab.models.spec import ModelSpec
+from parlab.models.variants import MLASpec, MoESpec
 
 __all__ = ["MLASpec", "MoESpec", "ModelSpec", "get_spec", "list_specs"]

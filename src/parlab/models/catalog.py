@@ -20,7 +20,8 @@ Presets for runs:
 from __future__ import annotations
 
 from parlab.errors import UsageError
-from parlab.models.spec import MLASpec, ModelSpec, MoESpec
+from parlab.models.spec import ModelSpec
+from parlab.models.variants import MLASpec, MoESpec
 from parlab.units import shown
 
 _HF = "https://huggingface.co/"

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from parlab.errors import UsageError
-from parlab.models.spec import MLASpec, ModelSpec, MoESpec
+from parlab.models.spec import ModelSpec
+from parlab.models.variants import MLASpec, MoESpec
 
 
 def _read(path: str | Path) -> tuple[dict[str, Any], Path]:

@@ -3,7 +3,8 @@
 A ``ModelSpec`` is data only (no torch): vocabulary, width, depth, the
 attention variant (MHA, GQA/MQA through ``kv_heads``, DeepSeek's multi-head
 latent attention through ``mla``), the FFN (SwiGLU or GeLU), norms, position
-encoding, tied embeddings and the MoE layout. Every analytic answer (FLOPs,
+encoding, tied embeddings and the MoE layout (``mla`` and ``moe`` are
+``parlab.models.variants``' dataclasses). Every analytic answer (FLOPs,
 memory ledger, wire table) and the reference torch model
 (``parlab.models.reference``) are computed from it.
 
@@ -30,108 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.models.variants import MLASpec, MoESpec, check_positive
 
 ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
-SCORINGS = ("softmax", "sigmoid")
-
-
-def _positive(owner: str, **values: int | float | None) -> None:
-    for name, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise UsageError(f"{owner}.{name} = {value!r}: it must be a positive number")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MLASpec:
-    """DeepSeek multi-head latent attention: low-rank query and key/value projections."""
-
-    q_lora_rank: int
-    """Rank of the query down-projection (0: a plain ``wq`` without compression)."""
-    kv_lora_rank: int
-    """Rank of the joint key/value down-projection (the latent that a KV cache keeps)."""
-    qk_nope_head_dim: int
-    """Per-head query/key dimension without rotary embedding."""
-    qk_rope_head_dim: int
-    """Per-head query/key dimension with rotary embedding (the key part is shared by all heads)."""
-    v_head_dim: int
-    """Per-head value dimension."""
-
-    def __post_init__(self) -> None:
-        if self.q_lora_rank < 0:
-            raise UsageError(
-                f"mla.q_lora_rank = {self.q_lora_rank}: give 0 (no compression) or more"
-            )
-        _positive(
-            "mla",
-            kv_lora_rank=self.kv_lora_rank,
-            qk_nope_head_dim=self.qk_nope_head_dim,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            v_head_dim=self.v_head_dim,
-        )
-        if self.qk_rope_head_dim % 2:
-            raise UsageError(
-                f"mla.qk_rope_head_dim = {self.qk_rope_head_dim}: rotary needs an even size"
-            )
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-
-@dataclass(frozen=True, kw_only=True)
-class MoESpec:
-    """Mixture-of-experts layout: routed experts (token choice, top-k) plus optional shared experts."""
-
-    num_experts: int
-    """Routed experts per MoE layer."""
-    top_k: int
-    """Experts each token is sent to."""
-    expert_ffn_hidden: int
-    """FFN width of one routed expert."""
-    shared_experts: int = 0
-    """Shared experts every token goes through (DeepSeek); merged into one FFN of width
-    ``shared_experts * shared_ffn_hidden`` named ``moe.shared_experts``."""
-    shared_ffn_hidden: int | None = None
-    """FFN width of one shared expert (default: ``expert_ffn_hidden``)."""
-    first_dense_layers: int = 0
-    """The first this-many layers use a dense FFN of width ``ModelSpec.ffn_hidden``."""
-    layer_freq: int = 1
-    """After the dense ones, every ``layer_freq``-th layer is MoE (the others dense)."""
-    scoring: str = "softmax"
-    """Router scores: ``softmax`` (Mixtral) or ``sigmoid`` (DeepSeek-V3)."""
-    normalize_top_k: bool = True
-    """Renormalise the top-k scores of a token to sum to 1."""
-    route_scale: float = 1.0
-    """Factor applied to the routed output (DeepSeek-V3: 2.5)."""
-
-    def __post_init__(self) -> None:
-        _positive(
-            "moe",
-            num_experts=self.num_experts,
-            top_k=self.top_k,
-            expert_ffn_hidden=self.expert_ffn_hidden,
-            shared_ffn_hidden=self.shared_ffn_hidden,
-            layer_freq=self.layer_freq,
-            route_scale=self.route_scale,
-        )
-        if self.top_k > self.num_experts:
-            raise UsageError(
-                f"moe.top_k = {self.top_k} exceeds moe.num_experts = {self.num_experts}: "
-                "route each token to at most every expert"
-            )
-        if self.shared_experts < 0 or self.first_dense_layers < 0:
-            raise UsageError("moe.shared_experts and moe.first_dense_layers must be 0 or more")
-        if self.scoring not in SCORINGS:
-            raise UsageError(f"moe.scoring = {self.scoring!r}: use one of {', '.join(SCORINGS)}")
-
-    @property
-    def shared_hidden(self) -> int:
-        """Width of the merged shared-expert FFN (0 when there is none)."""
-        return self.shared_experts * (self.shared_ffn_hidden or self.expert_ffn_hidden)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,7 +86,7 @@ class ModelSpec:
     """Where the numbers come from."""
 
     def __post_init__(self) -> None:
-        _positive(
+        check_positive(
             self.name or "spec",
             vocab_size=self.vocab_size,
             hidden=self.hidden,
