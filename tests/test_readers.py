@@ -9,9 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parlab import contract
 from parlab.cli import main
+from parlab.contract import read
 from tests.test_contract import make_doc
 
 
@@ -101,3 +104,38 @@ def test_read_document_refuses_a_fifo_in_one_line(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "doc.json")
     with pytest.raises(contract.NotADocument, match="not a regular file"):
         contract.read_document(tmp_path / "doc.json")
+
+
+def _depth(x: object) -> int:
+    if isinstance(x, dict):
+        return 1 + max((_depth(v) for v in x.values()), default=0)
+    if isinstance(x, list):
+        return 1 + max((_depth(v) for v in x), default=0)
+    return 0
+
+
+_TRICKY = st.sampled_from(['a"[{', 'x\\"]]}', "\\\\", "\u5b00\u2200", 1, None, 2.5])
+_JSON = st.recursive(
+    _TRICKY,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["k[", "v"]), inner, max_size=3)
+    ),
+    max_leaves=200,
+)
+
+
+def _nest(x: object, levels: int) -> object:
+    for i in range(levels):
+        x = [x] if i % 2 else {"k{": x}
+    return x
+
+
+@settings(max_examples=150, deadline=None)
+@given(_JSON, st.integers(0, 80), st.sampled_from(["utf-8", "utf-16", "utf-32"]), st.booleans())
+def test_the_byte_level_nesting_check_agrees_with_the_parsed_depth(
+    inner: object, levels: int, encoding: str, ascii_only: bool
+) -> None:
+    data = _nest(inner, levels)
+    raw = json.dumps(data, ensure_ascii=ascii_only).encode(encoding)
+    assert read._too_deep(raw) == (_depth(data) > contract.MAX_NESTING)

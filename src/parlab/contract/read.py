@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from parlab.contract.document import EVIDENCE_LEVELS, PROJECTS, ROLES, Document, Metric
 from parlab.errors import UsageError
@@ -47,19 +46,25 @@ NESTED_DEPTH = 4
 """How deep ``read_results(nested=True)`` looks for results folders inside a results folder."""
 
 
-def _nesting(data: Any) -> int:
-    """How deeply ``data`` nests (iteratively: a deep document must not exhaust the stack)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        x, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > MAX_NESTING:
-            break
-        if isinstance(x, dict):
-            stack.extend((v, d + 1) for v in x.values())
-        elif isinstance(x, list):
-            stack.extend((v, d + 1) for v in x)
-    return deepest
+_BRACKETS = bytes(range(256)).translate(None, b'[]{}"')
+"""Every byte but JSON's brackets and quotes (``bytes.translate``'s delete set)."""
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Whether the valid JSON in ``raw`` nests more than ``MAX_NESTING`` containers deep, from its bytes
+    alone: escapes dropped, then everything but brackets and quotes, then strings; each
+    ``bytes.replace`` pass of ``[]`` then takes one level off. No recursion and no Python loop
+    over values: a deep document cannot exhaust the stack, and a long list costs C."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return False
+    encoding = json.detect_encoding(raw)
+    if not encoding.startswith("utf-8"):  # UTF-16/32 (which json.loads accepts) to UTF-8
+        raw = raw.decode(encoding).encode()
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _BRACKETS)
+    text = b"".join(text.split(b'"')[::2]).replace(b"{", b"[").replace(b"}", b"]")
+    for _ in range(MAX_NESTING):
+        text = text.replace(b"[]", b"")
+    return bool(text)
 
 
 def _read_capped(path: Path) -> bytes:
@@ -99,10 +104,10 @@ def read_document(path: str | Path) -> Document:
         raise NotADocument(f"{path}: JSON nested too deep to parse") from None
     if not isinstance(data, dict):
         raise NotADocument(f"{path}: foreign file (a JSON {type(data).__name__}, not a document)")
-    if _nesting(data) > MAX_NESTING:
+    if _too_deep(raw):
         raise NotADocument(f"{path}: JSON nested more than {MAX_NESTING} deep: not a document")
     try:
-        return Document.from_json(data)
+        return Document.from_json(data, raw)
     except ValueError as exc:
         raise NotADocument(f"{path}: {exc}") from None
     except (TypeError, KeyError, AttributeError, RecursionError) as exc:
