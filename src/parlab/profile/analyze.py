@@ -46,7 +46,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -815,8 +815,3 @@ def analyze_folder(
         world_size=world,
         run_id=None if key[0] == "None" else key[0],
     )
-
-
-def to_plain(obj: Any) -> Any:
-    """A dataclass tree as plain JSON-ready data."""
-    return asdict(obj)
