@@ -41,7 +41,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from collections import defaultdict
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,7 +204,6 @@ def analyze_folder(
     *,
     fragments_dir: str | Path | None = None,
     workers: int | None = None,
-    progress: Callable[[str], None] | None = None,
 ) -> RunProfile:
     """Analyse every rank's trace in ``folder``; bad, foreign and missing files become ``problems``.
 
