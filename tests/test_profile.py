@@ -409,7 +409,7 @@ def test_skipping_cpu_ops_of_gpu_traces_changes_nothing(
 ) -> None:
     import re
 
-    import parlab.profile.analyze as analyze_mod
+    import parlab.profile.collect as collect_mod
 
     p = tmp_path / "rank0.trace.json"
     with open(p, "w") as f:
@@ -417,9 +417,9 @@ def test_skipping_cpu_ops_of_gpu_traces_changes_nothing(
     fast = analyze_trace(p)
     sc = TraceScanner(p)
     for _ in sc.events():
-        sc.skip = analyze_mod.KINETO_CPU_OP_NOT_COMM
+        sc.skip = collect_mod.KINETO_CPU_OP_NOT_COMM
     assert sc.events_skipped > 100
-    monkeypatch.setattr(analyze_mod, "KINETO_CPU_OP_NOT_COMM", re.compile("(?!)"))
+    monkeypatch.setattr(collect_mod, "KINETO_CPU_OP_NOT_COMM", re.compile("(?!)"))
     slow = analyze_trace(p)
     assert fast.steps == slow.steps
     assert fast.collectives == slow.collectives

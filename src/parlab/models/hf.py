@@ -83,34 +83,56 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     cfg, where = _read(path)
     _check_numbers(cfg, where)
     kind = str(cfg.get("model_type", "")).lower()
-    label = name or cfg.get("_name_or_path") or where.parent.name or kind or "hf-model"
+    label = str(name or cfg.get("_name_or_path") or where.parent.name or kind or "hf-model")
     src = f"Hugging Face config {where}"
     if kind == "gpt2":
-        h = int(_need(cfg, "n_embd", where))
-        return ModelSpec(
-            name=str(label),
-            vocab_size=int(_need(cfg, "vocab_size", where)),
-            hidden=h,
-            layers=int(_need(cfg, "n_layer", where)),
-            heads=int(_need(cfg, "n_head", where)),
-            ffn_hidden=int(cfg.get("n_inner") or 4 * h),
-            activation="gelu",
-            norm="layernorm",
-            norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5),
-            position="learned",
-            linear_bias=True,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            max_seq_len=int(_need(cfg, "n_positions", where)),
-            source=src,
-        )
-    g = lambda f: _need(cfg, f, where)  # noqa: E731
-    heads = int(g("num_attention_heads"))
+        return _gpt2(cfg, where, label, src)
+    fields = _llama_fields(cfg, where, kind, label, src)
+    if kind == "mixtral":
+        fields.update(_mixtral_fields(cfg, where))
+    elif kind in ("qwen2_moe", "qwen3_moe"):
+        fields.update(_qwen_moe_fields(cfg, where))
+    elif kind in ("deepseek_v2", "deepseek_v3"):
+        fields.update(_deepseek_fields(cfg, where))
+    else:
+        fields["ffn_hidden"] = int(_need(cfg, "intermediate_size", where))
+    if fields.get("head_dim") is not None:
+        fields["head_dim"] = int(fields["head_dim"])
+    return ModelSpec(**fields)
+
+
+def _gpt2(cfg: dict[str, Any], where: Path, label: str, src: str) -> ModelSpec:
+    """GPT-2's own field names: learned positions, LayerNorm, GELU, biases."""
+    h = int(_need(cfg, "n_embd", where))
+    return ModelSpec(
+        name=label,
+        vocab_size=int(_need(cfg, "vocab_size", where)),
+        hidden=h,
+        layers=int(_need(cfg, "n_layer", where)),
+        heads=int(_need(cfg, "n_head", where)),
+        ffn_hidden=int(cfg.get("n_inner") or 4 * h),
+        activation="gelu",
+        norm="layernorm",
+        norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5),
+        position="learned",
+        linear_bias=True,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        max_seq_len=int(_need(cfg, "n_positions", where)),
+        source=src,
+    )
+
+
+def _llama_fields(
+    cfg: dict[str, Any], where: Path, kind: str, label: str, src: str
+) -> dict[str, Any]:
+    """The fields every Llama-shaped config shares (all but the feed-forward)."""
+    heads = int(_need(cfg, "num_attention_heads", where))
     act = str(cfg.get("hidden_act", "silu")).lower()
-    common: dict[str, Any] = dict(
-        name=str(label),
-        vocab_size=int(g("vocab_size")),
-        hidden=int(g("hidden_size")),
-        layers=int(g("num_hidden_layers")),
+    return dict(
+        name=label,
+        vocab_size=int(_need(cfg, "vocab_size", where)),
+        hidden=int(_need(cfg, "hidden_size", where)),
+        layers=int(_need(cfg, "num_hidden_layers", where)),
         heads=heads,
         kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=cfg.get("head_dim"),
@@ -122,52 +144,58 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
         max_seq_len=int(cfg.get("max_position_embeddings") or 2048),
         source=src,
     )
-    if kind == "mixtral":
-        common["ffn_hidden"] = int(g("intermediate_size"))
-        common["moe"] = MoESpec(
-            num_experts=int(g("num_local_experts")),
+
+
+def _mixtral_fields(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """Mixtral: every layer's feed-forward is routed experts of ``intermediate_size``."""
+    ffn = int(_need(cfg, "intermediate_size", where))
+    moe = MoESpec(
+        num_experts=int(_need(cfg, "num_local_experts", where)),
+        top_k=int(_need(cfg, "num_experts_per_tok", where)),
+        expert_ffn_hidden=int(_need(cfg, "intermediate_size", where)),
+    )
+    return {"ffn_hidden": ffn, "moe": moe}
+
+
+def _qwen_moe_fields(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """Qwen MoE: routed experts every ``decoder_sparse_step`` layers, an optional shared one."""
+    moe_ffn = int(_need(cfg, "moe_intermediate_size", where))
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    ffn = int(cfg.get("intermediate_size") or moe_ffn)
+    moe = MoESpec(
+        num_experts=int(_need(cfg, "num_experts", where)),
+        top_k=int(_need(cfg, "num_experts_per_tok", where)),
+        expert_ffn_hidden=moe_ffn,
+        shared_experts=1 if shared else 0,
+        shared_ffn_hidden=shared or None,
+        layer_freq=int(cfg.get("decoder_sparse_step") or 1),
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+    )
+    return {"ffn_hidden": ffn, "moe": moe}
+
+
+def _deepseek_fields(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """DeepSeek V2/V3: multi-head latent attention, and routed plus shared experts."""
+    g = lambda f: _need(cfg, f, where)  # noqa: E731
+    fields: dict[str, Any] = {"kv_heads": None, "head_dim": None, "qkv_bias": False}
+    fields["ffn_hidden"] = int(g("intermediate_size"))
+    fields["mla"] = MLASpec(
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        kv_lora_rank=int(g("kv_lora_rank")),
+        qk_nope_head_dim=int(g("qk_nope_head_dim")),
+        qk_rope_head_dim=int(g("qk_rope_head_dim")),
+        v_head_dim=int(g("v_head_dim")),
+    )
+    if cfg.get("n_routed_experts"):
+        fields["moe"] = MoESpec(
+            num_experts=int(g("n_routed_experts")),
             top_k=int(g("num_experts_per_tok")),
-            expert_ffn_hidden=int(g("intermediate_size")),
-        )
-    elif kind in ("qwen2_moe", "qwen3_moe"):
-        moe_ffn = int(g("moe_intermediate_size"))
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-        common["ffn_hidden"] = int(cfg.get("intermediate_size") or moe_ffn)
-        common["moe"] = MoESpec(
-            num_experts=int(g("num_experts")),
-            top_k=int(g("num_experts_per_tok")),
-            expert_ffn_hidden=moe_ffn,
-            shared_experts=1 if shared else 0,
-            shared_ffn_hidden=shared or None,
-            layer_freq=int(cfg.get("decoder_sparse_step") or 1),
+            expert_ffn_hidden=int(g("moe_intermediate_size")),
+            shared_experts=int(cfg.get("n_shared_experts") or 0),
+            first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+            layer_freq=int(cfg.get("moe_layer_freq") or 1),
+            scoring=str(cfg.get("scoring_func", "softmax")),
             normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+            route_scale=float(cfg.get("routed_scaling_factor") or 1.0),
         )
-    elif kind in ("deepseek_v2", "deepseek_v3"):
-        common["kv_heads"] = None
-        common["head_dim"] = None
-        common["qkv_bias"] = False
-        common["ffn_hidden"] = int(g("intermediate_size"))
-        common["mla"] = MLASpec(
-            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-            kv_lora_rank=int(g("kv_lora_rank")),
-            qk_nope_head_dim=int(g("qk_nope_head_dim")),
-            qk_rope_head_dim=int(g("qk_rope_head_dim")),
-            v_head_dim=int(g("v_head_dim")),
-        )
-        if cfg.get("n_routed_experts"):
-            common["moe"] = MoESpec(
-                num_experts=int(g("n_routed_experts")),
-                top_k=int(g("num_experts_per_tok")),
-                expert_ffn_hidden=int(g("moe_intermediate_size")),
-                shared_experts=int(cfg.get("n_shared_experts") or 0),
-                first_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
-                layer_freq=int(cfg.get("moe_layer_freq") or 1),
-                scoring=str(cfg.get("scoring_func", "softmax")),
-                normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
-                route_scale=float(cfg.get("routed_scaling_factor") or 1.0),
-            )
-    else:
-        common["ffn_hidden"] = int(g("intermediate_size"))
-    if common.get("head_dim") is not None:
-        common["head_dim"] = int(common["head_dim"])
-    return ModelSpec(**common)
+    return fields

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from parlab.profile.analyze import RankProfile, RunProfile
+from parlab.profile.profiles import RankProfile, RunProfile
 
 
 def write_merged_trace(run: RunProfile, fragments_dir: Path, out: Path) -> Path:

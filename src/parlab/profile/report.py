@@ -28,8 +28,9 @@ from parlab.contract import (
 )
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
-from parlab.profile.analyze import RunProfile, analyze_folder
+from parlab.profile.analyze import analyze_folder
 from parlab.profile.export import pick_step, write_merged_trace, write_timeline_png
+from parlab.profile.profiles import RunProfile
 from parlab.profile.summary import Summary, hotspot_text, summarize
 
 DEFAULT_PROJECT = "PAR-TRAINING-STATE"

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from parlab.profile.analyze import RunProfile
+from parlab.profile.profiles import RunProfile
 from parlab.units import format_bytes, format_seconds
 
 SMALL_MESSAGE_BYTES = 4 * 1024 * 1024
