@@ -4,7 +4,7 @@
 the test suite's fork helper). For each (op, size) it
 
 1. allocates the buffers and fills the inputs with exact patterns
-   (``parlab.comm.ops``), runs the op once, and counts wrong elements
+   (``parlab.comm.patterns``), runs the op once, and counts wrong elements
    against the exact expected values (the check iteration is outside the
    timed loop, as nccl-tests' ``-c 1``);
 2. runs ``warmup`` untimed iterations, then ``iters`` timed iterations:
@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import ops as O
+from parlab.comm import patterns as P
 from parlab.runtime.context import RankContext
 from parlab.topology import Topology
 
@@ -103,7 +104,7 @@ class Case:
         r = dist.get_rank(group)
         elem = torch.empty((), dtype=dtype).element_size()
         total = nbytes // elem
-        pat = O.pattern_for(op, dtype, n)
+        pat = P.pattern_for(op, dtype, n)
         self.pattern = pat
         self.n, self.r, self.group = n, r, group
         empty = lambda k: torch.zeros(k, dtype=dtype, device=dev)  # noqa: E731
@@ -120,7 +121,7 @@ class Case:
         if op == "all_reduce":
             # torch's all_reduce is in place only (an out-of-place form would add a copy)
             buf = empty(total)
-            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
+            self.prepare = lambda: P.fill(buf, 0, pat, pat.rank_scale(r))
             self.fn = (
                 comm.prepare("all_reduce", buf)
                 if comm is not None
@@ -132,7 +133,7 @@ class Case:
             c = total // n
             out = empty(total)
             inp = out.narrow(0, r * c, c) if inplace else empty(c)
-            self.prepare = lambda: O.fill(inp, r * c, pat)
+            self.prepare = lambda: P.fill(inp, r * c, pat)
             self.fn = (
                 comm.prepare("all_gather", out, inp)
                 if comm is not None
@@ -144,7 +145,7 @@ class Case:
             c = total // n
             inp = empty(total)
             out = inp.narrow(0, r * c, c) if inplace else empty(c)
-            self.prepare = lambda: O.fill(inp, 0, pat, pat.rank_scale(r))
+            self.prepare = lambda: P.fill(inp, 0, pat, pat.rank_scale(r))
             self.fn = (
                 comm.prepare("reduce_scatter", out, inp)
                 if comm is not None
@@ -156,7 +157,7 @@ class Case:
             c = total // n
             inp, out = empty(total), empty(total)
             self.prepare = lambda: [
-                O.fill(inp.narrow(0, j * c, c), (r * n + j) * c, pat) for j in range(n)
+                P.fill(inp.narrow(0, j * c, c), (r * n + j) * c, pat) for j in range(n)
             ]
             self.fn = (
                 comm.prepare("all_to_all", out, inp)
@@ -175,7 +176,7 @@ class Case:
             def prep() -> None:
                 off = 0
                 for j in range(n):
-                    O.fill(inp.narrow(0, off, send[j]), (r * n + j) * cmax, pat)
+                    P.fill(inp.narrow(0, off, send[j]), (r * n + j) * cmax, pat)
                     off += send[j]
 
             self.prepare = prep
@@ -194,7 +195,7 @@ class Case:
         elif op == "broadcast":
             buf = empty(total)
             root = dist.get_global_rank(group, 0)
-            self.prepare = lambda: O.fill(buf, 0, pat) if r == 0 else buf.zero_()
+            self.prepare = lambda: P.fill(buf, 0, pat) if r == 0 else buf.zero_()
             self.fn = (
                 comm.prepare("broadcast", buf, root=0)
                 if comm is not None
@@ -205,7 +206,7 @@ class Case:
         elif op == "reduce":
             buf = empty(total)
             root = dist.get_global_rank(group, 0)
-            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
+            self.prepare = lambda: P.fill(buf, 0, pat, pat.rank_scale(r))
             self.fn = (
                 comm.prepare("reduce", buf, root=0)
                 if comm is not None
@@ -217,7 +218,7 @@ class Case:
             send, recv = empty(total), empty(total)
             nxt = dist.get_global_rank(group, (r + 1) % n)
             prv = dist.get_global_rank(group, (r - 1) % n)
-            self.prepare = lambda: O.fill(send, r * total, pat)
+            self.prepare = lambda: P.fill(send, r * total, pat)
 
             def sr() -> None:
                 p2p = [
@@ -243,7 +244,7 @@ class Case:
         self.fn()
         if not self.pattern.exact:
             return None
-        return sum(O.count_wrong(t, start, self.pattern, scale) for t, start, scale in self.checks)
+        return sum(P.count_wrong(t, start, self.pattern, scale) for t, start, scale in self.checks)
 
 
 def _time_gpu(fn: Callable[[], None], iters: int, graph: bool, group: Any) -> list[float]:
