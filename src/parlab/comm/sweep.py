@@ -240,7 +240,7 @@ def resolve_backend(spec: SweepSpec) -> str:
             "CPU/gloo runs"
         )
     if spec.via == "nccl":
-        from parlab.comm.nccl_direct import check_library_env
+        from parlab.comm.nccl_library import check_library_env
 
         check_library_env()
     return backend
