@@ -317,6 +317,19 @@ def round_size(op: str, nbytes: int, n: int, elem: int) -> int:
     return (nbytes // unit) * unit
 
 
+def op_sizes(op: str, sizes: list[int], n: int, elem: int) -> list[tuple[int, int]]:
+    """``(requested, rounded)`` for each size ``op`` runs at: rounded as ``round_size`` does,
+    sizes that round to zero or to an earlier size dropped (what the sweep measures)."""
+    seen: set[int] = set()
+    out = []
+    for s in sizes:
+        r = round_size(op, s, n, elem)
+        if r and r not in seen:
+            seen.add(r)
+            out.append((s, r))
+    return out
+
+
 def count_of(op: str, nbytes: int, n: int, elem: int) -> int:
     """The element count nccl-tests prints for ``op`` at ``nbytes`` (its ``paramcount``)."""
     if SPECS[op].split != 0:
