@@ -178,12 +178,7 @@ class SweepSpec:
                 continue
             if op == "send_recv" and n < 2:
                 continue
-            seen: set[int] = set()
-            for s in self.sizes:
-                r = O.round_size(op, s, n, elem)
-                if r and r not in seen:
-                    seen.add(r)
-                    out.append((op, s, r))
+            out.extend((op, s, r) for s, r in O.op_sizes(op, self.sizes, n, elem))
         return out
 
 
