@@ -34,7 +34,7 @@ the C signatures, the type and reduction codes), so both paths run the same NCCL
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -190,15 +190,6 @@ class DirectComm:
         if self._comm is None:
             raise RuntimeError("DirectComm is closed")
         return builders[call](*args, **kwargs)
-
-    @contextlib.contextmanager
-    def grouped(self) -> Iterator[None]:
-        """``ncclGroupStart`` ... ``ncclGroupEnd``: the calls inside launch as one operation."""
-        self.lib.check(self._nccl.ncclGroupStart(), "ncclGroupStart")
-        try:
-            yield
-        finally:
-            self.lib.check(self._nccl.ncclGroupEnd(), "ncclGroupEnd")
 
     # --- the calls (each method: prepare, then call once) ------------------------------
 
