@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import ops as O
-from parlab.comm.bench import Case, sweep_rank
+from parlab.comm.bench import sweep_rank
+from parlab.comm.case import Case
 from parlab.runtime.context import RankContext
 from parlab.runtime.testing import run_ranks
 

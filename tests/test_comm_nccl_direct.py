@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from parlab.cli import main
 from parlab.comm import nccl_direct as N
+from parlab.comm import nccl_library as L
 from parlab.comm import ops as O
 from parlab.comm.bench import sweep_rank
 from parlab.errors import UsageError
@@ -39,7 +40,7 @@ HANDLE = 0xC0FFEE
 """The ``ncclComm_t`` the stand-in hands out (every call must pass it back)."""
 STREAM = 0x5EED
 """The ``cudaStream_t`` the stand-in's ``DirectComm`` enqueues on (every call must pass it)."""
-TORCH_OF = {v: k for k, v in N.NCCL_DTYPES.items()}
+TORCH_OF = {v: k for k, v in L.NCCL_DTYPES.items()}
 REDUCE_OF = {
     0: dist.ReduceOp.SUM,
     1: dist.ReduceOp.PRODUCT,
@@ -93,12 +94,12 @@ def test_missing_library_file_is_one_line_before_anything_launches(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     missing = tmp_path / "nowhere" / "libnccl.so.2"
-    monkeypatch.setenv(N.LIBRARY_ENV, str(missing))
+    monkeypatch.setenv(L.LIBRARY_ENV, str(missing))
     with pytest.raises(UsageError) as info:
-        N.find_library()
+        L.find_library()
     msg = str(info.value)
     assert msg.startswith("NCCL library not found:") and len(msg.splitlines()) == 1
-    assert f"{N.LIBRARY_ENV}={missing}" in msg and "set PARLAB_NCCL_LIBRARY=" in msg
+    assert f"{L.LIBRARY_ENV}={missing}" in msg and "set PARLAB_NCCL_LIBRARY=" in msg
     # the CLI checks it in the driver (here with NCCL forced, so the check is reached)
     results = tmp_path / "results"
     args = ["collectives", "--via", "nccl", "--backend", "nccl", "--op", "all_reduce"]
@@ -113,9 +114,9 @@ def test_a_file_that_is_no_library_is_one_line(
 ) -> None:
     junk = tmp_path / "libnccl.so.2"
     junk.write_bytes(b"not an ELF file")
-    monkeypatch.setenv(N.LIBRARY_ENV, str(junk))
+    monkeypatch.setenv(L.LIBRARY_ENV, str(junk))
     with pytest.raises(UsageError, match="NCCL library not loadable") as info:
-        N.load_library()
+        L.load_library()
     assert len(str(info.value).splitlines()) == 1
 
 
@@ -132,42 +133,42 @@ def test_discovery_reads_the_library_mapped_into_the_process(tmp_path: Path) -> 
         "7f04-7f05 rw-p 00000000 00:00 0 \n"
         f"7f06-7f07 r-xp 00000000 08:01 3 {lib}\n"
     )
-    assert N._mapped_nccl(maps) == str(lib)
+    assert L._mapped_nccl(maps) == str(lib)
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
-    assert N._mapped_nccl(maps) is None
+    assert L._mapped_nccl(maps) is None
 
 
 def test_no_library_anywhere_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(N.LIBRARY_ENV, raising=False)
-    monkeypatch.setattr(N, "_mapped_nccl", lambda: None)
-    monkeypatch.setattr(N.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.delenv(L.LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(L, "_mapped_nccl", lambda: None)
+    monkeypatch.setattr(L.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(UsageError) as info:
-        N.find_library()
+        L.find_library()
     msg = str(info.value)
     assert msg.startswith("NCCL library not found:") and "needs GPUs" in msg
     assert len(msg.splitlines()) == 1
 
 
 def test_version_codes_both_encodings() -> None:
-    assert N.version_tuple(22809) == (2, 28, 9)  # NCCL >= 2.9: major*10000 + minor*100 + patch
-    assert N.version_tuple(2708) == (2, 7, 8)  # before: major*1000 + minor*100 + patch
+    assert L.version_tuple(22809) == (2, 28, 9)  # NCCL >= 2.9: major*10000 + minor*100 + patch
+    assert L.version_tuple(2708) == (2, 7, 8)  # before: major*1000 + minor*100 + patch
 
 
 def test_type_and_reduction_maps_cover_what_the_sweep_offers() -> None:
     # every -d the sweep accepts has an ncclDataType_t (fp8 from NCCL 2.24)
-    missing = {str(t) for t in O.DTYPES.values() if t not in N.NCCL_DTYPES}
+    missing = {str(t) for t in O.DTYPES.values() if t not in L.NCCL_DTYPES}
     assert not missing, f"no NCCL type for {missing}"
-    assert N.nccl_dtype(torch.bfloat16) == 9 and N.nccl_dtype(torch.float32) == 7
+    assert L.nccl_dtype(torch.bfloat16) == 9 and L.nccl_dtype(torch.float32) == 7
     with pytest.raises(UsageError, match=r"NCCL >= 2\.24"):
-        N.nccl_dtype(torch.float8_e4m3fn, (2, 21, 5))
-    assert N.nccl_dtype(torch.float8_e4m3fn, (2, 28, 9)) == 10
+        L.nccl_dtype(torch.float8_e4m3fn, (2, 21, 5))
+    assert L.nccl_dtype(torch.float8_e4m3fn, (2, 28, 9)) == 10
     with pytest.raises(UsageError, match="no type"):
-        N.nccl_dtype(torch.complex64)
+        L.nccl_dtype(torch.complex64)
     # every reduction torch's ReduceOp has and NCCL has, and the one the sweep records
-    assert N.NCCL_REDOPS == {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
-    assert {"sum"} <= set(N.NCCL_REDOPS)
+    assert L.NCCL_REDOPS == {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+    assert {"sum"} <= set(L.NCCL_REDOPS)
     with pytest.raises(UsageError, match="unknown reduction"):
-        N.nccl_redop("premul_sum")
+        L.nccl_redop("premul_sum")
     # every op the sweep measures (but barrier) is one NCCL call or one group of them
     sized = [op for op in O.OPS if op != "barrier"]
     calls = {"all_to_all_uneven": "all_to_all", "send_recv": "send_recv"}
@@ -212,7 +213,7 @@ class FakeNccl:
 
     def ncclGetUniqueId(self, ref: Any) -> int:
         self.calls.append("ncclGetUniqueId")
-        for i in range(N.UNIQUE_ID_BYTES):
+        for i in range(L.UNIQUE_ID_BYTES):
             ref._obj.internal[i] = (i * 7) % 256 - 128
         return 0
 
@@ -223,7 +224,7 @@ class FakeNccl:
         dist.all_gather_object(ids, got, group=self.group)
         if (
             len(set(ids)) != 1
-            or len(got) != N.UNIQUE_ID_BYTES
+            or len(got) != L.UNIQUE_ID_BYTES
             or nranks != dist.get_world_size(self.group)
             or rank != dist.get_rank(self.group)
         ):
@@ -321,7 +322,7 @@ class FakeNccl:
         return 0
 
 
-class FakeLibrary(N.NcclLibrary):
+class FakeLibrary(L.NcclLibrary):
     """``NcclLibrary`` with ``FakeNccl`` in place of the loaded libnccl (the same methods)."""
 
     def __init__(self, group: Any, broken: bool = False) -> None:
@@ -329,7 +330,7 @@ class FakeLibrary(N.NcclLibrary):
         self.path = "fake-libnccl"
         v = ctypes.c_int()
         self.check(self.lib.ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
-        self.version = N.version_tuple(v.value)
+        self.version = L.version_tuple(v.value)
 
 
 def fake_comm(group: Any, device: torch.device, broken: bool = False) -> N.DirectComm:
@@ -647,7 +648,7 @@ ARITY = {
 """Arguments the stub logs per call (the others: 7)."""
 
 
-def _log(lib: N.NcclLibrary) -> list[tuple[str, list[int]]]:
+def _log(lib: L.NcclLibrary) -> list[tuple[str, list[int]]]:
     """The stub's call log since the last read, as (name, arguments); then clear it."""
     c = lib.lib
     c.stub_name.restype = ctypes.c_char_p
@@ -663,18 +664,18 @@ def _log(lib: N.NcclLibrary) -> list[tuple[str, list[int]]]:
 def test_library_binding_passes_the_unique_id_by_value_and_checks_results(
     stub_library: str,
 ) -> None:
-    lib = N.NcclLibrary(stub_library)
+    lib = L.NcclLibrary(stub_library)
     assert lib.version == (2, 28, 9)
     uid = lib.unique_id()
-    assert uid == bytes((i * 3 + 1) % 256 for i in range(N.UNIQUE_ID_BYTES))
+    assert uid == bytes((i * 3 + 1) % 256 for i in range(L.UNIQUE_ID_BYTES))
     assert lib.comm_init_rank(4, uid, 3) == HANDLE
     assert _log(lib) == [("ncclCommInitRank", [4, 3])]
     with pytest.raises(RuntimeError, match=r"ncclCommInitRank failed: invalid argument \(stub\)"):
-        lib.comm_init_rank(4, bytes(N.UNIQUE_ID_BYTES), 3)  # the stub rejects a foreign id
+        lib.comm_init_rank(4, bytes(L.UNIQUE_ID_BYTES), 3)  # the stub rejects a foreign id
 
 
 def _stub_calls(ctx: RankContext, path: str) -> list[tuple[str, list[int]]]:
-    lib = N.NcclLibrary(path)
+    lib = L.NcclLibrary(path)
     comm = REAL_DIRECT_COMM.__new__(REAL_DIRECT_COMM)
     comm._attach(None, ctx.device, lib, lambda: STREAM)
     _log(lib)

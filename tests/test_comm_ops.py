@@ -10,6 +10,7 @@ import torch
 
 from parlab.comm import model
 from parlab.comm import ops as O
+from parlab.comm import patterns as P
 from parlab.comm.calibration import fit_line, fit_op
 from parlab.errors import UsageError
 
@@ -81,7 +82,7 @@ def test_size_range_and_bad_input() -> None:
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_patterns_are_exact_in_the_dtype(dtype: torch.dtype, n: int) -> None:
     for op in ("all_reduce", "all_gather"):
-        p = O.pattern_for(op, dtype, n)
+        p = P.pattern_for(op, dtype, n)
         assert p.exact
         vals = torch.arange(p.modulus, dtype=torch.int64) + 1
         total = vals * p.total_scale(n) if O.SPECS[op].reduces else vals
@@ -93,15 +94,15 @@ def test_patterns_are_exact_in_the_dtype(dtype: torch.dtype, n: int) -> None:
 
 
 def test_count_wrong_counts_exactly() -> None:
-    p = O.pattern_for("all_gather", torch.float32, 2)
+    p = P.pattern_for("all_gather", torch.float32, 2)
     t = torch.zeros(1000)
-    O.fill(t, 17, p)
-    assert O.count_wrong(t, 17, p) == 0
+    P.fill(t, 17, p)
+    assert P.count_wrong(t, 17, p) == 0
     t[3] += 1
     t[999] = -5
-    assert O.count_wrong(t, 17, p) == 2
-    O.fill(t, 17, p)
-    assert O.count_wrong(t, 18, p) == 1000  # shifted by one: every element wrong
+    assert P.count_wrong(t, 17, p) == 2
+    P.fill(t, 17, p)
+    assert P.count_wrong(t, 18, p) == 1000  # shifted by one: every element wrong
 
 
 # --- the alpha-beta model --------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 from parlab.cli import main
 from parlab.contract import Document, Failure, Metric, Prediction, write_result
 from parlab.doctor import BY_ID, CASES, diagnose
-from parlab.doctor.cases import Doc, bubble_formula
+from parlab.doctor.cases import Doc
+from parlab.doctor.cases.idle import bubble_formula
 from parlab.glossary import lookup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +259,7 @@ def test_nothing_found_said_plainly(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_half_bandwidth_size_skips_a_sweep_measured_only_above_it() -> None:
-    from parlab.doctor.cases import half_bandwidth_size
+    from parlab.doctor.cases.communication import half_bandwidth_size
 
     def sweep(sizes_bw: list[tuple[int, float]]) -> Doc:
         rows = [{"op": "all_reduce", "size": s, "busbw": b} for s, b in sizes_bw]

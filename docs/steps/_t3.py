@@ -7,7 +7,7 @@ import re
 from _lib import CPU, Exercise, Page, block, cmd, configs_of, find, link, med, metric, run, shown
 from _lib import table, val
 
-from parlab.doctor.cases import bubble_formula
+from parlab.doctor.cases.idle import bubble_formula
 from parlab.ledger.traffic import traffic
 from parlab.models import get_spec
 from parlab.topology import Topology

@@ -4,7 +4,7 @@
 the test suite's fork helper). For each (op, size) it
 
 1. allocates the buffers and fills the inputs with exact patterns
-   (``parlab.comm.ops``), runs the op once, and counts wrong elements
+   (``parlab.comm.case``), runs the op once, and counts wrong elements
    against the exact expected values (the check iteration is outside the
    timed loop, as nccl-tests' ``-c 1``);
 2. runs ``warmup`` untimed iterations, then ``iters`` timed iterations:
@@ -58,17 +58,15 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from parlab.comm import ops as O
+from parlab.comm.case import Case
 from parlab.runtime.context import RankContext
 from parlab.topology import Topology
-
-if TYPE_CHECKING:
-    from parlab.comm.nccl_direct import DirectComm
 
 SAMPLES = 5
 """Timing samples per (op, size) on GPUs: chunks of the timed loop, or graph replays."""
@@ -82,168 +80,6 @@ def _group(ctx: RankContext, mesh: dict[str, int] | None, axis: str | None) -> A
     topo = Topology(world_size=ctx.world_size, **(mesh or {}))
     device_mesh = topo.build_mesh(ctx.device.type)
     return device_mesh.get_group(axis)
-
-
-class Case:
-    """Buffers, the op closure and its exact check, for one (op, size) on one rank."""
-
-    def __init__(
-        self,
-        op: str,
-        nbytes: int,
-        dtype: torch.dtype,
-        inplace: bool,
-        group: Any,
-        dev: Any,
-        comm: DirectComm | None = None,
-    ) -> None:
-        """``comm``: issue the op through NCCL directly (``via="nccl"``) instead of c10d."""
-        self.op = op
-        n = dist.get_world_size(group)
-        r = dist.get_rank(group)
-        elem = torch.empty((), dtype=dtype).element_size()
-        total = nbytes // elem
-        pat = O.pattern_for(op, dtype, n)
-        self.pattern = pat
-        self.n, self.r, self.group = n, r, group
-        empty = lambda k: torch.zeros(k, dtype=dtype, device=dev)  # noqa: E731
-        self.checks: list[tuple[torch.Tensor, int, int]] = []
-        """(tensor, pattern start, scale) triples that must hold after one op."""
-        self.prepare: Callable[[], None]
-        """Fills the inputs with the exact pattern."""
-        self.fn: Callable[[], None]
-        """Issues the collective once (what the timed loop repeats)."""
-        self.input: torch.Tensor
-        """This rank's input buffer (in-place ops: the same tensor as ``output``)."""
-        self.output: torch.Tensor
-        """This rank's result buffer."""
-        if op == "all_reduce":
-            # torch's all_reduce is in place only (an out-of-place form would add a copy)
-            buf = empty(total)
-            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
-            self.fn = (
-                comm.prepare("all_reduce", buf)
-                if comm is not None
-                else lambda: dist.all_reduce(buf, group=group)
-            )
-            self.input, self.output = buf, buf
-            self.checks = [(buf, 0, pat.total_scale(n))]
-        elif op == "all_gather":
-            c = total // n
-            out = empty(total)
-            inp = out.narrow(0, r * c, c) if inplace else empty(c)
-            self.prepare = lambda: O.fill(inp, r * c, pat)
-            self.fn = (
-                comm.prepare("all_gather", out, inp)
-                if comm is not None
-                else lambda: dist.all_gather_into_tensor(out, inp, group=group)
-            )
-            self.input, self.output = inp, out
-            self.checks = [(out, 0, 1)]
-        elif op == "reduce_scatter":
-            c = total // n
-            inp = empty(total)
-            out = inp.narrow(0, r * c, c) if inplace else empty(c)
-            self.prepare = lambda: O.fill(inp, 0, pat, pat.rank_scale(r))
-            self.fn = (
-                comm.prepare("reduce_scatter", out, inp)
-                if comm is not None
-                else lambda: dist.reduce_scatter_tensor(out, inp, group=group)
-            )
-            self.input, self.output = inp, out
-            self.checks = [(out, r * c, pat.total_scale(n))]
-        elif op == "all_to_all":
-            c = total // n
-            inp, out = empty(total), empty(total)
-            self.prepare = lambda: [
-                O.fill(inp.narrow(0, j * c, c), (r * n + j) * c, pat) for j in range(n)
-            ]
-            self.fn = (
-                comm.prepare("all_to_all", out, inp)
-                if comm is not None
-                else lambda: dist.all_to_all_single(out, inp, group=group)
-            )
-            self.input, self.output = inp, out
-            self.checks = [(out.narrow(0, s * c, c), (s * n + r) * c, 1) for s in range(n)]
-        elif op == "all_to_all_uneven":
-            base = O.uneven_base(nbytes, n, elem)
-            send = O.uneven_splits(r, n, base)
-            recv = [O.uneven_splits(s, n, base)[r] for s in range(n)]
-            inp, out = empty(sum(send)), empty(sum(recv))
-            cmax = base * n
-
-            def prep() -> None:
-                off = 0
-                for j in range(n):
-                    O.fill(inp.narrow(0, off, send[j]), (r * n + j) * cmax, pat)
-                    off += send[j]
-
-            self.prepare = prep
-            self.fn = (
-                comm.prepare("all_to_all", out, inp, recv, send)
-                if comm is not None
-                else lambda: dist.all_to_all_single(
-                    out, inp, output_split_sizes=recv, input_split_sizes=send, group=group
-                )
-            )
-            self.input, self.output = inp, out
-            offs = [sum(recv[:s]) for s in range(n)]
-            self.checks = [
-                (out.narrow(0, offs[s], recv[s]), (s * n + r) * cmax, 1) for s in range(n)
-            ]
-        elif op == "broadcast":
-            buf = empty(total)
-            root = dist.get_global_rank(group, 0)
-            self.prepare = lambda: O.fill(buf, 0, pat) if r == 0 else buf.zero_()
-            self.fn = (
-                comm.prepare("broadcast", buf, root=0)
-                if comm is not None
-                else lambda: dist.broadcast(buf, src=root, group=group)
-            )
-            self.input, self.output = buf, buf
-            self.checks = [(buf, 0, 1)]
-        elif op == "reduce":
-            buf = empty(total)
-            root = dist.get_global_rank(group, 0)
-            self.prepare = lambda: O.fill(buf, 0, pat, pat.rank_scale(r))
-            self.fn = (
-                comm.prepare("reduce", buf, root=0)
-                if comm is not None
-                else lambda: dist.reduce(buf, dst=root, group=group)
-            )
-            self.input, self.output = buf, buf
-            self.checks = [(buf, 0, pat.total_scale(n))] if r == 0 else []
-        elif op == "send_recv":
-            send, recv = empty(total), empty(total)
-            nxt = dist.get_global_rank(group, (r + 1) % n)
-            prv = dist.get_global_rank(group, (r - 1) % n)
-            self.prepare = lambda: O.fill(send, r * total, pat)
-
-            def sr() -> None:
-                p2p = [
-                    dist.P2POp(dist.isend, send, nxt, group=group),
-                    dist.P2POp(dist.irecv, recv, prv, group=group),
-                ]
-                for w in dist.batch_isend_irecv(p2p):
-                    w.wait()
-
-            self.fn = (
-                comm.prepare("send_recv", send, (r + 1) % n, recv, (r - 1) % n)
-                if comm is not None
-                else sr
-            )
-            self.input, self.output = send, recv
-            self.checks = [(recv, ((r - 1) % n) * total, 1)]
-        else:
-            raise AssertionError(f"no case for {op}")
-
-    def check(self) -> int | None:
-        """Run the op once on fresh inputs; the number of wrong elements (None: not checkable)."""
-        self.prepare()
-        self.fn()
-        if not self.pattern.exact:
-            return None
-        return sum(O.count_wrong(t, start, self.pattern, scale) for t, start, scale in self.checks)
 
 
 def _time_gpu(fn: Callable[[], None], iters: int, graph: bool, group: Any) -> list[float]:
@@ -357,6 +193,40 @@ def _record(
     }
 
 
+def _measure_barrier(
+    ctx: RankContext, group: Any, warmup: int, iters: int
+) -> tuple[list[float], list[float]]:
+    """``dist.barrier`` timed on the host: the slowest rank's times and every rank's mean."""
+    for _ in range(warmup):
+        dist.barrier(group=group)
+    timed = _time_host(lambda: dist.barrier(group=group), iters, group, ctx.is_cuda)
+    return _slowest(ctx, timed)
+
+
+def _measure(
+    ctx: RankContext, case: Case, warmup: int, iters: int, graph: bool
+) -> tuple[list[float], list[float], int | None, str]:
+    """Check ``case`` once, warm it up, time it: (slowest times, rank means, #wrong over all
+    ranks or None, timing method)."""
+    wrong = case.check()
+    ctx.sync()
+    for _ in range(warmup):
+        case.fn()
+    if ctx.is_cuda:
+        timed = _time_gpu(case.fn, iters, graph, case.group)
+        method = "cuda-graph" if graph else "cuda-events"
+    else:
+        timed = _time_host(case.fn, iters, case.group, cuda=False)
+        method = "perf_counter"
+    slow, means = _slowest(ctx, timed)
+    total_wrong = None
+    if wrong is not None or not case.pattern.exact:
+        w = torch.tensor([wrong if wrong is not None else -1], dtype=torch.int64, device=ctx.device)
+        dist.all_reduce(w)
+        total_wrong = int(w.item()) if case.pattern.exact else None
+    return slow, means, total_wrong, method
+
+
 def sweep_rank(
     ctx: RankContext,
     *,
@@ -384,10 +254,10 @@ def sweep_rank(
     group = _group(ctx, mesh, axis)
     n = dist.get_world_size(group)
     elem = torch.empty((), dtype=tdtype).element_size()
-    cuda = ctx.is_cuda
     records: list[dict[str, Any]] = []
     comm = None
     if via == "nccl":
+        # looked up when called, not at import: the CPU tests put a stand-in there
         from parlab.comm.nccl_direct import DirectComm
 
         comm = DirectComm(group, device=ctx.device)
@@ -397,56 +267,18 @@ def sweep_rank(
             if op == "barrier" and comm is not None:
                 continue  # NCCL has no barrier call: the sweep notes it
             if op == "barrier":
-                for _ in range(warmup):
-                    dist.barrier(group=group)
-                timed = _time_host(lambda: dist.barrier(group=group), iters, group, cuda)
-                slow, means = _slowest(ctx, timed)
+                slow, means = _measure_barrier(ctx, group, warmup, iters)
                 rec = _record(op, 0, 0, n, elem, tdtype, slow, means, 0, False, False, "host")
                 records.append(rec)
                 _emit(progress, rec)
                 continue
             if op == "send_recv" and n < 2:
                 continue
-            seen = set()
-            for requested in sizes:
-                nbytes = O.round_size(op, requested, n, elem)
-                if nbytes == 0 or nbytes in seen:
-                    continue
-                seen.add(nbytes)
+            for requested, nbytes in O.op_sizes(op, sizes, n, elem):
                 case = Case(op, nbytes, tdtype, inplace, group, ctx.device, comm)
-                wrong = case.check()
-                ctx.sync()
-                for _ in range(warmup):
-                    case.fn()
-                if cuda:
-                    timed = _time_gpu(case.fn, iters, graph, group)
-                    method = "cuda-graph" if graph else "cuda-events"
-                else:
-                    timed = _time_host(case.fn, iters, group, cuda=False)
-                    method = "perf_counter"
-                slow, means = _slowest(ctx, timed)
-                total_wrong = None
-                if wrong is not None or not case.pattern.exact:
-                    w = torch.tensor(
-                        [wrong if wrong is not None else -1], dtype=torch.int64, device=ctx.device
-                    )
-                    dist.all_reduce(w)
-                    total_wrong = int(w.item()) if case.pattern.exact else None
-                rec = _record(
-                    op,
-                    requested,
-                    nbytes,
-                    n,
-                    elem,
-                    tdtype,
-                    slow,
-                    means,
-                    total_wrong,
-                    inplace,
-                    graph,
-                    method,
-                    via,
-                )
+                slow, means, wrong, method = _measure(ctx, case, warmup, iters, graph)
+                rec = _record(op, requested, nbytes, n, elem, tdtype, slow, means, wrong,
+                              inplace, graph, method, via)  # fmt: skip
                 records.append(rec)
                 _emit(progress, rec)
                 del case
@@ -458,7 +290,7 @@ def sweep_rank(
         ctx.sync()
         direct = {"library": comm.lib.path, "version": ".".join(map(str, comm.version))}
         comm.close()
-    device = torch.cuda.get_device_name(ctx.device) if cuda else "cpu"
+    device = torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu"
     return {
         "rank": ctx.rank,
         "device": device,

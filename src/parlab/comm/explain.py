@@ -24,7 +24,7 @@ measured).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -37,6 +37,9 @@ from parlab.hardware import catalog
 from parlab.hardware import env as env_mod
 from parlab.topology import Topology
 from parlab.units import format_bytes, format_seconds, parse_degrees
+
+if TYPE_CHECKING:
+    from parlab.ledger.traffic import WireItem
 
 OP_OF = {
     "all-reduce": "all_reduce",
@@ -127,49 +130,7 @@ def explain_document(
         shard_size=shard_size,
     )
     cal = load_calibration(calibration) if calibration is not None else None
-    link, link_label = (None, "") if cal is not None else _catalog_link(gpu)
-    rows: list[dict[str, Any]] = []
-    predictions: dict[str, Prediction] = {}
-    for it in items:
-        op = OP_OF.get(it.collective)
-        if op is None:
-            raise AssertionError(f"wire table collective {it.collective!r} has no op")
-        t, how = predict_row(op, it.payload_bytes, it.group_size, cal, link)
-        if how == "unknown" and cal is not None:
-            # the calibration lacks this op: fall back to the catalog link, labelled
-            link, link_label = _catalog_link(gpu)
-            t, how = predict_row(op, it.payload_bytes, it.group_size, None, link)
-        row = {**it.to_json(), "op": op, "time_per_call_s": t, "predicted_by": how}
-        row["time_per_step_s"] = None if t is None else t * it.count_per_step
-        rows.append(row)
-        key = f"{it.source}.{op}@{it.axis}.{it.phase}.{format_bytes(it.payload_bytes).replace(' ', '')}"
-        predictions[key] = Prediction(
-            value=row["time_per_step_s"], unit="s", model=_model_label(how, cal, link)
-        )
-    total = _sum(r["time_per_step_s"] for r in rows)
-    blocking = _sum(r["time_per_step_s"] for r in rows if r["blocking"])
-    label = _model_label(
-        "calibration" if cal else ("catalog-link" if link else "unknown"), cal, link
-    )
-    predictions["comm_time_per_step"] = Prediction(value=total, unit="s", model=label)
-    predictions["blocking_comm_time_per_step"] = Prediction(value=blocking, unit="s", model=label)
-    notes = [
-        "rows from parlab.ledger.traffic (the analytic wire table); payload as nccl-tests counts size",
-        "time per step = calls per step x predicted time per call, summed without overlap; "
-        "'blocking' rows are sync points on the critical path",
-    ]
-    if topo.pp > 1:
-        notes.append("rows for a rank of pipeline stage 0 (the ledger's wire table per stage)")
-    if cal is not None:
-        notes.append(
-            f"predicted from calibration {cal.run_id} ({cal.evidence_level}, fitted at n = "
-            f"{cal.group_size} on {', '.join(sorted(set(cal.devices))) or cal.backend}); "
-            "other group sizes through the ring coefficients"
-        )
-    if any(r["predicted_by"] == "catalog-link" for r in rows):
-        notes.append(link_label)
-    if any(r["predicted_by"] == "unknown" for r in rows):
-        notes.append(f"some times unknown: {link_label or 'no calibration for that op'}")
+    rows, predictions, link_label = _predict_rows(items, cal, gpu)
     return Document(
         run_id=new_run_id("collectives-explain"),
         created=now_iso(),
@@ -202,8 +163,66 @@ def explain_document(
             ),
         },
         predictions=predictions,
-        notes=notes,
+        notes=_notes(topo, rows, cal, link_label),
     )
+
+
+def _predict_rows(
+    items: list[WireItem], cal: Calibration | None, gpu: str | None
+) -> tuple[list[dict[str, Any]], dict[str, Prediction], str]:
+    """Each wire-table row with its predicted time per call and per step, the predictions
+    (per row and in total), and the label of the catalog link used where the calibration is
+    silent."""
+    link, link_label = (None, "") if cal is not None else _catalog_link(gpu)
+    rows: list[dict[str, Any]] = []
+    predictions: dict[str, Prediction] = {}
+    for it in items:
+        op = OP_OF.get(it.collective)
+        if op is None:
+            raise AssertionError(f"wire table collective {it.collective!r} has no op")
+        t, how = predict_row(op, it.payload_bytes, it.group_size, cal, link)
+        if how == "unknown" and cal is not None:
+            # the calibration lacks this op: fall back to the catalog link, labelled
+            link, link_label = _catalog_link(gpu)
+            t, how = predict_row(op, it.payload_bytes, it.group_size, None, link)
+        row = {**it.to_json(), "op": op, "time_per_call_s": t, "predicted_by": how}
+        row["time_per_step_s"] = None if t is None else t * it.count_per_step
+        rows.append(row)
+        key = f"{it.source}.{op}@{it.axis}.{it.phase}.{format_bytes(it.payload_bytes).replace(' ', '')}"
+        predictions[key] = Prediction(
+            value=row["time_per_step_s"], unit="s", model=_model_label(how, cal, link)
+        )
+    total = _sum(r["time_per_step_s"] for r in rows)
+    blocking = _sum(r["time_per_step_s"] for r in rows if r["blocking"])
+    label = _model_label(
+        "calibration" if cal else ("catalog-link" if link else "unknown"), cal, link
+    )
+    predictions["comm_time_per_step"] = Prediction(value=total, unit="s", model=label)
+    predictions["blocking_comm_time_per_step"] = Prediction(value=blocking, unit="s", model=label)
+    return rows, predictions, link_label
+
+
+def _notes(
+    topo: Topology, rows: list[dict[str, Any]], cal: Calibration | None, link_label: str
+) -> list[str]:
+    notes = [
+        "rows from parlab.ledger.traffic (the analytic wire table); payload as nccl-tests counts size",
+        "time per step = calls per step x predicted time per call, summed without overlap; "
+        "'blocking' rows are sync points on the critical path",
+    ]
+    if topo.pp > 1:
+        notes.append("rows for a rank of pipeline stage 0 (the ledger's wire table per stage)")
+    if cal is not None:
+        notes.append(
+            f"predicted from calibration {cal.run_id} ({cal.evidence_level}, fitted at n = "
+            f"{cal.group_size} on {', '.join(sorted(set(cal.devices))) or cal.backend}); "
+            "other group sizes through the ring coefficients"
+        )
+    if any(r["predicted_by"] == "catalog-link" for r in rows):
+        notes.append(link_label)
+    if any(r["predicted_by"] == "unknown" for r in rows):
+        notes.append(f"some times unknown: {link_label or 'no calibration for that op'}")
+    return notes
 
 
 def _sum(values: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""What each collective exchanges: sizes, busbw factors, and exact expected results.
+"""What each collective exchanges: sizes, busbw factors, dtypes and the size rounding.
 
 Analytic and tensor-only: nothing here joins a process group. The benchmark
 (``parlab.comm.bench``) and the cost model (``parlab.comm.model``) both take
@@ -34,11 +34,7 @@ elements to rank ``j``. Every row and column of that matrix is a permutation
 of ``1..n``, so every rank sends and receives the same total S while the
 per-peer chunks differ by up to n x.
 
-Exact checks: inputs are small integers that every dtype holds exactly, so
-every correct result is bit-exact and ``#wrong`` counts differing elements,
-as nccl-tests does. Element ``g`` of a pattern is ``g % M + 1``; reductions
-scale rank ``r``'s input by ``r + 1`` (or by 1 when n(n+1)/2 would overflow the
-dtype's exact range) and ``M`` is chosen so the reduced value stays exact.
+The exact patterns the benchmark checks results with are in ``parlab.comm.patterns``.
 """
 
 from __future__ import annotations
@@ -248,21 +244,8 @@ NCCL_TESTS_NAMES = {
     torch.float8_e5m2: "f8e5m2",
 }
 
-_EXACT_INT: dict[torch.dtype, int] = {
-    torch.float32: 2**24,
-    torch.float16: 2**11,
-    torch.bfloat16: 2**8,
-    torch.float64: 2**53,
-    torch.int8: 127,
-    torch.uint8: 255,
-    torch.int32: 2**31 - 1,
-    torch.int64: 2**53,
-    torch.float8_e4m3fn: 16,
-    torch.float8_e5m2: 8,
-}
-"""Largest integer the dtype (and the float64 used for checking) holds exactly."""
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+"""The fp8 dtypes (gloo has none; NCCL cannot reduce them through torch)."""
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -280,12 +263,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def check_backend_dtype(backend: str, dtype: torch.dtype, ops: list[str]) -> None:
     """``UsageError`` when ``backend`` cannot run ``ops`` in ``dtype``."""
-    if dtype in _FP8 and backend == "gloo":
+    if dtype in FP8 and backend == "gloo":
         raise UsageError(
             f"dtype {dtype_name(dtype)} is not supported by the gloo backend: "
             "use float, half, bfloat16, double or an integer type on CPU"
         )
-    if dtype in _FP8 and backend == "nccl":
+    if dtype in FP8 and backend == "nccl":
         bad = [op for op in ops if SPECS[op].reduces]
         if bad:
             raise UsageError(
@@ -334,6 +317,19 @@ def round_size(op: str, nbytes: int, n: int, elem: int) -> int:
     return (nbytes // unit) * unit
 
 
+def op_sizes(op: str, sizes: list[int], n: int, elem: int) -> list[tuple[int, int]]:
+    """``(requested, rounded)`` for each size ``op`` runs at: rounded as ``round_size`` does,
+    sizes that round to zero or to an earlier size dropped (what the sweep measures)."""
+    seen: set[int] = set()
+    out = []
+    for s in sizes:
+        r = round_size(op, s, n, elem)
+        if r and r not in seen:
+            seen.add(r)
+            out.append((s, r))
+    return out
+
+
 def count_of(op: str, nbytes: int, n: int, elem: int) -> int:
     """The element count nccl-tests prints for ``op`` at ``nbytes`` (its ``paramcount``)."""
     if SPECS[op].split != 0:
@@ -349,62 +345,3 @@ def uneven_splits(rank: int, n: int, base: int) -> list[int]:
 def uneven_base(nbytes: int, n: int, elem: int) -> int:
     """The split unit (elements) for an uneven all-to-all of ``nbytes`` per rank."""
     return nbytes // elem // (n * (n + 1) // 2)
-
-
-# --- exact patterns -------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pattern:
-    """The exactly representable values a check uses: element g is ``g % modulus + 1``."""
-
-    modulus: int
-    """Period of the pattern (at least 1)."""
-    scale_by_rank: bool
-    """Reductions: rank r's input is scaled by r + 1 (else by 1)."""
-    exact: bool
-    """False when no pattern keeps the reduced values exact (the check is skipped)."""
-
-    def rank_scale(self, rank: int) -> int:
-        return rank + 1 if self.scale_by_rank else 1
-
-    def total_scale(self, n: int) -> int:
-        """The scale of a sum over ``n`` ranks."""
-        return n * (n + 1) // 2 if self.scale_by_rank else n
-
-
-def pattern_for(op: str, dtype: torch.dtype, n: int) -> Pattern:
-    """The pattern for ``op`` in ``dtype`` over ``n`` ranks."""
-    limit = _EXACT_INT[dtype]
-    if not SPECS[op].reduces:
-        return Pattern(modulus=min(limit, 1 << 20), scale_by_rank=False, exact=True)
-    tri = n * (n + 1) // 2
-    if tri <= limit:
-        return Pattern(modulus=min(limit // tri, 1 << 20), scale_by_rank=True, exact=True)
-    if n <= limit:
-        return Pattern(modulus=max(1, limit // n), scale_by_rank=False, exact=True)
-    return Pattern(modulus=1, scale_by_rank=False, exact=False)
-
-
-CHUNK = 1 << 24
-"""Elements filled or checked at a time, so checks of multi-GiB buffers need little memory."""
-
-
-def fill(t: torch.Tensor, start: int, pattern: Pattern, scale: int = 1) -> None:
-    """Write ``scale * ((start + i) % M + 1)`` into the 1-D tensor ``t``."""
-    for lo in range(0, t.numel(), CHUNK):
-        hi = min(t.numel(), lo + CHUNK)
-        idx = torch.arange(start + lo, start + hi, device=t.device, dtype=torch.int64)
-        vals = (idx % pattern.modulus + 1) * scale
-        t[lo:hi].copy_(vals.to(torch.float64) if t.dtype in _FP8 else vals)
-
-
-def count_wrong(t: torch.Tensor, start: int, pattern: Pattern, scale: int = 1) -> int:
-    """How many elements of ``t`` differ from ``scale * ((start + i) % M + 1)`` (exactly)."""
-    wrong = 0
-    for lo in range(0, t.numel(), CHUNK):
-        hi = min(t.numel(), lo + CHUNK)
-        idx = torch.arange(start + lo, start + hi, device=t.device, dtype=torch.int64)
-        want = ((idx % pattern.modulus + 1) * scale).to(torch.float64)
-        wrong += int((t[lo:hi].to(torch.float64) != want).sum().item())
-    return wrong
