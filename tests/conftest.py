@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import tempfile  # noqa: E402
 
 # The schema cache of the readers (contract.validation) lives in a folder of this run, never
 # in the user's home.

@@ -51,8 +51,8 @@ _BRACKETS = bytes(range(256)).translate(None, b'[]{}"')
 
 
 def _too_deep(raw: bytes) -> bool:
-    """Whether the valid JSON in ``raw`` nests more than ``MAX_NESTING`` containers deep, from its bytes
-    alone: escapes dropped, then everything but brackets and quotes, then strings; each
+    """Whether the valid JSON in ``raw`` nests more than ``MAX_NESTING`` containers deep, from
+    its bytes alone: escapes dropped, then everything but brackets and quotes, then strings; each
     ``bytes.replace`` pass of ``[]`` then takes one level off. No recursion and no Python loop
     over values: a deep document cannot exhaust the stack, and a long list costs C."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
