@@ -9,7 +9,10 @@ What it measures, for one model preset (random weights, seeded) on one device:
 - **engine decode step** at each ``--batch`` B: B requests of ``--prompt-len`` random tokens
   are prefilled, then every step that decodes all B and holds no prompt chunk is timed by
   the engine itself (``Engine.log``: from planning the step to its tokens on the host -- the
-  graph replay, the copies both ways, the scheduling); the median of ``--steps`` such steps;
+  graph replay, the copies both ways, the scheduling); the median of ``--steps`` such steps
+  (after two more); on a GPU also the graph alone (``GPU ms``: 20 replays right after the
+  last such step, on its inputs) and one layer's decode attention kernels alone (``attn``:
+  a graph of one launch over B x context tokens of the engine's cache);
 - **roofline** at each B: the bytes one decode step must move -- every weight but the
   embedding table once, the B embedding rows, each sequence's K/V for every cached token
   read and its new token's written, the float32 logits written -- over the copy bandwidth;
@@ -49,7 +52,7 @@ from serve_common import SRC, header
 from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso, write_result
 from parlab.hardware.env import snapshot
 from parlab.models.reference import build_model
-from parlab.serve.engine import Engine, EngineConfig
+from parlab.serve.engine import Engine, EngineConfig, Sequence
 from parlab.serve.replica import serving_spec
 
 PROJECT = "PAR-DISTRIBUTED-INFERENCE"
@@ -92,42 +95,66 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(5, vocab, (n, length), generator=g).tolist()
 
 
+def replay_s(graph: torch.cuda.CUDAGraph, n: int = 20) -> float:
+    """Median seconds of ``n`` replays of ``graph``, each timed with events."""
+    times = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
 def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> dict[str, float]:
-    """The steps that decode all ``batch`` rows (no prompt chunk): their median seconds
-    (``step``), mean context per row, the graph bucket they replayed and -- on a GPU -- the
-    median of 20 replays of that graph alone, timed with events (``gpu``: the device's part
-    of a step; the rest is the host's)."""
+    """``batch`` requests stepped until ``steps + 2`` steps have decoded all of them with no
+    prompt chunk: the median seconds of the last ``steps`` (``step``), their mean context
+    per row, the graph bucket they replayed and -- on a GPU -- the median of 20 replays of
+    that graph alone right after the last, its buffers holding that full step's inputs
+    (``gpu``: the device's part of a step; the rest is the host's). Then the requests are
+    cancelled."""
     eng.log.clear()
     vocab = eng.tokenizer.vocab_size
-    eng.generate(prompts(batch, plen, vocab, batch), steps + 4, ignore_eos=True)
-    full = [e for e in eng.log if e["decode"] == batch and not e["prefill"]][2:]
-    out = {
+    prefill_steps = -(-batch * plen // eng.config.max_step_tokens) + 1
+    seqs = [
+        Sequence(prompt=p, max_tokens=steps + 4 + prefill_steps, ignore_eos=True)
+        for p in prompts(batch, plen, vocab, batch)
+    ]
+    for s in seqs:
+        eng.add(s)
+    full: list[dict] = []
+    gpu = None
+    while eng.has_work() and len(full) < steps + 2:
+        n = len(eng.log)
+        eng.step()
+        e = eng.log[-1] if len(eng.log) > n else None
+        if e is not None and e["decode"] == batch and not e["prefill"]:
+            full.append(e)
+    st = eng.runner.static.get(int(full[-1]["graph"]))
+    if st is not None and st.graph is not None:
+        gpu = replay_s(st.graph)
+    for s in seqs:
+        eng.cancel(s)
+    while eng.has_work():
+        eng.step()
+    full = full[2:]
+    return {
         "step": statistics.median(e["s"] for e in full),
         "context": statistics.mean(e["context"] / batch for e in full),
         "graph": int(full[-1]["graph"]),
-        "gpu": None,
+        "gpu": gpu,
     }
-    st = eng.runner.static.get(out["graph"])
-    if st is not None and st.graph is not None:  # its buffers hold the last step's inputs
-        times = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            st.graph.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        out["gpu"] = statistics.median(times)
-    return out
 
 
 def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, float] | None:
-    """Seconds of one layer's decode attention (the Triton kernel) over ``batch``
-    sequences of ``context`` tokens in the engine's pages, and the K/V bytes it read per
-    second; None without Triton."""
+    """Seconds of one layer's decode attention (the Triton kernels, in a CUDA graph of one
+    launch: as the step runs them) over ``batch`` sequences of ``context`` tokens in the
+    engine's pages, and the K/V bytes it read per second; None without Triton."""
     if eng.runner.backend != "triton":
         return None
-    from parlab.serve.engine.kernels import decode_splits, paged_decode
+    from parlab.serve.engine.kernels import decode_config, paged_decode
 
     r = eng.runner
     kc, vc = r.k_cache[0], r.v_cache[0]
@@ -137,17 +164,13 @@ def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, floa
     lens = torch.full((batch,), context, device=kc.device)
     q = torch.randn(batch, r.N, r.D, device=kc.device, dtype=kc.dtype)
     out = torch.empty_like(q)
-    splits = decode_splits(batch, r.N, r.sms)
-    times = []
-    for i in range(25):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, splits)
-        b.record()
-        b.synchronize()
-        if i >= 5:
-            times.append(a.elapsed_time(b) / 1e3)
-    t = statistics.median(times)
+    cfg = decode_config(batch, r.N, r.D, r.sms)
+    paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, cfg)  # compiled outside the graph
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, cfg)
+    t = replay_s(g)
     return t, 2 * batch * context * r.K * r.D * kc.element_size() / t
 
 

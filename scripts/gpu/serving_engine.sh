@@ -29,8 +29,9 @@ else
   MODEL=tiny DTYPE=float32 DEV=cpu BATCH=1,4 PLEN=64 STEPS=8 OFFLINE=8,64,16
   N=8 IN=32 OUTL=8 RATE=4 PRESET=cpu DEVICES=cpu,cpu
 fi
-HAVE_HF=0
+HAVE_HF=0 HAVE_TF=0
 $PY -c "import transformers, fastapi, uvicorn" 2>/dev/null && HAVE_HF=1
+$PY -c "import transformers" 2>/dev/null && HAVE_TF=1
 echo "device $DEV model $MODEL; transformers serving: $HAVE_HF; parts $PARTS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 rc=0
@@ -42,7 +43,7 @@ if has tests; then
 fi
 
 if has engine; then
-  HF=""; [ $HAVE_HF = 1 ] && HF="--hf"
+  HF=""; [ $HAVE_TF = 1 ] && HF="--hf"
   timeout 420 $PY benchmarks/serve_engine_step.py --model $MODEL --dtype $DTYPE --device $DEV \
     --batch $BATCH --prompt-len $PLEN --steps $STEPS --offline $OFFLINE $HF --results "$RES" \
     2>&1 | grep -v "Loading weights" | tee "$OUT/serve_engine_step.txt" || rc=1

@@ -84,8 +84,8 @@ class StepMeta:
     """Pages of the longest decoding sequence (host int; the torch backend gathers that
     many)."""
     chunks: list[ChunkMeta]
-    splits: int = 1
-    """Splits per (sequence, head) of the Triton decode kernel."""
+    decode: Any = None
+    """The Triton decode kernel's ``kernels.DecodeConfig`` (None: the torch backend)."""
 
 
 class PagedAttention:
@@ -133,7 +133,7 @@ class PagedAttention:
             if self.backend == "triton":
                 self._kernels.paged_decode(
                     q[:B], k_cache, v_cache, meta.table_BM, meta.lens_B, out[:B], self.scale,
-                    meta.splits,
+                    meta.decode,
                 )  # fmt: skip
             else:
                 out[:B] = self._decode_torch(q[:B], k_cache, v_cache, meta)

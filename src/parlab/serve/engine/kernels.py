@@ -6,21 +6,37 @@ to torch where Triton is missing).
   into their page slots (``slot = page * block + offset``) -- one kernel instead of a dozen
   elementwise ones and two indexed writes per layer.
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
-  (flash-decoding): a program per (sequence, query head, split) walks its share of the
-  sequence's keys in tiles of ``BLOCK_N`` tokens (``decode_tile``: a fixed choice -- Triton's
-  autotune, tried once, tuned at capture time on the padding rows of length 1 and chose
-  16-token tiles that ran the 128-sequence step at 21.5 ms against 14.4 ms for these,
-  results/PAR-DISTRIBUTED-INFERENCE/serve-engine-step-20261202T035816-f0e20b.json and
-  -20261202T033323-7f2176.json), each token's page read from the block
-  table, with an online softmax in float32. With one split (``B * heads`` fills the GPU) it
-  writes the output itself: one kernel per layer; with several, each writes its partial
-  ``(acc, max, sum)`` and ``_combine`` merges them. Work follows each sequence's real length
-  (read on the device), so a captured graph replays it at any length.
+  (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
+  share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
+  block table; K and V of a tile loaded together, the loop software-pipelined by
+  ``tl.range(num_stages=stages)``), with an online softmax in float32 (base 2). With one
+  split it writes the output itself: one kernel per layer; with several, each writes its
+  partial ``(acc, max, sum)`` and ``_combine`` merges them. Work follows each sequence's real
+  length (read on the device), so a captured graph replays it at any length.
+
+  The configuration is a fixed rule (``decode_config``), chosen by measurement offline:
+  ``benchmarks/serve_decode_kernel.py`` timed 48 kernel variants (1, 2 or 4 heads per
+  program; tiles of 16, 32 or 64 tokens; 1, 2 or 3 stages; 4 or 8 warps) at 1 to 32 programs
+  per SM, each in a CUDA graph over 8 distinct caches, at batch 1, 32 and 128 of 1,040 tokens
+  (1.3B's 16 heads of 128, bf16) on an H200 (``benchmarks/results/serve_decode_kernel.txt``;
+  every row checked against float32 SDPA). One head per program, 64-token tiles, 2 stages and
+  4 warps: the fastest at batch 32 (93 us, 2.93 TB/s of the 4.21 TB/s copy bandwidth, one
+  split), within 1 % of the fastest at batch 128 (350 us, 3.12 TB/s), 12.1 us at batch 1
+  against 11.3 for the fastest (1 stage); the former rule (32-token tiles, 1 stage) ran 157,
+  464 and 14.4 us. Splits: the fewest (a power of two)
+  giving 2 programs per SM -- one from 264 (sequence, head) pairs; more splits were no faster
+  at batch 32 or 128, and at batch 1 (32 splits, 12 us) a few us apart. Triton's autotune
+  is not used: tried once, it tuned at capture time on the padding rows of length 1 and
+  chose tiles that ran the 128-sequence step at 21.5 ms against 14.4 ms
+  (results/PAR-DISTRIBUTED-INFERENCE/serve-engine-step-20261202T035816-f0e20b.json and
+  -20261202T033323-7f2176.json).
 
 Shape suffixes: T tokens, B sequences, N query heads, K kv heads, D head dim, S splits.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
 
 import torch
 import triton
@@ -121,52 +137,56 @@ def _paged_decode(
     N,
     K,
     R,
+    SPLITS,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
-    SPLITS: tl.constexpr,
+    HEADS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     sp = tl.program_id(2)
-    kvh = h // R
     L = tl.load(lens + b)
     per = tl.cdiv(tl.cdiv(L, SPLITS), BLOCK_N) * BLOCK_N
     lo = sp * per
     hi = tl.minimum(lo + per, L)
     d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    qv = tl.load(q + b * stride_qb + h * D + d, mask=dm, other=0.0).to(tl.float32) * scale
-    m_i = tl.zeros([1], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
+    hd = (h < N)[:, None] & (d < D)[None, :]  # HD
+    q_off = b * stride_qb + h[:, None] * D + d[None, :]
+    qv = tl.load(q + q_off, mask=hd, other=0.0).to(tl.float32) * (scale * 1.4426950408889634)
+    kv_off = (h // R)[:, None] * D + d[None, :]  # HD
+    m_i = tl.full([HEADS], float("-inf"), tl.float32)  # running max, log2 units
+    l_i = tl.zeros([HEADS], tl.float32)
+    acc = tl.zeros([HEADS, BLOCK_D], tl.float32)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         n = start + tl.arange(0, BLOCK_N)
         nm = n < hi
         page = tl.load(table + b * stride_tb + n // PAGE, mask=nm, other=0)
-        slot = page * PAGE + n % PAGE
-        off = slot[:, None] * (K * D) + kvh * D + d[None, :]
-        km = nm[:, None] & dm[None, :]
-        k = tl.load(k_cache + off, mask=km, other=0.0).to(tl.float32)
-        s = tl.sum(k * qv[None, :], axis=1)
-        s = tl.where(nm, s, float("-inf"))
+        off = (page * PAGE + n % PAGE)[:, None, None] * (K * D) + kv_off[None, :, :]  # NHD
+        m3 = nm[:, None, None] & hd[None, :, :]
+        k = tl.load(k_cache + off, mask=m3, other=0.0)
+        v = tl.load(v_cache + off, mask=m3, other=0.0)
+        s = tl.sum(k.to(tl.float32) * qv[None, :, :], axis=2)  # NH
+        s = tl.where(nm[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v = tl.load(v_cache + off, mask=km, other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), axis=0)
         m_i = m_new
-    if SPLITS == 1:
-        o = acc / l_i
-        tl.store(out + b * (N * D) + h * D + d, o.to(out.dtype.element_ty), mask=dm)
+    if DIRECT:
+        o = acc / l_i[:, None]
+        tl.store(
+            out + b * (N * D) + h[:, None] * D + d[None, :], o.to(out.dtype.element_ty), mask=hd
+        )
     else:
-        base = (b * N + h) * SPLITS + sp
-        tl.store(part_o + base * BLOCK_D + d, acc)
-        ml = tl.arange(0, 2)
-        vals = tl.where(ml == 0, tl.sum(m_i, axis=0), tl.sum(l_i, axis=0))
-        tl.store(part_ml + base * 2 + ml, vals)
+        base = (b * N + h) * SPLITS + sp  # H
+        tl.store(part_o + base[:, None] * BLOCK_D + d[None, :], acc, mask=hd)
+        tl.store(part_ml + base * 2, m_i, mask=h < N)
+        tl.store(part_ml + base * 2 + 1, l_i, mask=h < N)
 
 
 @triton.jit
@@ -175,38 +195,59 @@ def _combine(
     part_ml,
     out,
     N,
+    SPLITS,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.arange(0, SPLITS)
+    sp = tl.arange(0, BLOCK_S)
+    sm = sp < SPLITS
     base = (b * N + h) * SPLITS + sp
-    m = tl.load(part_ml + base * 2)
-    lsum = tl.load(part_ml + base * 2 + 1)
+    m = tl.load(part_ml + base * 2, mask=sm, other=float("-inf"))
+    lsum = tl.load(part_ml + base * 2 + 1, mask=sm, other=0.0)
     mx = tl.max(m, axis=0)
-    w = tl.where(lsum > 0, tl.exp(m - mx), 0.0)
+    w = tl.where(lsum > 0, tl.exp2(m - mx), 0.0)
     total = tl.sum(w * lsum, axis=0)
     d = tl.arange(0, BLOCK_D)
-    o = tl.load(part_o + base[:, None] * BLOCK_D + d[None, :])
+    o = tl.load(part_o + base[:, None] * BLOCK_D + d[None, :], mask=sm[:, None], other=0.0)
     res = tl.sum(w[:, None] * o, axis=0) / total
     tl.store(out + b * (N * D) + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
 
 
-def decode_splits(B: int, N: int, sms: int) -> int:
-    """Splits per (sequence, head) so that about two programs per SM run: a power of two,
-    1 (one kernel per layer) from ``B * N >= 2 * sms``, at most 32."""
-    s = 1
-    while B * N * s < 2 * sms and s < 32:
-        s *= 2
-    return s
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How ``paged_decode`` runs: query heads per program, tokens per tile, the loop's
+    software-pipelining depth (``tl.range``'s ``num_stages``), warps per program and splits
+    per (sequence, head group). ``decode_config`` gives the engine's."""
+
+    heads: int = 1
+    block_n: int = 64
+    stages: int = 2
+    warps: int = 4
+    splits: int = 1
 
 
 def decode_tile(head_dim: int) -> int:
-    """Tokens per tile of the decode kernel: 32 for a 128-wide head (16 KiB of K and V per
-    tile in bf16), wider for narrower heads, 16 to 64."""
-    return max(16, min(64, 4096 // triton.next_power_of_2(head_dim)))
+    """Tokens per tile: 8,192 elements of K (and of V) per tile -- 64 tokens of a 128-wide
+    head, the only width measured -- 16 to 128 tokens."""
+    return max(16, min(128, 8192 // triton.next_power_of_2(head_dim)))
+
+
+def decode_config(
+    B: int, N: int, D: int, sms: int, *, per_sm: int = 2, **knobs: int
+) -> DecodeConfig:
+    """The decode kernel's configuration for a bucket of ``B`` sequences of ``N`` query
+    heads of width ``D`` on ``sms`` multiprocessors: ``DecodeConfig``'s defaults, the tile
+    ``decode_tile(D)``, and splits a power of two (at most 64), the fewest that give
+    ``per_sm`` programs per SM; ``knobs`` override the fields."""
+    cfg = DecodeConfig(**{"block_n": decode_tile(D), **knobs})
+    groups = B * -(-N // cfg.heads)
+    s = 1
+    while groups * s < per_sm * sms and s < 64:
+        s *= 2
+    return DecodeConfig(**{**asdict(cfg), "splits": s})
 
 
 def paged_decode(
@@ -217,20 +258,20 @@ def paged_decode(
     lens_B: torch.Tensor,
     out_BND: torch.Tensor,
     scale: float,
-    splits: int,
-    block_n: int | None = None,
+    cfg: DecodeConfig,
 ) -> None:
-    """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens;
-    ``block_n``: the tile, tokens (default ``decode_tile``)."""
+    """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens,
+    run as ``cfg`` says."""
     B, N, D = q_BND.shape
     K = k_cache.shape[2]
     page = k_cache.shape[1]
     block_d = triton.next_power_of_2(D)
+    S = cfg.splits
     part_o = part_ml = out_BND
-    if splits > 1:
-        part_o = torch.empty((B, N, splits, block_d), device=q_BND.device, dtype=torch.float32)
-        part_ml = torch.empty((B, N, splits, 2), device=q_BND.device, dtype=torch.float32)
-    _paged_decode[(B, N, splits)](
+    if S > 1:
+        part_o = torch.empty((B, N, S, block_d), device=q_BND.device, dtype=torch.float32)
+        part_ml = torch.empty((B, N, S, 2), device=q_BND.device, dtype=torch.float32)
+    _paged_decode[(B, triton.cdiv(N, cfg.heads), S)](
         q_BND,
         k_cache,
         v_cache,
@@ -245,12 +286,17 @@ def paged_decode(
         N,
         K,
         N // K,
+        S,
         D=D,
         BLOCK_D=block_d,
         PAGE=page,
-        SPLITS=splits,
-        BLOCK_N=block_n or decode_tile(D),
-        num_warps=4,
+        HEADS=cfg.heads,
+        BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages,
+        DIRECT=S == 1,
+        num_warps=cfg.warps,
     )
-    if splits > 1:
-        _combine[(B, N)](part_o, part_ml, out_BND, N, D=D, BLOCK_D=block_d, SPLITS=splits)
+    if S > 1:
+        _combine[(B, N)](
+            part_o, part_ml, out_BND, N, S, D=D, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(S)
+        )

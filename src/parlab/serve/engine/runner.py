@@ -184,7 +184,7 @@ class ModelRunner:
             lens_B=f("lens"),
             max_pages=inp.table.shape[1] if B else 0,
             chunks=self._chunk_groups(inp, f),
-            splits=self._splits(B),
+            decode=self._decode_config(B),
         )
         R = len(inp.rows)
         params = {
@@ -208,12 +208,12 @@ class ModelRunner:
                 groups.append([o, n, s, [f(f"c{i}")]])
         return [ChunkMeta.build(o, n, s, p, self.cfg.block) for o, n, s, p in groups]
 
-    def _splits(self, B: int) -> int:
+    def _decode_config(self, B: int) -> Any:
         if self.backend != "triton" or not B:
-            return 1
-        from parlab.serve.engine.kernels import decode_splits
+            return None
+        from parlab.serve.engine.kernels import decode_config
 
-        return decode_splits(B, self.N, self.sms)
+        return decode_config(B, self.N, self.D, self.sms)
 
     def _sample(
         self, logits: torch.Tensor, params: dict, use_top_p: bool, greedy_only: bool = False
