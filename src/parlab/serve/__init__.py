@@ -3,7 +3,7 @@
 Everything speaks the OpenAI-compatible HTTP API (``protocol.py``), so the same
 load generator and router work against vLLM, SGLang and parlab's own replica.
 
-- ``bench.py``     the load generator (``parlab bench serve``): arrivals, streaming client;
+- ``bench/``       the load generator (``parlab bench serve``): arrivals, streaming client;
 - ``metrics.py``   TTFT, TPOT, ITL, E2E, throughput, goodput -- vLLM's definitions;
 - ``datasets.py``  synthetic, shared-prefix and JSONL-trace requests;
 - ``policy.py``    routing policies (pure; shared by the router and the simulator);

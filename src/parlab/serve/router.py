@@ -55,7 +55,7 @@ from aiohttp import web
 
 from parlab.errors import UsageError
 from parlab.serve import httpc, protocol
-from parlab.serve.bench import check_target
+from parlab.serve.bench.config import check_target
 from parlab.serve.policy import PolicyConfig, PolicyState
 from parlab.serve.prefix import DEFAULT_BLOCK, block_hashes
 
