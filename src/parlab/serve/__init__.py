@@ -1,6 +1,6 @@
 """parlab.serve: PAR-DISTRIBUTED-INFERENCE -- requests, replicas, routing, simulation.
 
-Everything speaks the OpenAI-compatible HTTP API (``protocol.py``), so the same
+Everything speaks the OpenAI-compatible HTTP API (``protocol/``), so the same
 load generator and router work against vLLM, SGLang and parlab's own replica.
 
 - ``bench/``       the load generator (``parlab bench serve``): arrivals, streaming client;

@@ -3,7 +3,7 @@
 One asyncio loop serves HTTP; one worker thread runs the engine's steps (``Engine.step``) so
 streaming never waits on a forward pass. New requests are handed to the engine between
 steps; each choice's tokens come back through its request's queue and are streamed as SSE
-chunks (``protocol.py``), then a usage chunk (``prompt_tokens_details.cached_tokens`` from
+chunks (``protocol/``), then a usage chunk (``prompt_tokens_details.cached_tokens`` from
 the prefix cache) and ``[DONE]``. A client that disconnects cancels its request.
 
 Reliability:
