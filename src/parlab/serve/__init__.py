@@ -10,7 +10,8 @@ load generator and router work against vLLM, SGLang and parlab's own replica.
 - ``router.py``    the HTTP router (``parlab serve router``): health checks, failover, stats;
 - ``prefix.py``    prefix blocks (chained hashes) and the LRU block cache;
 - ``engine.py``    the reference replica's engine: continuous batching over a KV cache;
-- ``replica.py``   its HTTP server (``parlab serve replica``);
+- ``replica.py``   its HTTP server (``parlab serve replica``); ``replica_endpoints.py`` the
+                  small endpoints (health, models, tokenize, stats, profile, reset);
 - ``tp.py``        the tensor-parallel replica (heads and FFN sharded over ranks);
 - ``stub.py``      a model-free endpoint with a timing model (overhead and failure tests);
 - ``kvxfer.py``    KV-cache transfer between two ranks over send/recv (prefill/decode split);
