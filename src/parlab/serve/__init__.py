@@ -7,7 +7,8 @@ load generator and router work against vLLM, SGLang and parlab's own replica.
 - ``metrics.py``   TTFT, TPOT, ITL, E2E, throughput, goodput -- vLLM's definitions;
 - ``datasets.py``  synthetic, shared-prefix and JSONL-trace requests;
 - ``policy.py``    routing policies (pure; shared by the router and the simulator);
-- ``router.py``    the HTTP router (``parlab serve router``): health checks, failover, stats;
+- ``router.py``    the HTTP router (``parlab serve router``): health checks, failover;
+  ``router_relay.py`` the streaming of a replica's answer, ``router_stats.py`` its counters;
 - ``prefix.py``    prefix blocks (chained hashes) and the LRU block cache;
 - ``engine.py``    the reference replica's engine: continuous batching over a KV cache;
 - ``replica.py``   its HTTP server (``parlab serve replica``); ``replica_endpoints.py`` the
