@@ -16,6 +16,6 @@ load generator and router work against vLLM, SGLang and parlab's own replica.
 - ``tp.py``        the tensor-parallel replica (heads and FFN sharded over ranks);
 - ``stub.py``      a model-free endpoint with a timing model (overhead and failure tests);
 - ``kvxfer.py``    KV-cache transfer between two ranks over send/recv (prefill/decode split);
-- ``sim.py``       discrete-event simulator (colocated and disaggregated);
+- ``sim/``         discrete-event simulator (colocated and disaggregated);
 - ``procs.py``     replicas as child processes.
 """
