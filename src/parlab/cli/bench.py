@@ -23,7 +23,7 @@ from parlab.cli.common import (
 from parlab.errors import UsageError
 
 if TYPE_CHECKING:
-    from parlab.serve import bench
+    from parlab.serve import bench, datasets
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks against running servers.")
 app.add_typer(bench_app, name="bench")
@@ -141,7 +141,6 @@ def bench_serve_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Load generator: vLLM/SGLang-defined TTFT, TPOT, ITL, E2E, throughput, goodput."""
-    from parlab.contract import new_run_id
     from parlab.serve import bench
 
     if role not in ("baseline", "candidate"):
@@ -184,7 +183,28 @@ def bench_serve_cmd(
     if len(ds.bad_lines) > 20:
         err_console.print(f"... {len(ds.bad_lines) - 20} more bad lines")
     res = bench.run(cfg, ds)
-    root = results_dir(results)
+    _record(res, cfg, ds, results_dir(results), role=role, layout=lay, notes=list(note or []),
+            save_result=save_result, as_json=as_json)  # fmt: skip
+    if res.summary["completed"] == 0:
+        raise typer.Exit(1)
+
+
+def _record(
+    res: bench.BenchResult,
+    cfg: bench.BenchConfig,
+    ds: datasets.Dataset,
+    root: Path,
+    *,
+    role: str,
+    layout: dict[str, object],
+    notes: list[str],
+    save_result: Path | None,
+    as_json: bool,
+) -> None:
+    """Write the run's document and vLLM's result JSON beside it; print the summary."""
+    from parlab.contract import new_run_id
+    from parlab.serve import bench
+
     run_id = new_run_id("serve-bench")
     rel = _save_vllm_result(res, cfg, len(ds.requests), root / bench.PROJECT, run_id, save_result)
     doc = bench.to_document(
@@ -193,8 +213,8 @@ def bench_serve_cmd(
         ds,
         command=reproduce_command(),
         role=role,
-        layout=lay,
-        notes=list(note or []),
+        layout=layout,
+        notes=notes,
         artifacts={"vllm_result": rel},
         run_id=run_id,
     )
@@ -204,8 +224,6 @@ def bench_serve_cmd(
     else:
         print_summary(res.summary, res.errors, res.dispatch_lag_ms)
         console.print(f"document: {path}")
-    if res.summary["completed"] == 0:
-        raise typer.Exit(1)
 
 
 def _percentiles(text: str) -> tuple[float, ...]:

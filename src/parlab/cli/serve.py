@@ -19,6 +19,7 @@ from parlab.cli.common import (
     RdzvEndpointOption,
     RdzvIdOption,
     err_console,
+    nodes,
     print_json,
     tensor_dtype_choice,
 )
@@ -78,8 +79,6 @@ def replica_cmd(
     request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
-    from parlab.cli.common import nodes
-
     dtype = TORCH_NAMES[dtype]
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and tp <= 1:
@@ -105,29 +104,16 @@ def replica_cmd(
         }
         _tp_replica(args, tp, job, duration)
         return
-    if engine == "trivial":
-        from parlab.serve import stub
-
-        asyncio.run(
-            stub.serve_trivial(
-                host=host, port=port, output_len=stub_output_len, duration_s=duration
-            )
-        )
-        return
-    if engine == "stub":
-        from parlab.serve import stub
-
-        cfg = stub.StubConfig(
-            token_s=stub_token_s,
-            prefill_per_token_s=stub_prefill_per_token_s,
-            prefix_cache=prefix_cache,
-            cache_blocks=cache_blocks,
-        )
-        asyncio.run(stub.serve_forever(cfg, host=host, port=port, duration_s=duration))
+    if engine in ("trivial", "stub"):
+        _stub_replica(
+            engine, host=host, port=port, duration=duration, output_len=stub_output_len,
+            token_s=stub_token_s, prefill_per_token_s=stub_prefill_per_token_s,
+            prefix_cache=prefix_cache, cache_blocks=cache_blocks,
+        )  # fmt: skip
         return
     if engine != "model":
         raise UsageError(f"--engine {engine!r}: use model, stub or trivial")
-    from parlab.serve.engine import EngineConfig
+    from parlab.serve.engine import EngineConfig  # lazy: torch
 
     config = EngineConfig(
         max_batch=max_batch,
@@ -142,6 +128,36 @@ def replica_cmd(
         model, device=device, dtype=dtype, seed=seed, config=config, threads=threads,
         host=host, port=port, duration=duration, request_timeout=request_timeout,
     )  # fmt: skip
+
+
+def _stub_replica(
+    engine: str,
+    *,
+    host: str,
+    port: int,
+    duration: float | None,
+    output_len: int,
+    token_s: float,
+    prefill_per_token_s: float,
+    prefix_cache: bool,
+    cache_blocks: int,
+) -> None:
+    """A model-free endpoint (``parlab.serve.stub``): ``trivial``'s canned answers of
+    ``output_len`` chunks, or ``stub``'s timing model."""
+    from parlab.serve import stub
+
+    if engine == "trivial":
+        asyncio.run(
+            stub.serve_trivial(host=host, port=port, output_len=output_len, duration_s=duration)
+        )
+        return
+    cfg = stub.StubConfig(
+        token_s=token_s,
+        prefill_per_token_s=prefill_per_token_s,
+        prefix_cache=prefix_cache,
+        cache_blocks=cache_blocks,
+    )
+    asyncio.run(stub.serve_forever(cfg, host=host, port=port, duration_s=duration))
 
 
 def _tp_replica(args: dict[str, object], tp: int, job: Nodes, duration: float | None) -> None:
