@@ -30,7 +30,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
-import json
 import sys
 import time
 import traceback
@@ -322,8 +321,7 @@ class ReplicaServer(ReplicaEndpoints):
         kind = "timeout" if status == 504 else "internal_error"
         if resp is None:
             return protocol.error_response(message, status=status, kind=kind)
-        err = protocol.error_body(message, kind=kind, code=status)
-        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+        await resp.write(protocol.error_chunk(message, kind=kind, code=status))
         return resp
 
 

@@ -68,7 +68,9 @@ class ReplicaEndpoints:
         return protocol.model_card(self.name, max_model_len=self.engine.config.max_len)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._card()]})
+        return web.json_response(
+            protocol.models_body(self.name, max_model_len=self.engine.config.max_len)
+        )
 
     async def _model(self, request: web.Request) -> web.Response:
         mid = request.match_info["model_id"]

@@ -90,6 +90,12 @@ class RouterConfig:
             raise UsageError("--health-timeout and --request-timeout must be positive seconds")
 
 
+def _replica_client(url: str) -> httpc.Client:
+    """The keep-alive client the router forwards to the replica at ``url`` through."""
+    u = urlparse(url)
+    return httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
+
+
 class Router:
     """The proxy: ``await start(host, port)``, ``await stop()``, ``stats()``."""
 
@@ -127,12 +133,7 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
         )
-        self._clients = []
-        for r in self.replicas:
-            u = urlparse(r.url)
-            self._clients.append(
-                httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
-            )
+        self._clients = [_replica_client(r.url) for r in self.replicas]
         self._runner, self.port = await protocol.start_site(self.app(), host, port)
         self._health_task = asyncio.create_task(self._health_loop())
         return self.port
@@ -158,10 +159,7 @@ class Router:
         url = url.rstrip("/")
         if any(r.url == url for r in self.replicas):
             raise UsageError(f"{url} is already a replica of this router")
-        u = urlparse(url)
-        self._clients.append(
-            httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
-        )
+        self._clients.append(_replica_client(url))
         self.replicas.append(ReplicaStats(url=url, info=dict(info or {})))
         self._inflight.append(set())
         return self.state.add()

@@ -4,8 +4,6 @@ a failure after the stream began is an ``error`` chunk and the end of the stream
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from parlab.serve import httpc, protocol
@@ -59,8 +57,7 @@ class Relay:
         if self.resp is None:
             return protocol.error_response(message, status=502, kind="bad_gateway")
         try:
-            err = json.dumps(protocol.error_body(message, kind="bad_gateway", code=502))
-            await self.resp.write(b"data: " + err.encode() + b"\n\n")
+            await self.resp.write(protocol.error_chunk(message, kind="bad_gateway", code=502))
             await self.resp.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the client is gone too

@@ -33,6 +33,12 @@ def error_body(
     return {"error": {"message": message, "type": kind, "code": code, "param": param}}
 
 
+def error_chunk(message: str, *, kind: str, code: int) -> bytes:
+    """An error after the stream began: one ``data: {"error": ...}`` event (the stream then
+    ends without ``[DONE]``)."""
+    return b"data: " + json.dumps(error_body(message, kind=kind, code=code)).encode() + b"\n\n"
+
+
 def error_response(
     message: str,
     *,
