@@ -41,28 +41,20 @@ the whole run a time limit (unfinished requests are failed, reason
 ``allow_remote`` is set.
 """
 
-from parlab.serve.bench.client import resolve_model, send_one, send_one_fast
 from parlab.serve.bench.config import (
-    ENDPOINTS,
     BenchConfig,
     BenchResult,
     arrival_offsets,
-    check_target,
 )
 from parlab.serve.bench.document import PROJECT, to_document
 from parlab.serve.bench.runner import arun, run
 
 __all__ = [
-    "ENDPOINTS",
     "PROJECT",
     "BenchConfig",
     "BenchResult",
     "arrival_offsets",
     "arun",
-    "check_target",
-    "resolve_model",
     "run",
-    "send_one",
-    "send_one_fast",
     "to_document",
 ]

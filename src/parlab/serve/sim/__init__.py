@@ -45,8 +45,6 @@ from parlab.serve.sim.profile import (
     ReplicaProfile,
     fit_loop,
     fit_profile,
-    nonneg_lstsq,
-    step_features,
 )
 from parlab.serve.sim.workload import (
     Disaggregation,
@@ -63,8 +61,6 @@ __all__ = [
     "fit_loop",
     "fit_profile",
     "from_dataset",
-    "nonneg_lstsq",
     "shared_prefix_arrays",
     "simulate",
-    "step_features",
 ]
