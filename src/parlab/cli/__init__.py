@@ -66,7 +66,9 @@ from parlab.cli import layout
 from parlab.cli import moe
 from parlab.cli import profile
 from parlab.cli import profile_presets
+from parlab.cli import bench
 from parlab.cli import serve
+from parlab.cli import serve_project
 from parlab.cli import plan
 from parlab.cli import launch
 from parlab.cli.examples import RETIRED_FLAGS, add_examples

@@ -1,5 +1,7 @@
 """``parlab collectives``: the T1 sweep, its alpha-beta fit, and the T1 explain table.
 
+The sweep mode runs in ``collectives_sweep.py``; the fit and explain modes are here.
+
 Three modes of one command:
 
 - sweep (default): nccl-tests' options (``-b -e -f -d -w -n``), ``--op``,
@@ -24,10 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from parlab.cli import app
+from parlab.cli.collectives_sweep import sweep
 from parlab.cli.common import (
     COUNT,
     Choice,
@@ -39,34 +41,18 @@ from parlab.cli.common import (
     ResultsOption,
     TimeoutOption,
     console,
-    err_console,
     nodes,
     print_json,
     reproduce_command,
     results_dir,
     say,
-    say_error,
-    size,
     tensor_dtype_choice,
-    with_nodes,
     write,
 )
 from parlab.errors import UsageError
 from parlab.ledger.predict import STRATEGIES
-from parlab.runtime.launch import Nodes, on_nodes
-from parlab.units import format_bytes
-
-
-def _has_cuda() -> bool:
-    import torch  # lazy: torch, for the GPU count only
-
-    return torch.cuda.is_available()
-
-
-def _default_nproc() -> int:
-    import torch  # lazy: torch, for the GPU count only
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+from parlab.runtime.launch import on_nodes
+from parlab.units import parse_cluster
 
 
 @app.command("collectives")
@@ -174,11 +160,6 @@ def collectives_cmd(
         _fit(fit, results, as_json)
         return
     if explain is not None:
-        gpu = None
-        if gpus is not None:
-            from parlab.units import parse_cluster
-
-            gpu = parse_cluster(gpus, "--gpus", count=False)[1]
         _explain(
             explain,
             layout,
@@ -186,7 +167,7 @@ def collectives_cmd(
             micro_batch,
             seq,
             calibration,
-            gpu,
+            gpus,
             results,
             as_json,
             microbatches=micro_batches,
@@ -196,7 +177,7 @@ def collectives_cmd(
         return
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     with on_nodes(job):
-        _sweep(
+        sweep(
             op=op,
             minbytes=minbytes,
             maxbytes=maxbytes,
@@ -216,94 +197,6 @@ def collectives_cmd(
             results=results,
             as_json=as_json,
         )
-
-
-def _sweep(
-    *,
-    op: str,
-    minbytes: str,
-    maxbytes: str | None,
-    stepfactor: int,
-    dtype: str,
-    warmup: int,
-    iters: int,
-    inplace: bool,
-    mesh: str | None,
-    axis: str | None,
-    graph: bool,
-    via: str,
-    nproc: int | None,
-    job: Nodes,
-    backend: str,
-    timeout: float | None,
-    results: Path | None,
-    as_json: bool,
-) -> None:
-    # lazy: parlab.comm.ops and .sweep import torch; .report matplotlib
-    from parlab.comm import ops as O
-    from parlab.comm.report import format_table
-    from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend, run_sweep, write_sweep
-    from parlab.runtime.launch import default_timeout_s
-
-    root = results_dir(results)  # a bad folder is refused before anything runs
-    per_node = nproc if nproc is not None else _default_nproc()
-    n = per_node * job.nnodes
-    if maxbytes is None:
-        on_gpus = backend != "gloo" and _default_nproc() >= per_node and _has_cuda()
-        maxbytes = "32MiB" if on_gpus else "1MiB"
-    spec = SweepSpec(
-        ops=tuple(O.parse_ops(op)),
-        minbytes=size(minbytes, "-b"),
-        maxbytes=size(maxbytes, "-e"),
-        stepfactor=stepfactor,
-        dtype=dtype,
-        warmup=warmup,
-        iters=iters,
-        inplace=inplace,
-        graph=graph,
-        via=via,
-        mesh=parse_mesh(mesh),
-        axis=axis.strip().lower() if axis else None,
-        nproc=n,
-        backend=backend,
-        timeout_s=timeout or default_timeout_s(per_node, backend),
-    )
-    resolve_backend(
-        spec
-    )  # bad dtype/backend/--graph/--via combinations fail here, before launching
-    plan = spec.plan()
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
-    with progress:
-        task = progress.add_task(f"{len(plan)} measurements", total=len(plan))
-
-        def on_record(rec: dict) -> None:
-            progress.update(task, advance=1, description=f"{rec['op']} {format_bytes(rec['size'])}")
-
-        outcome = run_sweep(spec, command=reproduce_command(), on_record=on_record)
-    doc = with_nodes(outcome.doc)
-    path = write_sweep(doc, root)
-    if as_json:
-        print_json(doc.to_json())
-    else:
-        console.print(format_table(doc), markup=False, highlight=False, soft_wrap=True)
-    say_error(f"wrote {path} ({doc.evidence_level}, {doc.role})")
-    if outcome.interrupted:
-        say_error(f"interrupted: {len(outcome.records)} measurement(s) kept")
-        raise typer.Exit(130)
-    if doc.status != "ok":
-        msg = doc.failure.message if doc.failure else "?"
-        say_error(f"sweep failed ({doc.failure.kind if doc.failure else '?'}): {msg}")
-        raise typer.Exit(1)
-    if doc.metric("wrong_total"):
-        say_error(f"{int(doc.metric('wrong_total') or 0)} wrong values")
-        raise typer.Exit(1)
 
 
 def _newest_sweep(folder: Path) -> Path:
@@ -379,7 +272,7 @@ def _explain(
     micro_batch: int,
     seq: int | None,
     calibration: Path | None,
-    gpu: str | None,
+    gpus: str | None,
     results: Path | None,
     as_json: bool,
     *,
@@ -389,6 +282,7 @@ def _explain(
 ) -> None:
     from parlab.comm.explain import explain_document, format_explain
 
+    gpu = None if gpus is None else parse_cluster(gpus, "--gpus", count=False)[1]
     if not layout:
         raise UsageError("--explain needs --layout (e.g. --layout dp=8,tp=2)")
     doc = explain_document(

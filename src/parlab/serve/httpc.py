@@ -7,7 +7,7 @@ stay close to the wire. It does just what the benchmark needs: ``POST`` with
 a JSON body to ``http://host:port/path``; responses with ``Content-Length``,
 ``Transfer-Encoding: chunked`` or read-to-close; the body handed over as it
 arrives, line by line, to the same SSE reader the aiohttp path uses
-(``bench._Stream``), so both clients time and judge chunks identically (a
+(``bench.client._Stream``), so both clients time and judge chunks identically (a
 test keeps them equal). ``https`` targets use aiohttp.
 
 Connections: at most ``max_connections`` open, idle ones reused (LIFO); a

@@ -50,26 +50,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from parlab.errors import UsageError
 from parlab.serve import httpc, protocol
-from parlab.serve.bench import check_target
+from parlab.serve.bench.config import check_target
 from parlab.serve.policy import PolicyConfig, PolicyState
 from parlab.serve.prefix import DEFAULT_BLOCK, block_hashes
-
-_HOP_HEADERS = {
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "content-encoding",
-}
-
-
-class _ClientGone(Exception):
-    """The downstream client disconnected (not the replica's fault)."""
+from parlab.serve.router_relay import ClientGone, Relay
+from parlab.serve.router_stats import ReplicaStats, count_status, stats_body
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,23 +90,10 @@ class RouterConfig:
             raise UsageError("--health-timeout and --request-timeout must be positive seconds")
 
 
-@dataclass
-class ReplicaStats:
-    url: str
-    routed: int = 0
-    completed: int = 0
-    failed: int = 0
-    retried_away: int = 0
-    prompt_tokens: int = 0
-    est_cached_tokens: int = 0
-    health_misses: int = 0
-    taken_out: int = 0
-    client_gone: int = 0
-    client_errors: int = 0
-    cut: int = 0
-    """In-flight requests cut when the replica was taken out."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """What it registered with (engine, version, model, ...)."""
+def _replica_client(url: str) -> httpc.Client:
+    """The keep-alive client the router forwards to the replica at ``url`` through."""
+    u = urlparse(url)
+    return httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
 
 
 class Router:
@@ -157,12 +133,7 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
         )
-        self._clients = []
-        for r in self.replicas:
-            u = urlparse(r.url)
-            self._clients.append(
-                httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
-            )
+        self._clients = [_replica_client(r.url) for r in self.replicas]
         self._runner, self.port = await protocol.start_site(self.app(), host, port)
         self._health_task = asyncio.create_task(self._health_loop())
         return self.port
@@ -188,10 +159,7 @@ class Router:
         url = url.rstrip("/")
         if any(r.url == url for r in self.replicas):
             raise UsageError(f"{url} is already a replica of this router")
-        u = urlparse(url)
-        self._clients.append(
-            httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
-        )
+        self._clients.append(_replica_client(url))
         self.replicas.append(ReplicaStats(url=url, info=dict(info or {})))
         self._inflight.append(set())
         return self.state.add()
@@ -317,59 +285,19 @@ class Router:
     async def _forward(
         self, request: web.Request, raw: bytes, i: int, t_in: float
     ) -> web.StreamResponse | str:
+        """Send ``raw`` to replica ``i`` and relay its answer: the response sent (or begun),
+        or ``"retry"`` where the replica refused the connection (it is taken out)."""
         r = self.replicas[i]
-        client = self._clients[i]
-        box: list[web.StreamResponse] = []
-        status = [0]
-
-        async def relay(up: httpc.Response) -> None:
-            headers = {k: v for k, v in up.headers.items() if k not in _HOP_HEADERS}
-            headers["x-parlab-replica"] = r.url
-            resp = web.StreamResponse(status=up.status, headers=headers)
-            status[0] = up.status
-            try:
-                await resp.prepare(request)
-            except (ConnectionError, RuntimeError) as exc:
-                raise _ClientGone from exc
-            box.append(resp)
-            async for data in up.pieces():
-                try:
-                    await resp.write(data)
-                except (ConnectionError, RuntimeError) as exc:
-                    raise _ClientGone from exc
-            try:
-                await resp.write_eof()
-            except (ConnectionError, RuntimeError) as exc:
-                raise _ClientGone from exc
-
+        relay = Relay(request, r.url)
         try:
             self.forward_s.append(time.perf_counter() - t_in)
-            task = asyncio.ensure_future(
-                client.post(request.path, raw, relay, self.config.request_timeout_s)
-            )
-            self._inflight[i].add(task)
-            try:
-                await task
-            except asyncio.CancelledError:
-                if task not in self._cut:
-                    task.cancel()
-                    raise  # the client's handler was cancelled
-                self._cut.discard(task)
-                r.cut += 1
-                raise EOFError("the replica was taken out by its health checks") from None
-            finally:
-                self._inflight[i].discard(task)
-            if status[0] == 200:
-                r.completed += 1
-                r.health_misses = 0  # it just served a request: it is alive
-            elif 400 <= status[0] < 500:
-                r.client_errors += 1  # the client's request was wrong, not the replica
-            else:
-                r.failed += 1
-            return box[0]
-        except _ClientGone:
+            await self._send(request, raw, i, relay)
+            count_status(r, relay.status)
+            assert relay.resp is not None  # the replica answered: the relay began
+            return relay.resp
+        except ClientGone:
             r.client_gone += 1  # the client left; the replica is fine
-            return box[0] if box else web.Response(status=499)
+            return relay.resp or web.Response(status=499)
         except ConnectionRefusedError:
             # nothing reached the replica: take it out, try another
             self.mark(i, False)
@@ -387,61 +315,38 @@ class Router:
             if not timed_out:
                 self.mark(i, False)
             what = "timed out" if timed_out else f"{type(exc).__name__}: {exc}"
-            msg = f"replica {r.url} failed: {what}"[:300]
-            if not box:
-                return protocol.error_response(msg, status=502, kind="bad_gateway")
-            resp = box[0]
-            try:
-                err = json.dumps(protocol.error_body(msg, kind="bad_gateway", code=502))
-                await resp.write(b"data: " + err.encode() + b"\n\n")
-                await resp.write_eof()
-            except (ConnectionError, RuntimeError):
-                pass  # the client is gone too
-            return resp
+            return await relay.fail(f"replica {r.url} failed: {what}"[:300])
+
+    async def _send(self, request: web.Request, raw: bytes, i: int, relay: Relay) -> None:
+        """POST ``raw`` upstream as a task the health checks can cut (``mark``): a cut one
+        raises ``EOFError``; the client's own cancellation goes on up."""
+        task = asyncio.ensure_future(
+            self._clients[i].post(request.path, raw, relay, self.config.request_timeout_s)
+        )
+        self._inflight[i].add(task)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                task.cancel()
+                raise  # the client's handler was cancelled
+            self._cut.discard(task)
+            self.replicas[i].cut += 1
+            raise EOFError("the replica was taken out by its health checks") from None
+        finally:
+            self._inflight[i].discard(task)
 
     # -- stats ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        def pct(xs: list[float]) -> dict[str, float]:
-            if not xs:
-                return {"n": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p99_ms": 0.0}
-            a = np.asarray(xs) * 1e3
-            return {
-                "n": len(xs),
-                "mean_ms": float(a.mean()),
-                "p50_ms": float(np.percentile(a, 50)),
-                "p99_ms": float(np.percentile(a, 99)),
-            }
-
-        reps = []
-        for i, r in enumerate(self.replicas):
-            reps.append(
-                {
-                    "url": r.url,
-                    "alive": self.state.alive[i],
-                    "load": self.state.load[i],
-                    "routed": r.routed,
-                    "completed": r.completed,
-                    "failed": r.failed,
-                    "retried_away": r.retried_away,
-                    "prompt_tokens": r.prompt_tokens,
-                    "est_cached_tokens": r.est_cached_tokens,
-                    "taken_out": r.taken_out,
-                    "client_gone": r.client_gone,
-                    "client_errors": r.client_errors,
-                    "cut": r.cut,
-                    "info": r.info,
-                }
-            )
-        pt = sum(r.prompt_tokens for r in self.replicas)
-        ct = sum(r.est_cached_tokens for r in self.replicas)
-        return {
-            "policy": self.config.policy.name,
-            "replicas": reps,
-            "no_replica": self.no_replica,
-            "est_cache_hit_rate": (ct / pt) if pt else None,
-            "decision": pct(self.decision_s),
-            "pre_forward": pct(self.forward_s),
-        }
+        """What ``GET /router/stats`` answers (``router_stats.stats_body``)."""
+        return stats_body(
+            self.config.policy.name,
+            self.replicas,
+            self.state,
+            no_replica=self.no_replica,
+            decision_s=self.decision_s,
+            forward_s=self.forward_s,
+        )
 
 
 def prompt_key(body: Any) -> tuple[str | list[int], int]:

@@ -17,14 +17,14 @@
 5. Measures the KV-cache transfer between two ranks and simulates colocated against
    disaggregated serving on it (an ``analytic`` document).
 6. Writes a report comparing the policies (``report.py``).
+
+Steps 3 and 4 live in ``policies.py`` and ``failover.py``; this module runs them in order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,13 @@ from parlab.dtypes import TENSOR_DTYPE_OF
 from parlab.errors import UsageError
 from parlab.projects.serving import documents, rank
 from parlab.projects.serving.config import ALL_POLICIES, Preset, get_preset
+from parlab.projects.serving.failover import run_failover
+from parlab.projects.serving.policies import bench_config, run_policies
 from parlab.projects.serving.report import write_report
 from parlab.serve import bench, datasets, sim
 from parlab.serve.policy import PolicyConfig
-from parlab.serve.procs import ReplicaProcess, get_json, post_json, restart_replica
+from parlab.serve.procs import ReplicaProcess, get_json, post_json
 from parlab.serve.router import Router, RouterConfig
-
-
-def _bench(base: str, **kw: Any) -> bench.BenchConfig:
-    return bench.BenchConfig(base_url=base, progress=False, request_timeout_s=120.0, **kw)
 
 
 async def loop_probe(url: str, p: Preset, profile: dict[str, Any]) -> dict[str, Any]:
@@ -59,14 +57,14 @@ async def loop_probe(url: str, p: Preset, profile: dict[str, Any]) -> dict[str, 
     await post_json(url + "/engine/reset")
     for conc in (2, p.max_batch):
         ds = datasets.synthetic(num_prompts=3 * conc, input_len=32, output_len=16, seed=conc)
-        await bench.arun(_bench(url, max_concurrency=conc, seed=conc), ds)
+        await bench.arun(bench_config(url, max_concurrency=conc, seed=conc), ds)
     loop = sim.fit_loop(await get_json(url + "/engine/log"), sim.ReplicaProfile.from_json(profile))
     await post_json(url + "/engine/reset")
     router = Router(RouterConfig(replicas=(url,), policy=PolicyConfig(name="round_robin")))
     await router.start()
     try:
         lone = datasets.synthetic(num_prompts=8, input_len=32, output_len=1, seed=7)
-        res = await bench.arun(_bench(router.url, max_concurrency=1, seed=1), lone)
+        res = await bench.arun(bench_config(router.url, max_concurrency=1, seed=1), lone)
     finally:
         await router.stop()
     steps = [e for e in await get_json(url + "/engine/log") if e["kind"] == 0]
@@ -79,190 +77,6 @@ async def loop_probe(url: str, p: Preset, profile: dict[str, Any]) -> dict[str, 
         )
     paths = [o.ttft - e["wall"] for o, e in zip(ok, steps, strict=True)]
     return {**loop, "path_s": float(max(0.0, statistics.median(paths))), "path_samples": paths}
-
-
-def _workload(p: Preset, seed: int, n: int) -> datasets.Dataset:
-    groups = max(1, min(p.groups, n))
-    return datasets.shared_prefix(
-        num_groups=groups,
-        prompts_per_group=max(1, n // groups),
-        prefix_len=p.prefix_len,
-        question_len=p.question_len,
-        output_len=p.output_len,
-        seed=seed,
-    )
-
-
-async def _route(
-    urls: list[str], name: str, p: Preset, ds: datasets.Dataset
-) -> tuple[bench.BenchResult, bench.BenchConfig, dict[str, Any]]:
-    """The workload through a router of ``name``: the result, its config, the router's
-    stats."""
-    pol = PolicyConfig(name=name, seed=0, tree_blocks=max(1, p.cache_blocks))
-    router = Router(RouterConfig(replicas=tuple(urls), policy=pol))
-    await router.start()
-    cfg = _bench(router.url, request_rate=p.rate, seed=0, max_duration_s=300.0)
-    try:
-        res = await bench.arun(cfg, ds)
-    finally:
-        stats = router.stats()
-        await router.stop()
-    return res, cfg, stats
-
-
-async def run_policies(
-    urls: list[str],
-    engines: list[dict[str, Any]],
-    p: Preset,
-    policies: list[str],
-    profile: dict[str, Any] | None,
-    console: Console,
-    command: str,
-) -> list[Document]:
-    """One document per policy (see the module docstring, step 3)."""
-    ds = _workload(p, 0, p.num_prompts)
-    offsets = bench.arrival_offsets(len(ds.requests), rate=p.rate, burstiness=1.0, seed=0)
-    work = sim.from_dataset(ds, offsets, block=16)
-    shape = {"max_batch": p.max_batch, "block": 16, "cache_blocks": p.cache_blocks}
-    prof = sim.ReplicaProfile.from_json(profile, **shape) if profile else None
-    parlab_replicas = all(e["engine"] == "parlab" for e in engines)
-    if p.warmup_prompts:
-        # a discarded pass of the same shape (other prompts): without it the first measured
-        # policy alone pays the replicas' cold start (allocator growth, first-seen shapes)
-        await _route(urls, "round_robin", p, _workload(p, 1, p.warmup_prompts))
-    docs: list[Document] = []
-    calibration: tuple[dict[str, Any], str] | None = None
-    for name in policies:
-        resets = [await rank.reset_cache(u) for u in urls]
-        res, cfg, stats = await _route(urls, name, p, ds)
-        pol = PolicyConfig(name=name, seed=0, tree_blocks=max(1, p.cache_blocks))
-        pred = pred_run = eng = None
-        if prof is not None:
-            pred = sim.simulate(work, replicas=len(urls), profile=prof, policy=pol)
-        if parlab_replicas:
-            eng = [await get_json(u + "/engine/stats") for u in urls]
-            logs = [e for u in urls for e in await get_json(u + "/engine/log")]
-            if calibration is None:
-                with contextlib.suppress(ValueError):  # a run with no decode step
-                    calibration = (sim.fit_profile(logs), name)
-            if calibration is not None:
-                fitted = sim.ReplicaProfile.from_json(calibration[0], **shape)
-                run = sim.simulate(work, replicas=len(urls), profile=fitted, policy=pol)
-                pred_run = (run, calibration[1])
-        doc = bench.to_document(
-            res,
-            cfg,
-            ds,
-            command=command,
-            role="baseline" if name == policies[0] else "candidate",
-            layout={
-                "world_size": len(urls),
-                "mesh": {"replica": len(urls)},
-                "strategy": f"router:{name}",
-                "policy": name,
-                "replicas": len(urls),
-                "engines": engines,
-                "model": engines[0].get("model"),
-                "max_batch": p.max_batch if parlab_replicas else None,
-                "prefix_cache_blocks": p.cache_blocks if parlab_replicas else None,
-            },
-            notes=[
-                *(["predictions: discrete-event simulation (parlab.serve.sim) of the same "
-                   "arrivals, from replica 0's measured step profile"] if pred else []),
-                *([f"measured after a discarded round-robin pass of {p.warmup_prompts} "
-                   "requests of the same shape (the replicas' cold start)"]
-                  if p.warmup_prompts else []),
-                *([f"prefix cache not reset between policies on {u} (no reset endpoint)"
-                   for u, r in zip(urls, resets, strict=True) if r is None]),
-            ],
-        )  # fmt: skip
-        doc = documents.policy_document(
-            doc, stats=stats, engine_stats=eng, pred=pred, pred_run=pred_run, profile=profile,
-            name=name,
-        )  # fmt: skip
-        docs.append(doc)
-        s = res.summary
-        sim_note = "" if pred is None else f" (sim {pred['mean_ttft_ms']:.1f})"
-        console.print(
-            f"{name:>18}: {s['completed']}/{len(ds.requests)} ok, "
-            f"{s['request_throughput']:.2f} req/s, TTFT mean {s['mean_ttft_ms']:.1f} ms{sim_note}, "
-            f"TPOT mean {s['mean_tpot_ms']:.2f} ms, cache hit {s['cache_hit_rate'] or 0:.1%}, "
-            f"load {[r['routed'] for r in stats['replicas']]}"
-        )
-    return docs
-
-
-async def run_failover(
-    procs: list[ReplicaProcess], p: Preset, command: str, console: Console
-) -> Document:
-    """Round robin over the replicas; the last is killed (SIGKILL) a third of the way
-    through the arrivals; then restarted on its port, it must rejoin and serve again."""
-    urls = [r.url for r in procs]
-    for u in urls:
-        await post_json(u + "/engine/reset")
-    ds = datasets.synthetic(
-        num_prompts=max(12, int(3 * p.rate)),  # 3 s of arrivals: 2 s of them after the kill
-        input_len=p.question_len * 4,
-        output_len=p.output_len * 4,  # long enough that some are in flight at the kill
-        seed=1,
-    )
-    pol = PolicyConfig(name="round_robin")
-    router = Router(RouterConfig(replicas=tuple(urls), policy=pol, health_interval_s=0.25))
-    await router.start()
-    cfg = _bench(router.url, request_rate=p.rate)
-    kill_at = len(ds.requests) / p.rate / 3
-
-    async def killer() -> float:
-        await asyncio.sleep(kill_at)
-        procs[-1].kill()
-        return time.perf_counter()
-
-    try:
-        res, t_kill = await asyncio.gather(bench.arun(cfg, ds), killer())
-        procs[-1] = await asyncio.to_thread(restart_replica, procs[-1])
-        deadline = time.monotonic() + 120
-        while not router.state.alive[-1] and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        again = datasets.synthetic(num_prompts=4 * len(urls), input_len=32, output_len=4, seed=2)
-        res2 = await bench.arun(_bench(router.url, request_rate=p.rate * 2), again)
-    finally:
-        stats = router.stats()
-        await router.stop()
-    s = res.summary
-    unaccounted = len(ds.requests) - s["completed"] - s["failed"]
-    # by then the router has taken the replica out (two missed checks, 0.25 s apart)
-    late = [o for o in res.outcomes if o.start > t_kill + 0.6]
-    late_ok = sum(o.success for o in late)
-    rejoined = res2.replicas.get(urls[-1], 0) if res2.summary["failed"] == 0 else 0
-    doc = bench.to_document(
-        res,
-        cfg,
-        ds,
-        command=command,
-        role="candidate",
-        layout={
-            "world_size": len(urls),
-            "strategy": "router:round_robin-failover",
-            "policy": "round_robin",
-            "replicas": len(urls),
-            "killed_replica": len(urls) - 1,
-            "model": p.model,
-        },
-        notes=[
-            f"replica {len(urls) - 1} was killed (SIGKILL) {kill_at:.1f} s into the arrivals, "
-            f"then restarted on its port; {rejoined} of {len(again.requests)} later requests "
-            "went to it"
-        ],
-    )
-    metrics = documents.failover_metrics(stats, unaccounted, len(late), late_ok, rejoined)
-    doc = documents.with_metrics(doc, metrics=metrics)
-    reps = stats["replicas"]
-    console.print(
-        f"{'failover':>18}: {s['completed']} ok, {s['failed']} failed, {unaccounted} "
-        f"unaccounted of {len(ds.requests)}; after the kill {late_ok}/{len(late)} ok; "
-        f"failed {[r['failed'] for r in reps]}; rejoined, it served {rejoined}"
-    )
-    return doc
 
 
 def disagg(
