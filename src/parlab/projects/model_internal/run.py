@@ -54,7 +54,7 @@ def _one_launch(
             "deadline": None if left is None else time.time() + left - 10,
         }
         lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s, deadline_s=left)
-        res = launch("parlab.projects.model_internal.rank:mi_many", kwargs, lc)
+        res = launch("parlab.projects.model_internal.many:mi_many", kwargs, lc)
         if res.ok:
             return res, {n: [r[n] for r in res.results] for n in range(len(configs))}
         return res, _partial(tmp, len(configs), width)
