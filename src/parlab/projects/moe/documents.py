@@ -20,7 +20,7 @@ from parlab.models.router import load_stats
 from parlab.models.spec import ModelSpec
 from parlab.projects.moe.calibration import calibrated
 from parlab.projects.moe.config import PROJECT, MoERunConfig
-from parlab.projects.moe.rank import hot_order
+from parlab.projects.moe.workloads import hot_order
 from parlab.topology import Topology
 
 WORKLOAD_NOTES = [
