@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab.comm.ops import busbw_factor
+from parlab.comm.model import busbw
 from parlab.models.moe import MoE
 from parlab.models.router import keep_mask, load_stats, zipf_probabilities
 from parlab.parallel import expert_comm as comm
@@ -90,7 +90,7 @@ def _reference_a2a(
             {
                 "bytes": b,
                 "seconds": t,
-                "busbw": b / t * busbw_factor("all_to_all", n) if t > 0 else 0.0,
+                "busbw": busbw("all_to_all", b, n, t),
             }
         )
     return out
