@@ -161,7 +161,7 @@ def test_the_allowed_list_only_shrinks(edges: list[Edge]) -> None:
 
 def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
     """The graph is not empty, and counts the imports inside functions (the demo's steps are
-    imported by ``cli/demo.py`` at its top; ``projects/markdown.py`` loads matplotlib in one)."""
+    imported by ``cli/demo.py`` at its top; ``projects/figure.py`` loads matplotlib in one)."""
     found = {(e.importer, e.imported) for e in import_graph()}
     assert ("parlab.cli.demo", "parlab.projects.training_state") in found
     assert ("parlab.cli.core", "parlab.cli.demo") in found  # inside ``demo_cmd``

@@ -174,13 +174,19 @@ def ledger_cmd(
     if as_json:
         print_json(doc.to_json())
         return
-    if gpu_spec is not None:
-        console.print(fits_line(led, gpu_spec))
-    console.print(
+    title = (
         f"{spec.name}, {strategy} over world {topo.world_size} "
         f"(dp {dp}, tp {tp}, pp {pp}, cp {cp}, ep {ep}), micro-batch {micro_batch} x seq "
         f"{k['seq_len']}, {k['dtype']}, {optimizer}, recompute {recompute}"
     )
+    print_ledger(title, led, wire, gpu_spec)
+
+
+def print_ledger(title: str, led: Ledger, wire: list[Any], gpu: GPUSpec | None) -> None:
+    """Whether it fits on ``gpu`` (if given), the layout in one line, the ledger, the wire."""
+    if gpu is not None:
+        console.print(fits_line(led, gpu))
+    console.print(title)
     console.print(ledger_table(led, "per-rank ledger"))
     print_wire(wire)
 

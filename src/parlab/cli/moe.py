@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -31,6 +32,9 @@ from parlab.cli.common import (
 from parlab.cli.project import project_app
 from parlab.errors import UsageError
 from parlab.runtime.launch import default_timeout_s, on_nodes
+
+if TYPE_CHECKING:  # the project imports torch: the command loads it lazily
+    from parlab.projects.moe import MoEOutcome, MoERunConfig
 
 MOE_DTYPES = {"auto": "auto", "fp32": "fp32", "bf16-all": "bf16"}
 """``--dtype`` -> the MoE runner's name (the whole layer, its optimizer states too, in it)."""
@@ -156,12 +160,7 @@ def moe_cmd(
         timeout_s=timeout or default_timeout_s(max(1, ep // nnodes), backend),
     )
     if plan:
-        from parlab.parallel.expert_comm import format_plan
-        from parlab.projects.moe import dispatch_plans
-
-        for name, grid in dispatch_plans(cfg).items():
-            console.print(f"dispatch plan, {name} (tokens sent, source rank x expert):")
-            console.print(format_plan(grid), markup=False)
+        print_plans(cfg)
         return
     if calibration is not None and not calibration.is_file():
         raise UsageError(f"--calibration {calibration}: no such file; give a collectives document")
@@ -170,6 +169,21 @@ def moe_cmd(
         outcome = run_moe_project(
             cfg, results=root, command=reproduce_command(), calibration=calibration
         )
+    tell_outcome(outcome)
+
+
+def print_plans(cfg: MoERunConfig) -> None:
+    """Each workload's dispatch plan (tokens sent, source rank x expert); nothing launched."""
+    from parlab.parallel.expert_comm import format_plan  # lazy: torch
+    from parlab.projects.moe import dispatch_plans
+
+    for name, grid in dispatch_plans(cfg).items():
+        console.print(f"dispatch plan, {name} (tokens sent, source rank x expert):")
+        console.print(format_plan(grid), markup=False)
+
+
+def tell_outcome(outcome: MoEOutcome) -> None:
+    """The files written, then the failure (exit 1) or the summary table and the report."""
     for p in outcome.paths:
         say_error(f"wrote {p}")
     if not outcome.ok:

@@ -26,24 +26,51 @@ from parlab.cli.common import (
 )
 from parlab.cli.profile import ScheduleOption, TraceDirOption, print_outcomes, profile_app
 from parlab.errors import UsageError
-from parlab.runtime.launch import Nodes, default_timeout_s, on_nodes
+from parlab.runtime.launch import default_timeout_s, on_nodes
 
 
 def run_preset(
-    preset: str, kwargs: dict[str, Any], *, job: Nodes, quiet: bool = False, **opts: Any
-) -> list[Any]:
-    """Run a preset sweep (``parlab.profile.sweep``) on the job's nodes, print it, exit 1 if the
-    run failed."""
+    preset: str,
+    flags: dict[str, Any],
+    params: dict[str, Any],
+    *,
+    project: str,
+    plot: tuple[str, str] | None,
+) -> None:
+    """Run a preset sweep (``parlab.profile.sweep``) of the reference model on the job's nodes,
+    print it, exit 1 if the run failed. ``flags``: the command's flags by name (its
+    ``locals()``); ``params``: the preset's own settings, after the model's shape."""
     from parlab.profile.sweep import run_sweep
 
-    if opts.get("timeout") is None:
-        opts["timeout"] = default_timeout_s(opts.get("nproc") or 1, opts.get("backend", "auto"))
-    if opts.get("nproc") is not None:
-        opts["nproc"] *= job.nnodes
+    job = nodes(
+        flags["nnodes"],
+        flags["node_rank"],
+        flags["rdzv_endpoint"],
+        flags["rdzv_backend"],
+        flags["rdzv_id"],
+    )
+    nproc, backend, timeout = flags["nproc"], flags["backend"], flags["timeout"]
+    if timeout is None:
+        timeout = default_timeout_s(nproc or 1, backend)
+    if nproc is not None:
+        nproc *= job.nnodes
     elif job.multi:
         raise UsageError("on several nodes give --nproc (ranks on each node)")
+    kwargs = {"model": flags["model"], "batch": flags["batch"], "seq": flags["seq"], **params}
     with on_nodes(job):
-        res = run_sweep(preset, kwargs, **opts)
+        res = run_sweep(
+            preset,
+            kwargs,
+            nproc=nproc,
+            backend=backend,
+            timeout=timeout,
+            results=results_dir(flags["results"]),
+            trace_dir=flags["trace_dir"],
+            schedule=flags["schedule"],
+            project=project,
+            command=reproduce_command(),
+            plot=plot,
+        )
     if res.failure is not None:
         f = res.failure
         say_error(f"profile preset {preset} failed ({f.kind}, rank {f.rank}): {f.message}")
@@ -51,9 +78,7 @@ def run_preset(
         raise typer.Exit(1)
     if res.sweep_png is not None:
         say_error(f"sweep plot: {res.sweep_png}")
-    if not quiet:
-        print_outcomes(res.outcomes)
-    return res.outcomes
+    print_outcomes(res.outcomes)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -113,16 +138,9 @@ def ddp_buckets_cmd(
     _check_shape(model, batch, seq)
     run_preset(
         "ddp-buckets",
-        {"model": model, "batch": batch, "seq": seq, "buckets_mb": _floats(buckets, "--buckets")},
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
+        locals(),
+        {"buckets_mb": _floats(buckets, "--buckets")},
         project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
         plot=("DDP: exposed communication vs bucket_cap_mb", "bucket_cap_mb"),
     )
 
@@ -149,21 +167,9 @@ def ddp_cmd(
     _check_shape(model, batch, seq)
     run_preset(
         "ddp",
-        {
-            "model": model,
-            "batch": batch,
-            "seq": seq,
-            "buckets_mb": _floats(str(bucket_mb), "--bucket-mb"),
-        },
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
+        locals(),
+        {"buckets_mb": _floats(str(bucket_mb), "--bucket-mb")},
         project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
         plot=None,
     )
 
@@ -205,16 +211,9 @@ def fsdp_cmd(
         raise UsageError(f"--configs {configs!r}: use some of {', '.join(FSDP_CONFIGS)}")
     run_preset(
         "fsdp",
-        {"model": model, "batch": batch, "seq": seq, "configs": [FSDP_CONFIGS[c] for c in names]},
-        nproc=nproc,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
+        locals(),
+        {"configs": [FSDP_CONFIGS[c] for c in names]},
         project="PAR-TRAINING-STATE",
-        command=reproduce_command(),
         plot=("FSDP2: prefetch and reshard_after_forward", "setting"),
     )
 
@@ -240,22 +239,15 @@ def tp_cmd(
     _check_shape(model, batch, seq)
     from parlab.profile.sweep import default_nproc
 
-    n = nproc or default_nproc()
-    if seq % (n * nnodes):
+    nproc = nproc or default_nproc()
+    if seq % (nproc * nnodes):
         raise UsageError(
-            f"--seq {seq} must divide by the {n * nnodes} TP ranks for sequence parallelism"
+            f"--seq {seq} must divide by the {nproc * nnodes} TP ranks for sequence parallelism"
         )
     run_preset(
         "tp",
-        {"model": model, "batch": batch, "seq": seq, "sequence_parallel": [False, True]},
-        nproc=n,
-        backend=backend,
-        timeout=timeout,
-        job=nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id),
-        results=results_dir(results),
-        trace_dir=trace_dir,
-        schedule=schedule,
+        locals(),
+        {"sequence_parallel": [False, True]},
         project="PAR-MODEL-INTERNAL",
-        command=reproduce_command(),
         plot=("TP: without and with sequence parallelism", "setting"),
     )

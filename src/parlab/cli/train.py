@@ -31,6 +31,7 @@ from parlab.cli.common import (
     write,
 )
 from parlab.cli.project import project_app
+from parlab.errors import UsageError
 from parlab.runtime.launch import NUMA_BINDINGS, default_timeout_s, on_nodes
 from parlab.units import format_bytes
 
@@ -197,13 +198,9 @@ def train_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """Train the reference model under one strategy; write one document with the ledger beside it."""
-    from parlab.errors import UsageError
     from parlab.projects.training_state import TrainConfig, run_training  # lazy: torch
 
-    if roofline is not None and not roofline.is_dir():
-        raise UsageError(
-            f"--roofline {roofline}: not a folder; give the results folder the GPU runs wrote"
-        )
+    check_roofline(roofline)
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     world = nproc * job.nnodes
     root = results_dir(results)  # a bad folder is refused before anything runs
@@ -238,6 +235,14 @@ def train_cmd(
         raise typer.Exit(1)
 
 
+def check_roofline(roofline: Path | None) -> None:
+    """``--roofline`` names a results folder (bad input before anything runs)."""
+    if roofline is not None and not roofline.is_dir():
+        raise UsageError(
+            f"--roofline {roofline}: not a folder; give the results folder the GPU runs wrote"
+        )
+
+
 @project_app.command("training-state")
 def training_state_cmd(
     results: Path | None = ResultsOption,
@@ -262,8 +267,6 @@ def training_state_cmd(
 
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and nproc is None:
-        from parlab.errors import UsageError
-
         raise UsageError("on several nodes give --nproc (ranks on each node)")
     with on_nodes(job):
         paths = run_project(

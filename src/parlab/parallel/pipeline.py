@@ -152,6 +152,114 @@ def _message(a: Action, n_stages: int) -> tuple[str, int, int] | None:
     return None
 
 
+class _Walker:
+    """One rank's walk of the schedule's slots: the tensors in flight between its actions,
+    keyed ``(kind, stage, micro-batch)``, and what it measured."""
+
+    def __init__(
+        self,
+        schedule: list[list[Action]],
+        stages: dict[int, nn.Module],
+        *,
+        microbatches: list[torch.Tensor],
+        targets: list[torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        act_shape: tuple[int, ...],
+        act_dtype: torch.dtype,
+        group: Any,
+        device: torch.device,
+    ) -> None:
+        self.p, self.n, self.m = len(schedule), n_stages(schedule), len(microbatches)
+        self.me = dist.get_rank(group) if self.p > 1 else 0
+        self.stages, self.microbatches, self.targets, self.loss_fn = (
+            stages, microbatches, targets, loss_fn,
+        )  # fmt: skip
+        self.act_shape, self.act_dtype, self.group, self.device = (
+            act_shape, act_dtype, group, device,
+        )  # fmt: skip
+        self.inbox: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.produced: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.sends_pending: list[Any] = []
+        self.stats = ScheduleStats()
+        self.timer = _Timer(device)
+        self.loss_sum = torch.zeros((), device=device)
+
+    def _peer(self, stage: int) -> int:
+        return dist.get_global_rank(self.group, stage % self.p) if self.p > 1 else 0
+
+    def exchange(self, ending: list[Action | None]) -> None:
+        """Post, in one batch, the messages of every rank's action that ends at this slot
+        (``ending[q]``: rank ``q``'s) that this rank sends or receives; wait for receives."""
+        p, me = self.p, self.me
+        ops = []
+        n_recv = 0
+        for q, b in enumerate(ending):
+            msg = _message(b, self.n) if b is not None else None
+            if msg is None:
+                continue
+            if q == me:
+                tensor = self.produced.pop(msg)
+                if msg[1] % p == me:
+                    self.inbox[msg] = tensor
+                    continue
+                tensor = tensor.contiguous()
+                self.stats.sent_bytes += tensor.numel() * tensor.element_size()
+                tensor_comm._log("send_recv", tensor, axis="pp")
+                ops.append(dist.P2POp(dist.isend, tensor, self._peer(msg[1]), self.group))
+            elif msg[1] % p == me:
+                buf = torch.empty(self.act_shape, dtype=self.act_dtype, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, buf, self._peer(q), self.group))
+                self.inbox[msg] = buf
+                n_recv += 1
+        if ops:
+            works = dist.batch_isend_irecv(ops)
+            if n_recv:
+                for w in works:
+                    w.wait()
+            else:
+                self.sends_pending += works
+
+    def act(self, a: Action) -> None:
+        """Run action ``a`` (a forward or a backward of one micro-batch through one stage)."""
+        mod, n = self.stages[a.stage], self.n
+        t0 = self.timer.start()
+        if a.kind == "F":
+            x = self.microbatches[a.mb] if a.stage == 0 else self.inbox.pop(("act", a.stage, a.mb))
+            if a.stage > 0:
+                x.requires_grad_(True)
+            self.inputs[(a.stage, a.mb)] = x
+            y = mod(x)
+            if a.stage == n - 1:
+                y = self.loss_fn(y, self.targets[a.mb]) / self.m
+                self.loss_sum += y.detach()
+            else:
+                self.produced[("act", a.stage + 1, a.mb)] = y.detach()
+            self.outputs[(a.stage, a.mb)] = y
+        else:
+            y = self.outputs.pop((a.stage, a.mb))
+            y.backward(None if a.stage == n - 1 else self.inbox.pop(("grad", a.stage, a.mb)))
+            x = self.inputs.pop((a.stage, a.mb))
+            if a.stage > 0:
+                assert x.grad is not None, "a non-first stage's input requires grad"
+                self.produced[("grad", a.stage - 1, a.mb)] = x.grad
+        self.timer.stop(str(a), t0)
+
+    def finish(self, t_start: float) -> ScheduleStats:
+        """Wait for the sends still in flight; the stats of the walk begun at ``t_start``."""
+        for w in self.sends_pending:
+            w.wait()
+        stats = self.stats
+        stats.action_s = self.timer.results()
+        stats.wall_s = time.perf_counter() - t_start
+        stats.busy_s = sum(stats.action_s.values())
+        if any(s == self.n - 1 for s in self.stages):
+            stats.loss = float(self.loss_sum)
+        assert not self.outputs and not self.inputs, "every forward was matched by its backward"
+        return stats
+
+
 def run_schedule(
     schedule: list[list[Action]],
     stages: dict[int, nn.Module],
@@ -177,91 +285,20 @@ def run_schedule(
     then runs the action that starts at ``t``. Only receives are waited for;
     sends complete in the background.
     """
-    p = len(schedule)
-    n = n_stages(schedule)
-    m = len(microbatches)
-    me = dist.get_rank(group) if p > 1 else 0
+    walker = _Walker(
+        schedule, stages, microbatches=microbatches, targets=targets, loss_fn=loss_fn,
+        act_shape=act_shape, act_dtype=act_dtype, group=group, device=device,
+    )  # fmt: skip
     slots = lockstep(schedule)
-    inbox: dict[tuple[str, int, int], torch.Tensor] = {}
-    produced: dict[tuple[str, int, int], torch.Tensor] = {}
-    inputs: dict[tuple[int, int], torch.Tensor] = {}
-    outputs: dict[tuple[int, int], torch.Tensor] = {}
-    sends_pending: list[Any] = []
-    stats = ScheduleStats()
-    timer = _Timer(device)
-    loss_sum = torch.zeros((), device=device)
-
-    def peer(stage: int) -> int:
-        return dist.get_global_rank(group, stage % p) if p > 1 else 0
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_start = time.perf_counter()
-    for t in range(len(slots.starts[me])):
-        # 1. the messages of every action that ends at slot t, in one batch
-        ops = []
-        n_recv = 0
-        for q in range(p):
-            b = slots.ends[q][t]
-            msg = _message(b, n) if b is not None else None
-            if msg is None:
-                continue
-            if q == me:
-                tensor = produced.pop(msg)
-                if msg[1] % p == me:
-                    inbox[msg] = tensor
-                    continue
-                tensor = tensor.contiguous()
-                stats.sent_bytes += tensor.numel() * tensor.element_size()
-                tensor_comm._log("send_recv", tensor, axis="pp")
-                ops.append(dist.P2POp(dist.isend, tensor, peer(msg[1]), group))
-            elif msg[1] % p == me:
-                buf = torch.empty(act_shape, dtype=act_dtype, device=device)
-                ops.append(dist.P2POp(dist.irecv, buf, peer(q), group))
-                inbox[msg] = buf
-                n_recv += 1
-        if ops:
-            works = dist.batch_isend_irecv(ops)
-            if n_recv:
-                for w in works:
-                    w.wait()
-            else:
-                sends_pending += works
-        # 2. the action that starts at slot t
-        a = slots.starts[me][t]
-        if a is None:
-            continue
-        mod = stages[a.stage]
-        t0 = timer.start()
-        if a.kind == "F":
-            x = microbatches[a.mb] if a.stage == 0 else inbox.pop(("act", a.stage, a.mb))
-            if a.stage > 0:
-                x.requires_grad_(True)
-            inputs[(a.stage, a.mb)] = x
-            y = mod(x)
-            if a.stage == n - 1:
-                y = loss_fn(y, targets[a.mb]) / m
-                loss_sum += y.detach()
-            else:
-                produced[("act", a.stage + 1, a.mb)] = y.detach()
-            outputs[(a.stage, a.mb)] = y
-        else:
-            y = outputs.pop((a.stage, a.mb))
-            y.backward(None if a.stage == n - 1 else inbox.pop(("grad", a.stage, a.mb)))
-            x = inputs.pop((a.stage, a.mb))
-            if a.stage > 0:
-                assert x.grad is not None, "a non-first stage's input requires grad"
-                produced[("grad", a.stage - 1, a.mb)] = x.grad
-        timer.stop(str(a), t0)
-    for w in sends_pending:
-        w.wait()
-    stats.action_s = timer.results()
-    stats.wall_s = time.perf_counter() - t_start
-    stats.busy_s = sum(stats.action_s.values())
-    if any(s == n - 1 for s in stages):
-        stats.loss = float(loss_sum)
-    assert not outputs and not inputs, "every forward was matched by its backward"
-    return stats
+    for t in range(len(slots.starts[walker.me])):
+        walker.exchange([slots.ends[q][t] for q in range(walker.p)])
+        a = slots.starts[walker.me][t]
+        if a is not None:
+            walker.act(a)
+    return walker.finish(t_start)
 
 
 def torch_schedule(

@@ -1,6 +1,6 @@
 """ZeRO-1/2/3 from torch.distributed primitives, each beside its naive form.
 
-The model's parameters are grouped into units (``default_units``: the
+The model's parameters are grouped into units (``zero_units.default_units``: the
 embedding, each transformer block, the final norm with the output
 projection), and each unit into one flat fp32 buffer padded to a multiple of
 the data-parallel size N (``parlab.parallel.data_comm.FlatUnit``). Rank r owns
@@ -57,26 +57,10 @@ import torch
 from torch import nn
 
 from parlab.errors import UsageError
-from parlab.parallel.data import OptimizerFactory, unique_params
-from parlab.parallel.data_comm import FlatUnit, all_gather_, all_reduce_, reduce_scatter_
+from parlab.parallel.data import OptimizerFactory
+from parlab.parallel.data_comm import all_gather_, all_reduce_, reduce_scatter_
+from parlab.parallel.zero_units import default_units, flat_units, shard_buffers
 from parlab.runtime.meters import optimizer_tensors, resize_storage
-
-
-def default_units(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
-    """Units in forward order: ``tok_embeddings``, each of ``layers``, ``norm`` + ``output``.
-
-    Models without those names: each direct child that holds parameters.
-    """
-    if hasattr(model, "layers") and hasattr(model, "tok_embeddings"):
-        units: list[tuple[str, list[nn.Module]]] = []
-        first = [m for m in (model.tok_embeddings, getattr(model, "pos_embeddings", None)) if m]
-        units.append(("embeddings", first))
-        units += [(f"layers.{i}", [layer]) for i, layer in enumerate(model.layers)]
-        last = [m for m in (model.norm, model.output) if m is not None]
-        if last:
-            units.append(("head", last))
-        return units
-    return [(n, [c]) for n, c in model.named_children() if any(True for _ in c.parameters())]
 
 
 def _in_backward() -> bool:
@@ -119,54 +103,11 @@ class ZeroDataParallel:
         # ZeRO-3 gathers parameters in the compute dtype (bf16 on GPUs), like FSDP's param_dtype.
         self.gather_dtype = compute_dtype if stage == 3 and compute_dtype else None
         units = default_units(model)
-        self.units: list[FlatUnit] = []
-        owner: dict[int, str] = {}
-        for name, modules in units:
-            params = []
-            for m in modules:
-                for p in unique_params(m):
-                    if id(p) in owner:
-                        if stage == 3:
-                            raise UsageError(
-                                f"parameter shared by units {owner[id(p)]} and {name} (tied "
-                                "embeddings?): ZeRO-3 gathers per unit; use an untied model or fsdp"
-                            )
-                        continue
-                    owner[id(p)] = name
-                    params.append(p)
-            if params:
-                self.units.append(FlatUnit(name, params, self.world, self.rank))
-        if len(owner) != len(unique_params(model)):
-            raise UsageError("some parameters belong to no unit: give units covering the model")
-        self.shards: list[nn.Parameter] = []
-        self.full: list[torch.Tensor | None] = []
-        self.full_grad: list[torch.Tensor | None] = []
-        for u in self.units:
-            flat = u.flatten([p.detach() for p in u.params], dtype=torch.float32)
-            if stage == 3:
-                self.shards.append(nn.Parameter(flat[u.shard_slice()].clone()))
-                # One gather buffer per unit, for good: the parameters are views of it, and so
-                # are the tensors autograd saves. Releasing frees its storage (resized to 0)
-                # and gathering fills it again, so saved views see the gathered values.
-                dtype = self.gather_dtype or torch.float32
-                full = torch.empty(u.padded, dtype=dtype, device=flat.device)
-                u.bind(full)
-                resize_storage(full, 0)
-                self.full.append(full)
-            elif param_dtype is not None:
-                # bf16-master: the optimizer steps an fp32 master copy of the shard; the model
-                # computes with the unit's buffer in param_dtype (our chunk refreshed per step)
-                full = flat.to(param_dtype)
-                self.shards.append(nn.Parameter(flat[u.shard_slice()].clone()))
-                self.full.append(full)
-                u.bind(full)
-            else:
-                # The shard is a view of the full buffer: the optimizer updates it in place and
-                # the all-gather fills the other chunks around it.
-                self.shards.append(nn.Parameter(flat[u.shard_slice()]))
-                self.full.append(flat)
-                u.bind(flat)
-            self.full_grad.append(None)
+        self.units = flat_units(model, units, stage=stage, world=self.world, rank=self.rank)
+        self.shards, self.full = shard_buffers(
+            self.units, stage=stage, gather_dtype=self.gather_dtype, param_dtype=param_dtype
+        )
+        self.full_grad: list[torch.Tensor | None] = [None] * len(self.units)
         # bf16-master ZeRO-2: each unit's reduced gradient shard in param_dtype
         self.low_grads: list[torch.Tensor | None] = [None] * len(self.units)
         self.optimizer = make_optimizer(self.shards)

@@ -90,6 +90,97 @@ def build_metrics(s: Summary, run: RunProfile) -> dict[str, Metric]:
     return m
 
 
+def _notes(run: RunProfile, gpu: bool, notes: list[str] | None) -> list[str]:
+    """How overlap is defined, what a CPU run proves, the caller's notes, the files skipped."""
+    cpu = [
+        "CPU/gloo run: communication is gloo's transfer threads, compute is CPU ops; "
+        "it proves the mechanism, not GPU timing"
+    ]
+    return [
+        "overlap_fraction = |comm ∩ compute| / |comm| per step (Holistic Trace Analysis's "
+        "definition); exposed = comm - overlap; means over steps, then ranks",
+        *([] if gpu else cpu),
+        *(notes or []),
+        *[f"skipped: {p.message}" for p in run.problems],
+    ]
+
+
+def _document(
+    run: RunProfile,
+    summary: Summary,
+    *,
+    run_id: str,
+    project: str,
+    role: str,
+    command: str,
+    label: str | None,
+    trace_dir: str | Path,
+    workload: dict[str, Any] | None,
+    layout: dict[str, Any] | None,
+    predictions: dict[str, Prediction] | None,
+    artifacts: dict[str, str],
+    notes: list[str] | None,
+) -> Document:
+    """The T5 document of the analysed run (paths in ``artifacts`` relative to the project)."""
+    gpu = _on_gpu(run)
+    return Document(
+        run_id=run_id,
+        created=now_iso(),
+        project=project,
+        task="T5",
+        role=role,
+        evidence_level="real-training" if gpu else "cpu-mechanism",
+        command=command,
+        environment=snapshot(probe_links=gpu),
+        workload={
+            "label": label,
+            "trace_dir": str(trace_dir),
+            "profiled_run_id": run.run_id,
+            "steps": summary.steps,
+            **(workload or {}),
+            "hotspots": [asdict(h) for h in summary.hotspots],
+            "stragglers_by_step": summary.straggler_by_step,
+            "per_rank_steps": {str(r.rank): [asdict(s) for s in r.steps] for r in run.ranks},
+            "compute_hotspots_rank0": run.ranks[0].compute_hotspots[:5],
+            "compute_by_kind_rank0_s": run.ranks[0].compute_by_kind,
+        },
+        layout={
+            "world_size": run.world_size,
+            "backend": next((r.backend for r in run.ranks if r.backend), None),
+            "strategy": label,
+            **(layout or {}),
+        },
+        metrics=build_metrics(summary, run),
+        predictions=dict(predictions or {}),
+        artifacts=artifacts,
+        notes=_notes(run, gpu, notes),
+    )
+
+
+def _on_gpu(run: RunProfile) -> bool:
+    return any(r.device == "cuda" for r in run.ranks)
+
+
+def _timeline_and_hotspots(
+    run: RunProfile, summary: Summary, out_dir: Path, label: str | None, step: int | None
+) -> tuple[str, dict[str, Path]]:
+    """Write the timeline PNG of ``step`` (default: the median one) and ``hotspots.txt``;
+    returns the hotspot text and the files written by artifact name."""
+    step = pick_step(run) if step is None else step
+    artifacts: dict[str, Path] = {}
+    png = write_timeline_png(
+        run, out_dir / "timeline.png", step=step, title=f"{label or 'profile'}: step {step}"
+    )
+    if png is not None:
+        artifacts["timeline_png"] = png
+    where = "GPU" if _on_gpu(run) else "CPU/gloo"
+    title = f"parlab profile {label or ''} ({where}, {run.folder})".replace("  ", " ")
+    text = hotspot_text(summary, run, title=title)
+    (out_dir / "hotspots.txt").write_text(text)
+    artifacts["hotspots"] = out_dir / "hotspots.txt"
+    return text, artifacts
+
+
 def profile_folder(
     trace_dir: str | Path,
     *,
@@ -129,69 +220,22 @@ def profile_folder(
         artifacts["merged_trace"] = write_merged_trace(
             run, Path(tmp), out_dir / "merged.trace.json.gz"
         )
-    step = pick_step(run) if timeline_step is None else timeline_step
-    png = write_timeline_png(
-        run, out_dir / "timeline.png", step=step, title=f"{label or 'profile'}: step {step}"
-    )
-    if png is not None:
-        artifacts["timeline_png"] = png
-    gpu = any(r.device == "cuda" for r in run.ranks)
-    text = hotspot_text(
-        summary,
+    text, written = _timeline_and_hotspots(run, summary, out_dir, label, timeline_step)
+    artifacts |= written
+    doc = _document(
         run,
-        title=f"parlab profile {label or ''} ({'GPU' if gpu else 'CPU/gloo'}, {run.folder})".replace(
-            "  ", " "
-        ),
-    )
-    (out_dir / "hotspots.txt").write_text(text)
-    artifacts["hotspots"] = out_dir / "hotspots.txt"
-    rel = {k: str(p.relative_to(results / project)) for k, p in artifacts.items()}
-    backend = next((r.backend for r in run.ranks if r.backend), None)
-    hot = [asdict(h) for h in summary.hotspots]
-    doc = Document(
+        summary,
         run_id=run_id,
-        created=now_iso(),
         project=project,
-        task="T5",
         role=role,
-        evidence_level="real-training" if gpu else "cpu-mechanism",
         command=command,
-        environment=snapshot(probe_links=gpu),
-        workload={
-            "label": label,
-            "trace_dir": str(trace_dir),
-            "profiled_run_id": run.run_id,
-            "steps": summary.steps,
-            **(workload or {}),
-            "hotspots": hot,
-            "stragglers_by_step": summary.straggler_by_step,
-            "per_rank_steps": {str(r.rank): [asdict(s) for s in r.steps] for r in run.ranks},
-            "compute_hotspots_rank0": run.ranks[0].compute_hotspots[:5],
-            "compute_by_kind_rank0_s": run.ranks[0].compute_by_kind,
-        },
-        layout={
-            "world_size": run.world_size,
-            "backend": backend,
-            "strategy": label,
-            **(layout or {}),
-        },
-        metrics=build_metrics(summary, run),
-        predictions=dict(predictions or {}),
-        artifacts=rel,
-        notes=[
-            "overlap_fraction = |comm ∩ compute| / |comm| per step (Holistic Trace Analysis's "
-            "definition); exposed = comm - overlap; means over steps, then ranks",
-            *(
-                []
-                if gpu
-                else [
-                    "CPU/gloo run: communication is gloo's transfer threads, compute is CPU ops; "
-                    "it proves the mechanism, not GPU timing"
-                ]
-            ),
-            *(notes or []),
-            *[f"skipped: {p.message}" for p in run.problems],
-        ],
+        label=label,
+        trace_dir=trace_dir,
+        workload=workload,
+        layout=layout,
+        predictions=predictions,
+        artifacts={k: str(p.relative_to(results / project)) for k, p in artifacts.items()},
+        notes=notes,
     )
     path = write_result(doc, results)
     return ProfileOutcome(

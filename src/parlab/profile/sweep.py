@@ -85,6 +85,104 @@ def default_nproc() -> int:
     return n if n >= 2 else 2
 
 
+def _failure_document(
+    res_failure: Failure | None,
+    *,
+    run_id: str,
+    preset: str,
+    project: str,
+    command: str,
+    level: str,
+    workload: dict[str, Any],
+    nproc: int,
+    backend: str,
+    results: Path,
+) -> SweepResult:
+    """The launch failed: one failure document, nothing analysed."""
+    from parlab.hardware.env import snapshot
+
+    failure = res_failure or Failure(kind="crash", message="the preset failed")
+    doc = Document(
+        run_id=run_id,
+        created=now_iso(),
+        project=project,
+        task="T5",
+        role="failure",
+        evidence_level=level,
+        command=command,
+        environment=snapshot(),
+        workload={"preset": preset, **workload},
+        layout={"world_size": nproc, "backend": backend, "strategy": preset},
+        metrics={},
+        status="failed",
+        failure=failure,
+    )
+    return SweepResult(failure=failure, failure_path=write_result(doc, results))
+
+
+def _analyse_setting(
+    i: int,
+    setting: dict[str, Any],
+    *,
+    preset: str,
+    kwargs: dict[str, Any],
+    run_id: str,
+    workload: dict[str, Any],
+    nproc: int,
+    gpu: bool,
+    results: Path,
+    project: str,
+    command: str,
+) -> ProfileOutcome:
+    """Setting ``i``'s trace folder as one document, with the ledger's wire beside it."""
+    knobs = setting["knobs"]
+    preds, why = predict_wire(
+        preset, knobs, model=kwargs["model"], batch=kwargs["batch"], seq=kwargs["seq"],
+        nproc=nproc, gpu=gpu,
+    )  # fmt: skip
+    return profile_folder(
+        setting["dir"],
+        results=results,
+        command=command,
+        project=project,
+        label=setting["label"],
+        role="baseline" if i == 0 else "candidate",
+        workload={"preset": preset, "sweep_run_id": run_id, **workload, "knobs": knobs},
+        layout={"strategy": preset, "mesh": {"tp" if preset == "tp" else "dp": nproc}, **knobs},
+        predictions=preds,
+        notes=[why] if why else None,
+    )
+
+
+def _plot_sweep(
+    outcomes: list[ProfileOutcome], *, results: Path, project: str, title: str, xlabel: str
+) -> SweepResult:
+    """Draw ``sweep.png`` beside the first document and name it in every document."""
+    from parlab.profile.export import write_sweep_png
+
+    png = results / project / outcomes[0].doc.run_id / "sweep.png"
+
+    def ms(name: str) -> list[float | None]:
+        vals = [o.summary.mean(name) for o in outcomes]
+        return [None if v is None else 1e3 * v for v in vals]
+
+    write_sweep_png(
+        png,
+        labels=[o.doc.workload["label"] for o in outcomes],
+        series={"exposed comm": ms("exposed_s"), "comm": ms("comm_s"), "step": ms("step_time_s")},
+        title=title,
+        ylabel="ms per step (mean over ranks)",
+        xlabel=xlabel,
+    )
+    rel = str(png.relative_to(results / project))
+    updated = []
+    for o in outcomes:
+        doc = dataclasses.replace(o.doc, artifacts={**o.doc.artifacts, "sweep_png": rel})
+        write_result(doc, results)  # the same run_id: replaces the document atomically
+        updated.append(dataclasses.replace(o, doc=doc))
+    return SweepResult(outcomes=updated, sweep_png=png)
+
+
 def run_sweep(
     preset: str,
     kwargs: dict[str, Any],
@@ -103,8 +201,6 @@ def run_sweep(
 
     ``plot``: (title, x label) of the sweep plot across settings (None: no plot).
     """
-    from parlab.hardware.env import snapshot
-    from parlab.profile.export import write_sweep_png
     from parlab.profile.presets import PRESETS
     from parlab.runtime.launch import LaunchConfig, launch
 
@@ -119,77 +215,18 @@ def run_sweep(
     level = "real-training" if resolved == "nccl" else "cpu-mechanism"
     workload = {k: v for k, v in kwargs.items() if k in ("model", "batch", "seq")}
     if not res.ok:
-        failure = res.failure or Failure(kind="crash", message="the preset failed")
-        doc = Document(
-            run_id=run_id,
-            created=now_iso(),
-            project=project,
-            task="T5",
-            role="failure",
-            evidence_level=level,
-            command=command,
-            environment=snapshot(),
-            workload={"preset": preset, **workload},
-            layout={"world_size": nproc, "backend": resolved, "strategy": preset},
-            metrics={},
-            status="failed",
-            failure=failure,
-        )
-        return SweepResult(failure=failure, failure_path=write_result(doc, results))
+        return _failure_document(
+            res.failure, run_id=run_id, preset=preset, project=project, command=command,
+            level=level, workload=workload, nproc=nproc, backend=resolved, results=results,
+        )  # fmt: skip
+    gpu = resolved == "nccl"
     outcomes = []
     for i, c in enumerate(res.results[0]):
-        preds, why = predict_wire(
-            preset,
-            c["knobs"],
-            model=kwargs["model"],
-            batch=kwargs["batch"],
-            seq=kwargs["seq"],
-            nproc=nproc,
-            gpu=resolved == "nccl",
-        )
-        outcomes.append(
-            profile_folder(
-                c["dir"],
-                results=results,
-                command=command,
-                project=project,
-                label=c["label"],
-                role="baseline" if i == 0 else "candidate",
-                workload={
-                    "preset": preset,
-                    "sweep_run_id": run_id,
-                    **workload,
-                    "knobs": c["knobs"],
-                },
-                layout={
-                    "strategy": preset,
-                    "mesh": {"tp" if preset == "tp" else "dp": nproc},
-                    **c["knobs"],
-                },
-                predictions=preds,
-                notes=[why] if why else None,
-            )
-        )
+        outcomes.append(_analyse_setting(
+            i, c, preset=preset, kwargs=kwargs, run_id=run_id, workload=workload, nproc=nproc,
+            gpu=gpu, results=results, project=project, command=command,
+        ))  # fmt: skip
     if plot is None or len(outcomes) < 2:
         return SweepResult(outcomes=outcomes)
-    png = results / project / outcomes[0].doc.run_id / "sweep.png"
-
-    def ms(name: str) -> list[float | None]:
-        vals = [o.summary.mean(name) for o in outcomes]
-        return [None if v is None else 1e3 * v for v in vals]
-
-    write_sweep_png(
-        png,
-        labels=[o.doc.workload["label"] for o in outcomes],
-        series={"exposed comm": ms("exposed_s"), "comm": ms("comm_s"), "step": ms("step_time_s")},
-        title=f"{plot[0]} ({level}, {nproc} ranks, {workload.get('model')})",
-        ylabel="ms per step (mean over ranks)",
-        xlabel=plot[1],
-    )
-    rel = str(png.relative_to(results / project))
-    updated = []
-    for o in outcomes:
-        doc = dataclasses.replace(o.doc, artifacts={**o.doc.artifacts, "sweep_png": rel})
-        write_result(doc, results)  # the same run_id: replaces the document atomically
-        updated.append(dataclasses.replace(o, doc=doc))
-    return SweepResult(outcomes=updated, sweep_png=png)
+    title = f"{plot[0]} ({level}, {nproc} ranks, {workload.get('model')})"
+    return _plot_sweep(outcomes, results=results, project=project, title=title, xlabel=plot[1])

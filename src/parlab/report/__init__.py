@@ -41,7 +41,7 @@ class ReportOutcome:
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> ReportOutcome:
     """Render ``results_dir`` into ``out_dir`` (default ``<results_dir>/report``)."""
     from parlab.report.html import to_html
-    from parlab.report.markdown import to_markdown
+    from parlab.report.markdown import write_markdown
     from parlab.report.render import build_blocks
 
     root = Path(results_dir)
@@ -62,12 +62,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         raise UsageError(f"--out {out} is a file: give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
     rep = build_blocks(entries, skipped, root=root, out_dir=out, generated=now_iso())
-    md, files = to_markdown(rep)
-    for name, data in files.items():
-        path = out / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    atomic_write_text(out / "report.md", md)
+    write_markdown(rep, out / "report.md")
     atomic_write_text(out / "report.html", to_html(rep))
     return ReportOutcome(
         html=out / "report.html",

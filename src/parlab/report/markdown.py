@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from parlab.contract import atomic_write_text
 from parlab.report.blocks import (
     Badge,
     Block,
@@ -76,3 +79,18 @@ def to_markdown(rep: Report, files_dir: str = "report_files") -> tuple[str, dict
     files: dict[str, bytes] = {}
     _blocks(rep.blocks, out, files, files_dir)
     return "\n".join(out) + "\n", files
+
+
+def write_markdown(rep: Report, path: Path, files_dir: str = "report_files") -> dict[str, Path]:
+    """Write ``rep`` as Markdown to ``path`` and its figures under ``path.parent/files_dir``;
+    returns each figure's path by block key, and the Markdown's as ``report``."""
+    text, files = to_markdown(rep, files_dir)
+    out: dict[str, Path] = {}
+    for name, data in files.items():
+        target = path.parent / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        out[Path(name).stem] = target
+    atomic_write_text(path, text)
+    out["report"] = path
+    return out

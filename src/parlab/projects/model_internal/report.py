@@ -7,8 +7,8 @@ from parlab.contract import Document
 from parlab.layout import describe, shape_of
 from parlab.models import get_spec
 from parlab.parallel.pipeline_schedules import SCHEDULES, build, format_grid, formula
-from parlab.projects.markdown import Block, Bullets, Heading, Para, Table
 from parlab.projects.model_internal.config import RunConfig
+from parlab.report.blocks import Block, Bullets, Heading, Para, Table
 from parlab.report.format import fmt_value
 
 TITLE = "PAR-MODEL-INTERNAL: tensor, sequence, pipeline and context parallelism"
@@ -32,12 +32,14 @@ def _intro(docs: list[Document]) -> list[Block]:
     torch_version = (env.get("software") or {}).get("torch", "?")
     return [
         Heading(depth=1, text=TITLE),
-        Para(text=f"Evidence: {', '.join(levels)}. Devices: {devices}; torch {torch_version}."),
+        Para(parts=(f"Evidence: {', '.join(levels)}. Devices: {devices}; torch {torch_version}.",)),
         Para(
-            text="Every run trains the reference model on the same seeded synthetic global "
-            "batch; each candidate is compared with one rank running the same global batch "
-            "(scaling efficiency = t1 / (n x tn)). Predictions are the ledger's and the "
-            "bubble formula's, made before the run."
+            parts=(
+                "Every run trains the reference model on the same seeded synthetic global "
+                "batch; each candidate is compared with one rank running the same global batch "
+                "(scaling efficiency = t1 / (n x tn)). Predictions are the ledger's and the "
+                "bubble formula's, made before the run.",
+            )
         ),
     ]
 
@@ -50,15 +52,15 @@ def _runs(docs: list[Document]) -> list[Block]:
         if lay.get("implementation") == "torch":
             mesh += " (torch)"
         status = "ok" if d.failure is None else f"failed ({d.failure.kind})"
-        rows.append([lay["strategy"], d.role, mesh or "1 rank",
+        rows.append((lay["strategy"], d.role, mesh or "1 rank",
             f"{d.workload['global_batch']}x{d.workload['seq']}", status, _cell(d, "step_time"),
             _cell(d, "tokens_per_s_per_gpu"), _cell(d, "mfu"), _cell(d, "scaling_efficiency"),
             _cell(d, "peak_memory"), f"{_cell(d, 'param_bytes')} / {_pred(d, 'param_bytes')}",
-            f"{_cell(d, 'activation_bytes')} / {_pred(d, 'activation_bytes')}"])  # fmt: skip
-    head = ["run", "role", "mesh", "batch x seq", "status", "step time", "tokens/s/GPU", "MFU",
+            f"{_cell(d, 'activation_bytes')} / {_pred(d, 'activation_bytes')}"))  # fmt: skip
+    head = ("run", "role", "mesh", "batch x seq", "status", "step time", "tokens/s/GPU", "MFU",
         "scaling eff.", "peak mem", "params (measured / ledger)",
-        "activations (measured / ledger)"]  # fmt: skip
-    return [Heading(depth=2, text="Runs"), Table(headers=head, rows=rows)]
+        "activations (measured / ledger)")  # fmt: skip
+    return [Heading(depth=2, text="Runs"), Table(headers=head, rows=tuple(rows))]
 
 
 def _comm(docs: list[Document]) -> list[Block]:
@@ -72,13 +74,13 @@ def _comm(docs: list[Document]) -> list[Block]:
                 for k, m in d.metrics.items()
                 if k.startswith(f"comm_op_bytes.{axis}.")
             )
-            rows.append([d.layout["strategy"], axis, _cell(d, f"comm_count_per_step.{axis}"),
+            rows.append((d.layout["strategy"], axis, _cell(d, f"comm_count_per_step.{axis}"),
                 _cell(d, f"comm_bytes_per_step.{axis}"), _pred(d, f"comm_bytes_per_step.{axis}"),
-                _cell(d, f"comm_time.{axis}"), ops])  # fmt: skip
-    head = ["run", "axis", "calls", "bytes", "ledger bytes", "time (replayed alone)", "by op"]
+                _cell(d, f"comm_time.{axis}"), ops))  # fmt: skip
+    head = ("run", "axis", "calls", "bytes", "ledger bytes", "time (replayed alone)", "by op")
     return [
         Heading(depth=2, text="Communication per axis (metered step, per rank, max over ranks)"),
-        Table(headers=head, rows=rows),
+        Table(headers=head, rows=tuple(rows)),
     ]
 
 
@@ -92,15 +94,15 @@ def _bubble(docs: list[Document]) -> list[Block]:
         sched, vpp = d.layout["pp_schedule"], d.layout.get("vpp", 1)
         known = sched in SCHEDULES  # torch's own schedule: no parlab formula, no grid
         f = formula(sched, p, m, vpp) if known else None
-        rows.append([d.layout["strategy"], f"p={p}, m={m}", _cell(d, "pp_bubble"),
-            _cell(d, "pp_idle_mean"), "-" if f is None else fmt_value(f["of_step"], "fraction")])  # fmt: skip
+        rows.append((d.layout["strategy"], f"p={p}, m={m}", _cell(d, "pp_bubble"),
+            _cell(d, "pp_idle_mean"), "-" if f is None else fmt_value(f["of_step"], "fraction")))  # fmt: skip
         if known:
             grids += [
                 Heading(depth=3, text=f"{sched} schedule, p={p}, m={m} (step x rank)"),
-                Para(text=format_grid(build(sched, p, m, vpp)), code=True),
+                Para(parts=(format_grid(build(sched, p, m, vpp)),), code=True),
             ]
-    head = ["run", "p, m", "bubble (busiest stage)", "idle, mean of stages", "(p-1)/(v*m+p-1)"]
-    return [Heading(depth=2, text="Pipeline bubble"), Table(headers=head, rows=rows), *grids]
+    head = ("run", "p, m", "bubble (busiest stage)", "idle, mean of stages", "(p-1)/(v*m+p-1)")
+    return [Heading(depth=2, text="Pipeline bubble"), Table(headers=head, rows=tuple(rows)), *grids]
 
 
 def _losses(docs: list[Document]) -> list[Block]:
@@ -119,21 +121,23 @@ def _losses(docs: list[Document]) -> list[Block]:
         diff = max((abs(a - b) for a, b in pairs), default=None)
         torch_impl = " (torch)" if d.layout.get("implementation") == "torch" else ""
         rows.append(
-            [
+            (
                 d.layout["strategy"] + torch_impl,
                 " ".join(f"{x:.4f}" for x in mine if x is not None),
                 " ".join(f"{x:.4f}" for x in (ref or []) if x is not None),
                 "-" if diff is None else f"{diff:.2e}",
-            ]
+            )
         )
     return [
         Heading(depth=2, text="Same model, same numbers: losses against the one-rank run"),
         Para(
-            text="Every step's loss of each run beside the one-rank run of the same global "
-            "batch (same seed, same data, AdamW): parlab's layouts and torch's own "
-            "implementations must all train the same model."
+            parts=(
+                "Every step's loss of each run beside the one-rank run of the same global "
+                "batch (same seed, same data, AdamW): parlab's layouts and torch's own "
+                "implementations must all train the same model.",
+            )
         ),
-        Table(headers=["run", "losses", "one-rank losses", "max abs difference"], rows=rows),
+        Table(headers=("run", "losses", "one-rank losses", "max abs difference"), rows=tuple(rows)),
     ]
 
 
@@ -155,12 +159,12 @@ def _cp_memory(docs: list[Document], pairs: list[tuple[RunConfig, RunConfig]]) -
                 _cell(one, "peak_memory") if one.failure is None else f"failed ({one.failure.kind})"
             )
         d = by[c.name]
-        rows.append([c.name, str(c.seq), one_peak, _cell(d, "peak_memory"),
-            _cell(d, "memory_saved_vs_single"), _pred(d, "peak_memory")])  # fmt: skip
-    head = ["run", "seq", "1 rank peak", "CP2 peak per rank", "saved per rank", "ledger CP2 peak"]
+        rows.append((c.name, str(c.seq), one_peak, _cell(d, "peak_memory"),
+            _cell(d, "memory_saved_vs_single"), _pred(d, "peak_memory")))  # fmt: skip
+    head = ("run", "seq", "1 rank peak", "CP2 peak per rank", "saved per rank", "ledger CP2 peak")
     return [
         Heading(depth=2, text="Context parallel: memory per rank"),
-        Table(headers=head, rows=rows),
+        Table(headers=head, rows=tuple(rows)),
     ]
 
 
@@ -178,8 +182,8 @@ def _layouts(docs: list[Document], pairs: list[tuple[RunConfig, RunConfig]]) -> 
             sequence_parallel=cand.sp,
             vpp=cand.vpp,
         )
-        rows = [
-            [
+        rows = tuple(
+            (
                 str(h["rank"]),
                 " ".join(f"{a}{h['coords'][a]}" for a in ("pp", "cp", "tp")),
                 ",".join(f"{a}-{b}" for a, b in h["layers"]),
@@ -188,15 +192,15 @@ def _layouts(docs: list[Document], pairs: list[tuple[RunConfig, RunConfig]]) -> 
                 "{}-{}".format(*h["ffn_columns"]),
                 "{}-{}".format(*h["vocab_rows"]),
                 ",".join(map(str, h.get("seq_chunks", []))) or "all",
-            ]
+            )
             for h in lay["holdings"]
-        ]
+        )
         bad = [r for r in lay["constraints"] if not r["ok"]]
-        head = ["rank", "coords", "layers", "heads", "KV heads", "FFN cols", "vocab rows", "chunks"]
+        head = ("rank", "coords", "layers", "heads", "KV heads", "FFN cols", "vocab rows", "chunks")
         out += [
             Heading(depth=3, text=cand.name),
             Table(headers=head, rows=rows),
-            Para(text=f"constraints: {len(lay['constraints'])} rows, {len(bad)} failing"),
+            Para(parts=(f"constraints: {len(lay['constraints'])} rows, {len(bad)} failing",)),
         ]
     return out
 
@@ -213,5 +217,5 @@ def blocks(docs: list[Document], pairs: list[tuple[RunConfig, RunConfig]]) -> li
         *_cp_memory(docs, pairs),
         *_layouts(docs, pairs),
         Heading(depth=2, text="Notes"),
-        Bullets(items=notes),
+        Bullets(items=tuple((n,) for n in notes)),
     ]

@@ -20,7 +20,6 @@ from parlab.contract import Document, Failure, write_result
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
 from parlab.parallel.pipeline_schedules import SCHEDULES, build, format_grid
-from parlab.projects.markdown import write_markdown
 from parlab.projects.model_internal.config import (
     BASELINE_LAST,
     NAMES,
@@ -30,6 +29,8 @@ from parlab.projects.model_internal.config import (
 )
 from parlab.projects.model_internal.documents import add_scaling, document, outcome
 from parlab.projects.model_internal.report import TITLE, blocks
+from parlab.report.blocks import Report
+from parlab.report.markdown import write_markdown
 from parlab.runtime.launch import LaunchConfig, LaunchResult, launch
 
 
@@ -54,7 +55,7 @@ def _one_launch(
             "deadline": None if left is None else time.time() + left - 10,
         }
         lc = LaunchConfig(nproc=width, backend=backend, timeout_s=timeout_s, deadline_s=left)
-        res = launch("parlab.projects.model_internal.rank:mi_many", kwargs, lc)
+        res = launch("parlab.projects.model_internal.many:mi_many", kwargs, lc)
         if res.ok:
             return res, {n: [r[n] for r in res.results] for n in range(len(configs))}
         return res, _partial(tmp, len(configs), width)
@@ -191,4 +192,6 @@ def render_report(
     docs: list[Document], out_dir: Path, *, pairs: list[tuple[RunConfig, RunConfig]]
 ) -> dict[str, Path]:
     """``model-internal.md`` beside the documents: results, per-axis comm, layouts, schedules."""
-    return write_markdown(TITLE, blocks(docs, pairs), out_dir / "model-internal.md")
+    return write_markdown(
+        Report(title=TITLE, blocks=blocks(docs, pairs)), out_dir / "model-internal.md", "."
+    )

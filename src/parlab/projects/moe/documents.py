@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from parlab.comm.ops import busbw_factor
+from parlab.comm.model import busbw
 from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso
 from parlab.ledger.traffic import traffic
 from parlab.models import MoESpec
@@ -20,7 +20,7 @@ from parlab.models.router import load_stats
 from parlab.models.spec import ModelSpec
 from parlab.projects.moe.calibration import calibrated
 from parlab.projects.moe.config import PROJECT, MoERunConfig
-from parlab.projects.moe.rank import hot_order
+from parlab.projects.moe.workloads import hot_order
 from parlab.topology import Topology
 
 WORKLOAD_NOTES = [
@@ -49,7 +49,31 @@ def _busbw(nbytes: float, seconds: float, n: int) -> float | None:
     """nccl-tests busbw of an all-to-all in GB/s; None where it does not apply (one rank)."""
     if n < 2 or seconds <= 0:
         return None
-    return nbytes / seconds * busbw_factor("all_to_all", n) / 1e9
+    return busbw("all_to_all", nbytes, n, seconds) / 1e9
+
+
+def _document(
+    cfg: MoERunConfig,
+    backend: str,
+    world: int,
+    *,
+    command: str,
+    environment: dict[str, Any],
+    training: bool = False,
+    **fields: Any,
+) -> Document:
+    """A T4 document of this project: its evidence level and layout from the backend and the
+    world size; ``fields``: the rest (run id, role, workload, metrics, ...)."""
+    return Document(
+        created=now_iso(),
+        project=PROJECT,
+        task="T4",
+        evidence_level=_evidence(backend, training),
+        command=command,
+        environment=environment,
+        layout=_layout(cfg, world, backend),
+        **fields,
+    )
 
 
 def _per_rank(ranks: list[dict[str, Any]], i: int, key: str, phase: str) -> list[float]:
@@ -186,15 +210,14 @@ def workload_document(
         )
     from_sweep, cal_workload = calibrated(ranks, m, calibration)
     predictions |= from_sweep
-    return Document(
-        run_id=f"{tag}-{name.replace(':', '')}",
-        created=now_iso(),
-        project=PROJECT,
-        task="T4",
-        role="baseline" if name == "uniform" else "candidate",
-        evidence_level=_evidence(ranks[0]["backend"]),
+    return _document(
+        cfg,
+        ranks[0]["backend"],
+        n,
         command=command,
         environment=environment,
+        run_id=f"{tag}-{name.replace(':', '')}",
+        role="baseline" if name == "uniform" else "candidate",
         workload={
             "kind": "uniform" if name == "uniform" else "zipf",
             "name": name,
@@ -217,7 +240,6 @@ def workload_document(
             "reference_a2a_curve": ranks[0]["reference_a2a"],
             "calibration_a2a": cal_workload,
         },
-        layout=_layout(cfg, n, ranks[0]["backend"]),
         metrics=m,
         predictions=predictions,
         notes=notes,
@@ -284,22 +306,20 @@ def sweep_document(
                 value=r["overflow_rate"], unit="fraction"
             )
     policy = cfg.drop if cfg.drop != "none" else "position"
-    return Document(
-        run_id=f"{tag}-capacity-sweep",
-        created=now_iso(),
-        project=PROJECT,
-        task="T4",
-        role="baseline",
-        evidence_level=_evidence(ranks[0]["backend"]),
+    return _document(
+        cfg,
+        ranks[0]["backend"],
+        len(ranks),
         command=command,
         environment=environment,
+        run_id=f"{tag}-capacity-sweep",
+        role="baseline",
         workload={
             "kind": "capacity-factor sweep",
             "tokens_per_rank": cfg.tokens,
             "drop_policy": policy,
             "sweep": rows,
         },
-        layout=_layout(cfg, len(ranks), ranks[0]["backend"]),
         metrics=m,
         notes=[
             "overflow = 1 - kept / routed assignments, capacity counted per rank's tokens; routing only "
@@ -328,15 +348,15 @@ def training_document(
         m[f"loss_last_{mode}"] = Metric(value=st[-1]["loss"], unit="mse")
         slow = [max(r["training"][j]["steps"][k]["seconds"] for r in ranks) for k in range(len(st))]
         m[f"step_time_{mode}"] = Metric(value=statistics.median(slow[1:] or slow), unit="s")
-    return Document(
-        run_id=f"{tag}-learned-routing",
-        created=now_iso(),
-        project=PROJECT,
-        task="T4",
-        role="candidate",
-        evidence_level=_evidence(ranks[0]["backend"], training=True),
+    return _document(
+        cfg,
+        ranks[0]["backend"],
+        len(ranks),
         command=command,
         environment=environment,
+        training=True,
+        run_id=f"{tag}-learned-routing",
+        role="candidate",
         workload={
             "kind": "learned routing",
             "data": f"tokens from {4 * cfg.experts} Gaussian clusters, cluster frequencies "
@@ -349,7 +369,6 @@ def training_document(
             "bias_rate": cfg.bias_rate,
             "per_step": {run["mode"]: run["steps"] for run in runs},
         },
-        layout=_layout(cfg, len(ranks), ranks[0]["backend"]),
         metrics=m,
         notes=["MaxVio = (max - mean) / mean of the tokens routed to each expert, over all ranks"],
     )
@@ -358,21 +377,19 @@ def training_document(
 def failure_document(
     cfg: MoERunConfig, failure: Any, *, command: str, environment: dict[str, Any], backend: str
 ) -> Any:
-    return Document(
-        run_id=new_run_id(f"moe-ep{cfg.ep}-failed"),
-        created=now_iso(),
-        project=PROJECT,
-        task="T4",
-        role="failure",
-        evidence_level=_evidence(backend),
+    return _document(
+        cfg,
+        backend,
+        cfg.ep,
         command=command,
         environment=environment,
+        run_id=new_run_id(f"moe-ep{cfg.ep}-failed"),
+        role="failure",
         workload={
             "tokens_per_rank": cfg.tokens,
             "hidden": cfg.hidden,
             "ffn_hidden": cfg.ffn_hidden,
         },
-        layout=_layout(cfg, cfg.ep, backend),
         metrics={},
         status="failed",
         failure=failure,

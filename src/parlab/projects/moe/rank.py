@@ -32,18 +32,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab.comm.ops import busbw_factor
+from parlab.comm.model import busbw
 from parlab.models.moe import MoE
-from parlab.models.router import (
-    Router,
-    keep_mask,
-    load_stats,
-    sample_experts,
-    zipf_probabilities,
-)
+from parlab.models.router import keep_mask, load_stats, zipf_probabilities
 from parlab.parallel import expert_comm as comm
 from parlab.parallel.expert import ExpertParallelMoE
 from parlab.projects.moe.config import DTYPES, MoERunConfig
+from parlab.projects.moe.workloads import draw_tokens, forced_experts
 from parlab.runtime.context import RankContext
 from parlab.runtime.loop import LoopPlan, TrainStep, run_steps
 from parlab.topology import Topology
@@ -95,55 +90,9 @@ def _reference_a2a(
             {
                 "bytes": b,
                 "seconds": t,
-                "busbw": b / t * busbw_factor("all_to_all", n) if t > 0 else 0.0,
+                "busbw": busbw("all_to_all", b, n, t),
             }
         )
-    return out
-
-
-def _tokens(
-    cfg: MoERunConfig, rank: int, salt: int, device: torch.device, dtype: torch.dtype
-) -> torch.Tensor:
-    g = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + rank * 131 + salt)
-    return torch.randn(cfg.tokens, cfg.hidden, generator=g, device=device, dtype=torch.float32).to(
-        dtype
-    )
-
-
-def hot_order(experts: int, ep: int, hot: str) -> list[int]:
-    """The expert that gets Zipf rank j (``contiguous``: j; ``spread``: round-robin over ranks)."""
-    L = experts // ep
-    if hot == "contiguous":
-        return list(range(experts))
-    return [(j % ep) * L + j // ep for j in range(experts)]
-
-
-def _forced(cfg: MoERunConfig, rank: int, salt: int, skew: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(cfg.seed * 104_729 + rank * 7 + salt)
-    probs = zipf_probabilities(cfg.experts, skew)
-    idx = sample_experts(cfg.tokens, cfg.experts, cfg.topk, probs, g)
-    return torch.tensor(hot_order(cfg.experts, cfg.ep, cfg.hot))[idx]
-
-
-def dispatch_plans(cfg: MoERunConfig) -> dict[str, list[list[list[int]]]]:
-    """Each workload's dispatch plan -- tokens each rank sends to each expert, ``[src][dst][l]``
-    -- from the routing alone, on the CPU, with no process group (``parlab project moe --plan``).
-
-    It is what the run will exchange: the same tokens, draws and router (fp32 here; a bf16
-    run can break a probability-policy tie differently)."""
-    L = cfg.experts // cfg.ep
-    out = {}
-    for salt, (name, skew) in enumerate(cfg.workloads()):
-        plans = []
-        for r in range(cfg.ep):
-            router = Router(cfg.hidden, cfg.router_config())
-            router.reset(cfg.seed)
-            x = _tokens(cfg, r, salt, torch.device("cpu"), torch.float32)
-            with torch.no_grad():
-                routing = router(x, _forced(cfg, r, salt, skew))
-            counts = routing.counts(cfg.experts, kept=True).view(cfg.ep, L)
-            plans.append(counts.tolist())
-        out[name] = plans
     return out
 
 
@@ -181,8 +130,8 @@ def _workload_run(
 ) -> dict[str, Any]:
     ep_rank = comm.group_rank(group)
     router = cfg.router_config()
-    x = _tokens(cfg, ep_rank, salt, ctx.device, dtype)
-    forced = _forced(cfg, ep_rank, salt, skew)
+    x = draw_tokens(cfg, ep_rank, salt, ctx.device, dtype)
+    forced = forced_experts(cfg, ep_rank, salt, skew)
     kw: dict[str, Any] = {"seed": cfg.seed, "device": ctx.device, "dtype": dtype}
     layer = ExpertParallelMoE(cfg.hidden, cfg.ffn_hidden, router, group, mode="a2a", **kw)
     fast = _time_layer(layer, x, forced, cfg, group)
@@ -227,7 +176,7 @@ def _sweep(ctx: RankContext, cfg: MoERunConfig, group: Any) -> list[dict[str, An
     policy = cfg.drop if cfg.drop != "none" else "position"
     out = []
     for salt, (name, skew) in enumerate(cfg.workloads()):
-        idx = _forced(cfg, ep_rank, 1000 + salt, skew)
+        idx = forced_experts(cfg, ep_rank, 1000 + salt, skew)
         g = torch.Generator().manual_seed(cfg.seed + ep_rank)
         weights = torch.rand(idx.shape, generator=g)  # only orders the probability policy
         for cf in cfg.sweep:

@@ -7,7 +7,8 @@ from typing import Any
 from parlab.comm.ops import busbw_factor
 from parlab.contract import Document
 from parlab.parallel import expert_comm
-from parlab.projects.markdown import Block, Bullets, Heading, Image, Para, Table, figure, pyplot
+from parlab.projects.figure import figure, pyplot
+from parlab.report.blocks import Block, Bullets, Heading, Image, Para, Table
 from parlab.report.format import fmt_value
 
 FIGURES = {
@@ -208,24 +209,28 @@ def _intro(docs: list[Document], loads: list[Document]) -> list[Block]:
             text=f"MoE expert parallelism: ep {n}, {lay['experts']} experts, top-{lay['top_k']}",
         ),
         Bullets(
-            items=[
-                f"evidence: {levels} on {device} ({lay['backend']}; torch {sw.get('torch')}, "
-                f"CUDA {sw.get('cuda') or '-'}, NCCL {sw.get('nccl') or '-'})",
-                f"layer: hidden {wl.get('hidden')}, expert FFN {wl.get('ffn_hidden')}, "
-                f"{lay['gating']} gating, capacity factor {lay['capacity_factor']}, drop "
-                f"{lay['drop_policy']}, {wl.get('dtype')}, {wl.get('tokens_per_rank')} tokens per "
-                f"rank; experts per rank {lay['expert_placement']}, hot experts "
-                f"{wl.get('hot_experts')}; expert FFNs run as {wl.get('expert_impl')}",
-                f"command: {first.command}",
-                "documents: " + ", ".join(d.run_id for d in docs),
-            ]
+            items=(
+                (
+                    f"evidence: {levels} on {device} ({lay['backend']}; torch {sw.get('torch')}, "
+                    f"CUDA {sw.get('cuda') or '-'}, NCCL {sw.get('nccl') or '-'})",
+                ),
+                (
+                    f"layer: hidden {wl.get('hidden')}, expert FFN {wl.get('ffn_hidden')}, "
+                    f"{lay['gating']} gating, capacity factor {lay['capacity_factor']}, drop "
+                    f"{lay['drop_policy']}, {wl.get('dtype')}, {wl.get('tokens_per_rank')} tokens per "
+                    f"rank; experts per rank {lay['expert_placement']}, hot experts "
+                    f"{wl.get('hot_experts')}; expert FFNs run as {wl.get('expert_impl')}",
+                ),
+                (f"command: {first.command}",),
+                ("documents: " + ", ".join(d.run_id for d in docs),),
+            )
         ),
     ]
 
 
 def _workloads(loads: list[Document], n: int) -> list[Block]:
-    rows = [
-        [
+    rows = tuple(
+        (
             d.workload["name"],
             cell(d, "overflow_rate"),
             cell(d, "expert_load_max_over_mean"),
@@ -240,41 +245,47 @@ def _workloads(loads: list[Document], n: int) -> list[Block]:
             f"rank {int(d.metrics['slowest_rank'].value or 0)} (+{cell(d, 'slowest_rank_excess')} over mean)",
             cell(d, "layer_time"),
             cell(d, "naive_layer_time"),
-        ]
+        )
         for d in loads
-    ]
-    head = ["workload", "overflow", "expert max/mean", "expert MaxVio", "rank max/mean",
+    )
+    head = ("workload", "overflow", "expert max/mean", "expert MaxVio", "rank max/mean",
         "dispatch", "combine", "a2a busbw", "vs plain a2a", "vs calibration",
-        "expert compute (max)", "slowest rank", "layer", "naive layer"]  # fmt: skip
+        "expert compute (max)", "slowest rank", "layer", "naive layer")  # fmt: skip
     correct = "; ".join(
         f"{d.workload['name']}: expert-parallel vs unsharded layer {cell(d, 'unsharded_max_abs_diff')}, "
         f"naive vs expert-parallel {cell(d, 'naive_max_abs_diff')} (largest |y| {cell(d, 'output_max_abs')})"
         for d in loads
     )
-    skew = [
-        [d.workload["name"]]
-        + [
-            f"{int(r or 0)} / {fmt_value(t, 's')}"
-            for r, t in zip(
-                d.metrics["rank_load_max_over_mean"].per_rank or [],
-                d.metrics["expert_compute_time"].per_rank or [],
-                strict=False,
-            )
-        ]
+    skew = tuple(
+        (
+            d.workload["name"],
+            *(
+                f"{int(r or 0)} / {fmt_value(t, 's')}"
+                for r, t in zip(
+                    d.metrics["rank_load_max_over_mean"].per_rank or [],
+                    d.metrics["expert_compute_time"].per_rank or [],
+                    strict=False,
+                )
+            ),
+        )
         for d in loads
-    ]
+    )
     return [
         Heading(depth=2, text="Routing workloads"),
         Table(headers=head, rows=rows),
         Para(
-            text=f"Correctness on these devices (outputs, largest absolute difference): {correct}."
+            parts=(
+                f"Correctness on these devices (outputs, largest absolute difference): {correct}.",
+            )
         ),
         Para(
-            text="Target (issue 7): dispatch + combine busbw at least 85% of the all_to_all busbw "
-            "at the same payload. " + "; ".join(_verdict(d) for d in loads) + "."
+            parts=(
+                "Target (issue 7): dispatch + combine busbw at least 85% of the all_to_all busbw "
+                "at the same payload. " + "; ".join(_verdict(d) for d in loads) + ".",
+            )
         ),
         Heading(depth=3, text="How skew moves the slowest rank"),
-        Table(headers=["workload"] + [f"rank {r} rows / compute" for r in range(n)], rows=skew),
+        Table(headers=("workload", *(f"rank {r} rows / compute" for r in range(n))), rows=skew),
     ]
 
 
@@ -287,33 +298,39 @@ def _plans(loads: list[Document]) -> list[Block]:
         if plan and all(p is not None for p in plan):
             out += [
                 Heading(depth=3, text=f"Dispatch plan, {name} (tokens sent, source rank x expert)"),
-                Para(text=expert_comm.format_plan(plan), code=True),
+                Para(parts=(expert_comm.format_plan(plan),), code=True),
             ]
         if "dispatch_bytes" in preds:
             p = preds["dispatch_bytes"]
             out.append(
                 Para(
-                    text=f"Analytic ({p.model}) dispatch payload {fmt_value(p.value, 'B')} "
-                    f"per rank; measured {cell(d, 'dispatch_bytes')} (mean; less where "
-                    "capacity dropped)."
+                    parts=(
+                        f"Analytic ({p.model}) dispatch payload {fmt_value(p.value, 'B')} "
+                        f"per rank; measured {cell(d, 'dispatch_bytes')} (mean; less where "
+                        "capacity dropped).",
+                    )
                 )
             )
         if "dispatch_time_alpha_beta" in preds:
             p = preds["dispatch_time_alpha_beta"]
             out.append(
                 Para(
-                    text=f"Alpha-beta fit ({p.model}) predicted dispatch "
-                    f"{fmt_value(p.value, 's')} for {name}; measured "
-                    f"{cell(d, 'dispatch_time')}."
+                    parts=(
+                        f"Alpha-beta fit ({p.model}) predicted dispatch "
+                        f"{fmt_value(p.value, 's')} for {name}; measured "
+                        f"{cell(d, 'dispatch_time')}.",
+                    )
                 )
             )
         if "dispatch_time" in preds:
             p = preds["dispatch_time"]
             out.append(
                 Para(
-                    text=f"The measured all_to_all busbw of {p.model} at this payload "
-                    f"implies dispatch {fmt_value(p.value, 's')} for {name}; measured "
-                    f"{cell(d, 'dispatch_time')}."
+                    parts=(
+                        f"The measured all_to_all busbw of {p.model} at this payload "
+                        f"implies dispatch {fmt_value(p.value, 's')} for {name}; measured "
+                        f"{cell(d, 'dispatch_time')}.",
+                    )
                 )
             )
     return out
@@ -322,34 +339,34 @@ def _plans(loads: list[Document]) -> list[Block]:
 def _sweep(sweep: Document) -> list[Block]:
     rows = sweep.workload["sweep"]
     cfs = list(dict.fromkeys(r["capacity_factor"] for r in rows))
-    table = [
-        [name] + [fmt_value(r["overflow_rate"], "fraction") for r in rows if r["workload"] == name]
+    table = tuple(
+        (name, *(fmt_value(r["overflow_rate"], "fraction") for r in rows if r["workload"] == name))
         for name in dict.fromkeys(r["workload"] for r in rows)
-    ]
+    )
     policy = sweep.workload["drop_policy"]
     return [
         Heading(depth=2, text=f"Overflow against capacity factor (drop by {policy})"),
-        Table(headers=["workload"] + [f"cf {c:g}" for c in cfs], rows=table),
+        Table(headers=("workload", *(f"cf {c:g}" for c in cfs)), rows=table),
     ]
 
 
 def _training(train: Document) -> list[Block]:
-    rows = [
-        [
+    rows = tuple(
+        (
             mode,
             cell(train, f"max_vio_first_{mode}"),
             cell(train, f"max_vio_last_{mode}"),
             cell(train, f"overflow_rate_last_{mode}"),
             cell(train, f"loss_last_{mode}"),
             cell(train, f"step_time_{mode}"),
-        ]
+        )
         for mode in train.workload["per_step"]
-    ]
-    head = ["balancing", "MaxVio first step", "MaxVio last step", "overflow last step",
-        "loss last step", "step time"]  # fmt: skip
+    )
+    head = ("balancing", "MaxVio first step", "MaxVio last step", "overflow last step",
+        "loss last step", "step time")  # fmt: skip
     return [
         Heading(depth=2, text="Learned routing (a few training steps)"),
-        Para(text=f"Data: {train.workload['data']}."),
+        Para(parts=(f"Data: {train.workload['data']}.",)),
         Table(headers=head, rows=rows),
     ]
 
@@ -366,4 +383,4 @@ def blocks(docs: list[Document], images: dict[str, Any]) -> list[Block]:
         out += _training(train)
     out += [Heading(depth=2, text="Figures"), *images.values()]
     notes = list(dict.fromkeys(nt for d in docs for nt in d.notes))
-    return [*out, Heading(depth=2, text="Method"), Bullets(items=notes)]
+    return [*out, Heading(depth=2, text="Method"), Bullets(items=tuple((n,) for n in notes))]

@@ -15,7 +15,6 @@ from typing import Any
 
 from parlab.contract import Document, new_run_id, write_result
 from parlab.hardware.env import snapshot
-from parlab.projects.markdown import write_markdown
 from parlab.projects.moe.calibration import find_calibration
 from parlab.projects.moe.config import PROJECT, MoERunConfig
 from parlab.projects.moe.documents import (
@@ -25,6 +24,8 @@ from parlab.projects.moe.documents import (
     workload_document,
 )
 from parlab.projects.moe.report import blocks, figures
+from parlab.report.blocks import Report
+from parlab.report.markdown import write_markdown
 from parlab.runtime.launch import LaunchConfig, launch
 
 
@@ -46,7 +47,9 @@ def render_report(docs: list[Document], folder: Path, stem: str) -> dict[str, st
     """Write ``<stem>-report.md`` and its SVGs into ``folder``; return artifact name -> file name."""
     images = figures(docs, stem)
     title = f"MoE expert parallelism: {stem}"
-    write_markdown(title, blocks(docs, images), folder / f"{stem}-report.md")
+    write_markdown(
+        Report(title=title, blocks=blocks(docs, images)), folder / f"{stem}-report.md", "."
+    )
     art = {name: f"{image.key}.svg" for name, image in images.items()}
     return {**art, "report": f"{stem}-report.md"}
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from parlab.contract import Document
 from parlab.dtypes import document_dtype
-from parlab.projects.markdown import Block, Bullets, Heading, Image, Para, Table, figure, pyplot
+from parlab.projects.figure import figure, pyplot
 from parlab.projects.training_state.config import MASTER_ITEMS, STATE_ITEMS
+from parlab.report.blocks import Block, Bullets, Heading, Image, Para, Table
 from parlab.report.format import fmt_error, fmt_value, prediction_error
 
 TITLE = "Training state: DDP, ZeRO-1/2/3, FSDP"
@@ -63,20 +64,20 @@ def _runs(docs: list[Document]) -> Table:
             f = d.failure
             failed = f"failed ({f.kind if f else '?'}): {f.message if f else ''}"
             peak = fmt_value(_predicted(d, "peak_memory"), "B")
-            rows.append([run_label(d), "failure", str(d.layout["world_size"]), failed, "", "",
-                "", peak, "", "", "", "", d.run_id])  # fmt: skip
+            rows.append((run_label(d), "failure", str(d.layout["world_size"]), failed, "", "",
+                "", peak, "", "", "", "", d.run_id))  # fmt: skip
             continue
         err = prediction_error(_predicted(d, "peak_memory"), d.metric("peak_memory"))
-        rows.append([run_label(d), d.role, str(d.layout["world_size"]),
+        rows.append((run_label(d), d.role, str(d.layout["world_size"]),
             _cell(d, "tokens_per_s_per_gpu", "tokens/s"), _cell(d, "step_time", "s"),
             _cell(d, "mfu", "fraction"), _cell(d, "peak_memory", "B"),
             fmt_value(_predicted(d, "peak_memory"), "B"), fmt_error(err),
             _cell(d, "comm_bytes_per_step", "B"),
             fmt_value(_predicted(d, "comm_bytes_per_step"), "B"), _cell(d, "comm_time", "s"),
-            d.run_id])  # fmt: skip
-    head = ["run", "role", "ranks", "tokens/s/GPU", "step time", "MFU", "peak memory (max rank)",
-        "ledger peak", "peak error", "comm bytes/step", "ledger comm", "comm time", "document"]  # fmt: skip
-    return Table(headers=head, rows=rows)
+            d.run_id))  # fmt: skip
+    head = ("run", "role", "ranks", "tokens/s/GPU", "step time", "MFU", "peak memory (max rank)",
+        "ledger peak", "peak error", "comm bytes/step", "ledger comm", "comm time", "document")  # fmt: skip
+    return Table(headers=head, rows=tuple(rows))
 
 
 def _state(ok: list[Document]) -> Table:
@@ -91,9 +92,9 @@ def _state(ok: list[Document]) -> Table:
                 continue
             err = fmt_error(prediction_error(predicted, measured))
             rows.append(
-                [run_label(d), item, fmt_value(measured, "B"), fmt_value(predicted, "B"), err]
+                (run_label(d), item, fmt_value(measured, "B"), fmt_value(predicted, "B"), err)
             )
-    return Table(headers=["strategy", "item", "measured", "predicted", "error"], rows=rows)
+    return Table(headers=("strategy", "item", "measured", "predicted", "error"), rows=tuple(rows))
 
 
 def _memory_figure(ok: list[Document], names: list[str], level: str | None) -> Image:
@@ -175,8 +176,10 @@ def blocks(docs: list[Document]) -> list[Block]:
     out: list[Block] = [
         Heading(depth=1, text=TITLE),
         Para(
-            text=f"Evidence level(s): {', '.join(levels)}. Each row is one contract document; "
-            "predictions come from the ledger, measurements from the meters."
+            parts=(
+                f"Evidence level(s): {', '.join(levels)}. Each row is one contract document; "
+                "predictions come from the ledger, measurements from the meters.",
+            )
         ),
         _runs(ok + [d for d in docs if d.status != "ok"]),
         Heading(depth=2, text="Per-rank state bytes by item (rank 0 / max), measured vs ledger"),
@@ -196,7 +199,10 @@ def blocks(docs: list[Document]) -> list[Block]:
             if n.startswith(("no ", "comm not metered", "mfu unknown")) and n not in seen:
                 seen.add(n)
                 notes.append(f"{run_label(d)}: {n}")
-    out += [Heading(depth=2, text="How to read it"), Bullets(items=READING + notes)]
+    out += [
+        Heading(depth=2, text="How to read it"),
+        Bullets(items=tuple((n,) for n in READING + notes)),
+    ]
     return out
 
 

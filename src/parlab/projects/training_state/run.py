@@ -18,10 +18,11 @@ import torch
 from parlab.contract import Document, read_results, write_result
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
-from parlab.projects.markdown import write_markdown
 from parlab.projects.training_state.config import PROJECT, STRATEGIES, TrainConfig
 from parlab.projects.training_state.documents import document, predict_step
 from parlab.projects.training_state.report import TITLE, blocks, figure_paths, run_label
+from parlab.report.blocks import Report
+from parlab.report.markdown import write_markdown
 from parlab.runtime.launch import LaunchConfig, launch
 
 # (strategy, knob overrides): torch's paths beside parlab's, and FSDP's reshard/recompute knobs.
@@ -154,7 +155,9 @@ def run_set(configs: list[TrainConfig], *, grouped: bool) -> list[Document]:
 
 def render_report(docs: list[Document], out_dir: Path) -> dict[str, Path]:
     """``training-state.md`` and its figures in ``out_dir``; returns name -> path."""
-    paths = write_markdown(TITLE, blocks(docs), out_dir / "training-state.md")
+    paths = write_markdown(
+        Report(title=TITLE, blocks=blocks(docs)), out_dir / "training-state.md", "."
+    )
     return figure_paths(paths)
 
 
