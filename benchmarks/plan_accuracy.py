@@ -276,9 +276,9 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
     run's without recompute); None without a prediction."""
     from dataclasses import replace
 
+    from parlab.plan.admission import evaluate
     from parlab.plan.fit.calibrate import run_request
     from parlab.plan.fit.shapes import shaped_roofline
-    from parlab.plan.planner import evaluate
 
     made = run_request(d, roofline=shaped_roofline(d, roof, shapes), calibration=cal)
     if made is None:

@@ -52,9 +52,11 @@ from typing import Any
 
 from parlab.models import get_spec
 from parlab.models.spec import ModelSpec
+from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.estimate import Throughput
-from parlab.plan.planner import PlanRequest, Verdict, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest, Verdict
 from parlab.plan.roofline import PRODUCTION, Implementation
 from parlab.plan.space import Candidate, make_cluster
 

@@ -14,7 +14,8 @@ from parlab.ledger import predict
 from parlab.ledger.traffic import traffic
 from parlab.models import get_spec
 from parlab.plan.estimate import Throughput, flops_per_token, item_time, measured_throughput
-from parlab.plan.planner import PlanRequest, PlanResult, Verdict, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest, PlanResult, Verdict
 from parlab.plan.roofline import Implementation
 from parlab.plan.space import Candidate, make_cluster
 from parlab.topology import Topology

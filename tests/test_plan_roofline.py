@@ -12,11 +12,13 @@ import pytest
 from parlab.errors import UsageError
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
+from parlab.plan.admission import evaluate
 from parlab.plan.estimate import StageWork, Throughput, estimate, exposed_time, overlap_window
 from parlab.plan.fit import calibrate
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
-from parlab.plan.planner import PlanRequest, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest
 from parlab.plan.roofline import (
     ELEMENTWISE,
     LOSS_BYTES_PER_LOGIT,

@@ -515,7 +515,7 @@ def test_the_committed_probe_gives_each_model_its_forward_efficiency() -> None:
 
 def _request(shapes: Any, **kw: Any) -> Any:
     from parlab.plan.fit.lab import LabCompute
-    from parlab.plan.planner import PlanRequest
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
 
     return PlanRequest(
@@ -532,7 +532,8 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
     """``parlab plan --roofline`` times a candidate the probe measured (model, micro-batch x
     sequence, tp 1, the cluster's GPU: ``H200`` resolves to the probe's ``NVIDIA H200``) as
     ``benchmarks/plan_accuracy.py`` times a run of it; other candidates as fitted."""
-    from parlab.plan.planner import evaluate, step_shape
+    from parlab.plan.admission import evaluate
+    from parlab.plan.pricing import step_shape
     from parlab.plan.space import Candidate
 
     def roofline(req: Any, cand: Any) -> Any:

@@ -16,11 +16,13 @@ from parlab.comm.explain import parse_layout
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
 from parlab.models import get_spec
+from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.cost import Budget
 from parlab.plan.document import plan_document, write_plan
 from parlab.plan.estimate import assumed_throughput, measured_throughput
-from parlab.plan.planner import PlanRequest, PlanResult, Verdict, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest, PlanResult, Verdict
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.summary import Summary, summarize
 

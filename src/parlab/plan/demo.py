@@ -30,7 +30,8 @@ def plan_decide_step(results: Path, console: Any) -> None:
     from parlab.plan.decide import decide, eligible_projects
     from parlab.plan.document import plan_document, write_plan
     from parlab.plan.estimate import assumed_throughput
-    from parlab.plan.planner import DEFAULT_MFU, PlanRequest, plan
+    from parlab.plan.planner import DEFAULT_MFU, plan
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
 
     model, gb, seq = DEMO_WORKLOAD

@@ -18,7 +18,7 @@ from typing import Any
 
 from parlab.contract import Decision, Document, Metric, new_run_id, now_iso, write_result
 from parlab.plan.estimate import Throughput
-from parlab.plan.planner import PlanResult, Verdict
+from parlab.plan.request import PlanResult, Verdict
 from parlab.plan.summary import Summary
 
 EXAMPLES_PER_KIND = 5

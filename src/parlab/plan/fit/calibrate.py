@@ -2,7 +2,7 @@
 
 A measured run (a ``real-training`` document of PAR-TRAINING-STATE or PAR-MODEL-INTERNAL)
 is rebuilt as a planner request (``run_request``: its model, batch, sequence, layout,
-dtype policy, implementation and cluster) and predicted by ``parlab.plan.planner.evaluate``
+dtype policy, implementation and cluster) and predicted by ``parlab.plan.admission.evaluate``
 under a ``Roofline``. ``fit_steps`` fits the efficiencies one step at a time, each on the
 runs its selector picks, with the earlier steps' values held (``parlab.plan.roofline.
 fit_roofline``; three rounds, because exposed communication depends on compute). The steps
@@ -180,7 +180,7 @@ def request_of(
     records, or what ``parlab train`` is about to run -- the one place a run becomes a plan."""
     from parlab.models import get_spec
     from parlab.plan.fit.lab import LabCompute
-    from parlab.plan.planner import PlanRequest
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import Candidate, make_cluster
 
     spec = get_spec(model)
@@ -229,8 +229,8 @@ def predict(
     calibration ``shapes`` covering the run, its measured shape factor replaces the width law
     and its measured attention factor scales the attention term
     (``parlab.plan.fit.shapes.shaped_roofline``)."""
+    from parlab.plan.admission import evaluate
     from parlab.plan.fit.shapes import shaped_roofline
-    from parlab.plan.planner import evaluate
 
     roofline = shaped_roofline(doc, roofline, shapes)
     made = run_request(doc, roofline=roofline, calibration=calibration)
@@ -251,7 +251,7 @@ def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow 
     measured = doc.metric("step_time")
     if est is None or not measured:
         return None
-    from parlab.plan.planner import candidate_work
+    from parlab.plan.pricing import candidate_work
 
     w = candidate_work(req, cand, sp=sp)
     return FitRow(
@@ -472,9 +472,9 @@ def predict_planned(req: Any, cand: Any, *, sp: bool, root: Any) -> tuple[float,
     collectives calibration. None where the request's GPU has no runs under ``root``."""
     from dataclasses import replace
 
+    from parlab.plan.admission import evaluate
     from parlab.plan.fit.lab import LabCompute
     from parlab.plan.fit.shapes import gemm_shape_calibration, same_gpu
-    from parlab.plan.planner import evaluate
 
     cal = collectives_calibration(root)
     runs = training_runs(root)

@@ -187,9 +187,9 @@ def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
     """Median measured / built-in step - 1 over the GPU-bound one-GPU runs (module docstring)."""
     from dataclasses import replace
 
+    from parlab.plan.admission import evaluate
     from parlab.plan.compute import BuiltinCompute, GpuEfficiency
     from parlab.plan.fit.calibrate import implementation_of, run_request, training_runs
-    from parlab.plan.planner import evaluate
 
     eff = GpuEfficiency(**{k: v for k, v in fig.items() if k != "rests_on"}, rests_on="fit")
     ratios = []
