@@ -13,7 +13,7 @@ from parlab.errors import UsageError
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
 from parlab.plan.admission import evaluate
-from parlab.plan.estimate import StageWork, Throughput, estimate, exposed_time, overlap_window
+from parlab.plan.estimate import StageWork, estimate, exposed_time, overlap_window
 from parlab.plan.fit import calibrate
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
@@ -30,6 +30,7 @@ from parlab.plan.roofline import (
     work,
 )
 from parlab.plan.space import Candidate, make_cluster
+from parlab.plan.throughput import Throughput
 
 PEAK, BW = 1e15, 4e12
 UNIT = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
@@ -266,7 +267,7 @@ def test_estimate_without_parts_is_the_mfu_model() -> None:
     req, cand = _ddp_request(None)
     v = evaluate(req, cand)
     assert v.estimate is not None
-    from parlab.plan.estimate import flops_per_token
+    from parlab.plan.throughput import flops_per_token
 
     fpt, _ = flops_per_token(req.spec, req.seq)
     assert isinstance(req.compute, Throughput)

@@ -151,9 +151,9 @@ def test_v_places_first_and_last_chunk_on_rank_0() -> None:
 
 def _request(layers_model: str = "tiny", gb: int = 8, schedules: tuple[str, ...] = ("zbv",)):
     from parlab.models import get_spec
-    from parlab.plan.estimate import assumed_throughput
     from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
+    from parlab.plan.throughput import assumed_throughput
 
     cluster = make_cluster(gpus="2xH100")
     spec = get_spec(layers_model)

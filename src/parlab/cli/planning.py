@@ -20,11 +20,11 @@ from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.cost import Budget
 from parlab.plan.document import plan_document, write_plan
-from parlab.plan.estimate import assumed_throughput, measured_throughput
 from parlab.plan.planner import plan
 from parlab.plan.request import PlanRequest, PlanResult, Verdict
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.summary import Summary, summarize
+from parlab.plan.throughput import assumed_throughput, measured_throughput
 
 DEFAULT_TOKENS_PER_STEP = 4 * 1024**2
 """The default global batch in tokens (4 Mi, as Llama 2 and GPT-3 175B trained)."""

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from parlab.contract import Decision, Document, Metric, new_run_id, now_iso, write_result
-from parlab.plan.estimate import Throughput
 from parlab.plan.request import PlanResult, Verdict
 from parlab.plan.summary import Summary
+from parlab.plan.throughput import Throughput
 
 EXAMPLES_PER_KIND = 5
 GIB = 2**30

@@ -38,10 +38,10 @@ from collections import Counter
 
 from parlab.errors import UsageError
 from parlab.plan.admission import gib, judge, layout_group
-from parlab.plan.estimate import Throughput, flops_per_token
 from parlab.plan.pricing import Group, step_shape
 from parlab.plan.request import PlanRequest, PlanResult, Verdict
 from parlab.plan.space import Candidate, degree_tuples, schedules_for
+from parlab.plan.throughput import Throughput, flops_per_token
 
 
 def plan(req: PlanRequest) -> PlanResult:

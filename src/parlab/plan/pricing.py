@@ -10,10 +10,11 @@ from parlab.ledger.sharding import chunk_sizes
 from parlab.ledger.traffic import traffic
 from parlab.models.spec import ModelSpec
 from parlab.plan.compute import StepShape
-from parlab.plan.estimate import StageWork, Throughput, estimate, flops_per_token, mfu_parts
+from parlab.plan.estimate import StageWork, estimate
 from parlab.plan.request import PlanRequest, Verdict
 from parlab.plan.roofline import Work, work
 from parlab.plan.space import Candidate
+from parlab.plan.throughput import Throughput, flops_per_token, mfu_parts
 from parlab.topology import Topology
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
 from parlab.plan.compute import ComputeModel
-from parlab.plan.estimate import StepEstimate, Throughput
+from parlab.plan.estimate import StepEstimate
 from parlab.plan.roofline import PRODUCTION, Implementation
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
@@ -21,6 +21,7 @@ from parlab.plan.space import (
     Candidate,
     Cluster,
 )
+from parlab.plan.throughput import Throughput
 
 CP_MIN_TOKENS = 8192
 """Context parallelism is searched only where each rank keeps at least this many tokens of a
