@@ -224,7 +224,8 @@ def test_ledger_zbv_needs_two_chunks() -> None:
 
 def test_run_document_maps_to_zbv() -> None:
     """The zbv run's layout (pp_schedule 'zbv', vpp 2, torch) becomes the zbv candidate."""
-    from parlab.plan.fit.calibrate import run_request, unmodelled
+    from parlab.plan.fit.calibrate import unmodelled
+    from parlab.plan.fit.requests import run_request
 
     doc = SimpleNamespace(
         run_id="mi-pp2-zbv-torch-test",

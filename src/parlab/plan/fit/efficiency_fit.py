@@ -189,7 +189,9 @@ def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
 
     from parlab.plan.admission import evaluate
     from parlab.plan.compute import BuiltinCompute, GpuEfficiency
-    from parlab.plan.fit.calibrate import implementation_of, run_request, training_runs
+    from parlab.plan.fit.calibrate import training_runs
+    from parlab.plan.fit.requests import run_request
+    from parlab.plan.fit.runs import implementation_of
 
     eff = GpuEfficiency(**{k: v for k, v in fig.items() if k != "rests_on"}, rests_on="fit")
     ratios = []
