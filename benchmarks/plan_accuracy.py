@@ -135,7 +135,7 @@ def backlog(doc: Any) -> float | None:
 
 
 def _key(model: str, strategy: str, recompute: str) -> tuple[str, str, str]:
-    from parlab.plan.fit.shapes import canonical
+    from parlab.plan.fit.shape_probe import canonical
 
     return canonical(model), strategy, recompute
 
@@ -371,7 +371,7 @@ def rows_of(root: Path) -> tuple[list[Row], dict[str, Any]]:
     """Every run's row, and what they rest on (fit, calibrations, rule 2's share)."""
     from parlab.plan.fit.calibrate import collectives_calibration, unmodelled
     from parlab.plan.fit.paramwork import param_work_calibration
-    from parlab.plan.fit.shapes import gemm_shape_calibration
+    from parlab.plan.fit.shape_probe import gemm_shape_calibration
 
     docs = gpu_runs(root)
     if not docs:

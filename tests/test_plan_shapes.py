@@ -20,13 +20,15 @@ from parlab.contract import read_document, write_result
 from parlab.errors import UsageError
 from parlab.models import get_spec
 from parlab.plan.fit import calibrate
-from parlab.plan.fit.shapes import (
+from parlab.plan.fit.shape_probe import (
     GemmShapes,
-    attention_factor,
     forward_efficiency,
     gemm_shape_calibration,
     load_gemm_shapes,
     merge,
+)
+from parlab.plan.fit.shapes import (
+    attention_factor,
     recompute_efficiency,
     shape_factor,
     shaped_roofline,
@@ -564,7 +566,8 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
 
 
 def test_model_names_are_the_catalogs() -> None:
-    from parlab.plan.fit.shapes import canonical, same_gpu
+    from parlab.plan.fit.shape_probe import canonical
+    from parlab.plan.fit.shapes import same_gpu
 
     assert canonical("8b") == canonical("llama3.1-8b") == "llama3.1-8b"
     assert canonical("gpt2-xl") == "gpt2-1.5b" and canonical("0-narrow") == "0-narrow"

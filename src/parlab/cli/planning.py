@@ -51,7 +51,7 @@ def _compute(o: dict[str, Any], spec: Any, cluster: Any, rests_on: list[str]) ->
     if o["roofline"] is not None:
         from parlab.plan.fit.calibrate import lab_roofline
         from parlab.plan.fit.lab import LabCompute
-        from parlab.plan.fit.shapes import gemm_shape_calibration
+        from parlab.plan.fit.shape_probe import gemm_shape_calibration
 
         roof, fitted_on = lab_roofline(o["roofline"], calibration=cluster.calibration)
         rests_on.extend(fitted_on)

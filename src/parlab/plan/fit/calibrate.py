@@ -46,7 +46,8 @@ from parlab.plan.fit.lab import LabCompute
 from parlab.plan.fit.paramwork import param_work_calibration
 from parlab.plan.fit.requests import run_request
 from parlab.plan.fit.runs import implementation_of, is_dtensor_tp, knobs, model_name, recompute_of
-from parlab.plan.fit.shapes import gemm_shape_calibration, same_gpu, shape_factor, shaped_roofline
+from parlab.plan.fit.shape_probe import gemm_shape_calibration
+from parlab.plan.fit.shapes import same_gpu, shape_factor, shaped_roofline
 from parlab.plan.pricing import candidate_work
 from parlab.plan.roofline import Roofline
 
