@@ -45,7 +45,14 @@ from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
 from parlab.plan.fit.paramwork import param_work_calibration
 from parlab.plan.fit.requests import run_request
-from parlab.plan.fit.runs import implementation_of, is_dtensor_tp, knobs, model_name, recompute_of
+from parlab.plan.fit.runs import (
+    gpu_name,
+    implementation_of,
+    is_dtensor_tp,
+    knobs,
+    model_name,
+    recompute_of,
+)
 from parlab.plan.fit.shape_probe import gemm_shape_calibration
 from parlab.plan.fit.shapes import same_gpu, shape_factor, shaped_roofline
 from parlab.plan.pricing import candidate_work
@@ -230,10 +237,7 @@ def fit_steps(
         chosen = [d for d in docs if step.select(d) and not unmodelled(d)]
         if not chosen:
             raise UsageError(f"no run to fit {', '.join(step.free)} on: needs {step.runs}")
-        names = {
-            str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
-            for d in chosen
-        }
+        names = {gpu_name(d) for d in chosen}
         if len(names) > 1:
             raise UsageError(
                 f"the runs to fit {', '.join(step.free)} on ran on {', '.join(sorted(names))}: "
@@ -319,10 +323,7 @@ def predict_planned(req: Any, cand: Any, *, sp: bool, root: Any) -> tuple[float,
     collectives calibration. None where the request's GPU has no runs under ``root``."""
     cal = collectives_calibration(root)
     runs = training_runs(root)
-    gpus = {
-        str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
-        for d in runs
-    }
+    gpus = {gpu_name(d) for d in runs}
     if not any(same_gpu(g, req.cluster.gpu.name) for g in gpus):
         return None
     roof, used = lab_roofline(root, calibration=cal)

@@ -50,6 +50,12 @@ def recompute_of(doc: Any) -> str:
     return rc
 
 
+def gpu_name(doc: Any) -> str:
+    """The name of the run's first GPU as its environment records it (``"None"`` where none)."""
+    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
+    return str(gpus[0].get("name"))
+
+
 def model_name(doc: Any) -> str:
     """The catalog name of a run's model (its preset, else its workload's model)."""
     model = doc.workload.get("model")

@@ -65,7 +65,7 @@ from typing import Any
 from parlab.hardware.catalog import lookup
 from parlab.models import get_spec
 from parlab.plan.compute import StepShape
-from parlab.plan.fit.runs import model_name, recompute_of
+from parlab.plan.fit.runs import gpu_name, model_name, recompute_of
 from parlab.plan.fit.shape_probe import GemmShapes, canonical
 
 
@@ -74,14 +74,13 @@ def run_batch(doc: Any) -> tuple[str, int, int, int, int, str]:
 
     w, lay = doc.workload, doc.layout or {}
     mesh = lay.get("mesh") or {}
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
     return (
         model_name(doc),
         int(w.get("micro_batch") or 1),
         int(w.get("seq") or 0),
         int(mesh.get("tp", 1)),
         int(mesh.get("cp", 1)),
-        str(gpus[0].get("name")),
+        gpu_name(doc),
     )
 
 
