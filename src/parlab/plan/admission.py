@@ -19,7 +19,7 @@ def gib(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
-def stage_floor(ledger: Any) -> float:
+def _stage_floor(ledger: Any) -> float:
     """The largest on-device state bytes (params, grads, optimizer, master) over stages."""
     best = 0.0
     for stage in range(ledger.topology.pp):
@@ -82,7 +82,7 @@ def judge(
     except ValueError as exc:
         return Verdict(**no, kind="unsupported", reason=str(exc))
     if group.floor is None:
-        group.floor = stage_floor(ledger)
+        group.floor = _stage_floor(ledger)
         group.floor_reason = (
             f"over memory by at least {gib(group.floor - usable)}: the states alone (params, "
             f"grads, optimizer) need {gib(group.floor)} per GPU of {gib(usable)} usable, at any "

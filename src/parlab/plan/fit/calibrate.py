@@ -3,10 +3,10 @@
 A measured run (a ``real-training`` document of PAR-TRAINING-STATE or PAR-MODEL-INTERNAL)
 is rebuilt as a planner request (``parlab.plan.fit.requests.run_request``: its model, batch,
 sequence, layout, dtype policy, implementation and cluster) and predicted by
-``parlab.plan.admission.evaluate`` under a ``Roofline``. ``fit_steps`` fits the efficiencies one step at a time, each on the
-runs its selector picks, with the earlier steps' values held (``parlab.plan.roofline.
-fit_roofline``; three rounds, because exposed communication depends on compute). The steps
-the lab uses (``LAB_STEPS``):
+``parlab.plan.admission.evaluate`` under a ``Roofline``. ``fit_steps`` fits the efficiencies
+one step at a time, each on the runs its selector picks, with the earlier steps' values held
+(``parlab.plan.fit.efficiencies.fit_roofline``; three rounds, because exposed communication
+depends on compute). The steps the lab uses (``LAB_STEPS``):
 
 1. ``gemm``, ``attention``, ``memory``: the one-GPU model-internal runs of the 1.3B (no
    communication, no bubble): short sequences (GEMM-heavy), 32k sequences (attention-heavy),
@@ -41,7 +41,7 @@ from parlab.errors import UsageError
 from parlab.models import get_spec
 from parlab.plan.admission import evaluate
 from parlab.plan.estimate import StepEstimate
-from parlab.plan.fit.efficiencies import FitRow, fit_roofline
+from parlab.plan.fit.efficiencies import UNIT, FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
 from parlab.plan.fit.paramwork import param_work_calibration
 from parlab.plan.fit.requests import run_request
@@ -223,7 +223,7 @@ def fit_steps(
     """
     if not docs:
         raise UsageError("no measured training run to fit the roofline on")
-    roof = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    roof = UNIT
     if param_work is not None:
         roof = replace(
             roof,

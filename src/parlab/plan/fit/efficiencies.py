@@ -31,6 +31,8 @@ class FitRow:
 
 
 EFFICIENCIES = ("gemm", "attention", "ring_attention", "memory", "contention")
+UNIT = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+"""Every efficiency 1: the fit's starting point, and the seconds per unit of inverse efficiency."""
 WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
 """The n0 values ``fit_roofline`` tries when it fits the GEMM width law."""
 
@@ -38,9 +40,7 @@ WIDTH_HALVES = tuple(float(n) for n in range(0, 4001, 25))
 def _coefficients(
     row: FitRow, peak_flops: float, hbm_bw: float, base: Roofline
 ) -> dict[str, float]:
-    unit = row.work.parts(
-        Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0), peak_flops, hbm_bw
-    )
+    unit = row.work.parts(UNIT, peak_flops, hbm_bw)
     ring = row.work.ring
     # the per-parameter work at its measured bandwidths (where ``base`` carries them) is a fixed
     # time; what still runs at the elementwise bandwidth scales with ``memory``
@@ -89,7 +89,7 @@ def fit_roofline(
         raise UsageError(f"cannot fit {', '.join(bad)}: fit some of {', '.join(EFFICIENCIES)}")
     if len(rows) < len(free):
         raise UsageError(f"{len(rows)} runs cannot fit {len(free)} efficiencies: give more runs")
-    base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    base = fixed or UNIT
     coefs = [_coefficients(r, peak_flops, hbm_bw, base) for r in rows]
     names = list(free)
     sol = _solve(rows, coefs, names, base)
@@ -112,7 +112,7 @@ def _fit_width_half(
     """``fit_roofline`` of the other ``free`` terms at each n0 of ``WIDTH_HALVES``: the fit of
     least squared relative error."""
     rest = tuple(k for k in free if k != "gemm_width_half")
-    base = fixed or Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    base = fixed or UNIT
     best: tuple[float, Roofline] | None = None
     for n0 in WIDTH_HALVES:
         try:
