@@ -173,8 +173,8 @@ def revised_model_internal_peak(doc: Any) -> int | None:
     project's own ``predictions`` on the run's configuration rebuilt from the document (a
     single-GPU baseline's schedule, which its layout does not record, from its label; parlab's
     SP as the run had it: ``sp_gather="per-linear"`` where the document records no
-    ``sp_saved_input``, ``parlab.plan.fit.calibrate.implementation_of``)."""
-    from parlab.plan.fit.calibrate import implementation_of
+    ``sp_saved_input``, ``parlab.plan.fit.runs.implementation_of``)."""
+    from parlab.plan.fit.runs import implementation_of
     from parlab.projects.model_internal import RunConfig, predictions
 
     w, lay = doc.workload, doc.layout
@@ -426,7 +426,7 @@ def markdown(folder: Path) -> str:
 
     train = rows_from_documents(folder)
     gpu_train = [r for r in train if r["level"] == "real-training"]
-    from parlab.plan.fit.calibrate import recompute_of
+    from parlab.plan.fit.runs import recompute_of
 
     rows, ctx = pa.rows_of(folder)
     runs = [r.doc for r in rows]

@@ -135,7 +135,7 @@ def backlog(doc: Any) -> float | None:
 
 
 def _key(model: str, strategy: str, recompute: str) -> tuple[str, str, str]:
-    from parlab.plan.fit.shapes import canonical
+    from parlab.plan.fit.shape_probe import canonical
 
     return canonical(model), strategy, recompute
 
@@ -179,7 +179,7 @@ def host_alone(doc: Any, probes: dict[Any, Any]) -> tuple[float, str] | None:
     """Rule 2's measurement for ``doc``: the median host-alone step of its configuration's
     probes and where it comes from; None where no probe ran it on the run's GPU, or the run
     takes more than one micro-batch a step (the probes take one)."""
-    from parlab.plan.fit.calibrate import knobs
+    from parlab.plan.fit.runs import knobs
     from parlab.plan.fit.shapes import run_batch, same_gpu
 
     model, mb, _, _, _, gpu = run_batch(doc)
@@ -245,7 +245,8 @@ def roofline_rows(
     fitted attention); ``param_work``: measured optimizer and cast bandwidths
     (``parlab.plan.fit.paramwork``), fixed through every fit."""
     from parlab.errors import UsageError
-    from parlab.plan.fit.calibrate import fit_steps, group_of, predict
+    from parlab.plan.fit.calibrate import fit_steps, predict
+    from parlab.plan.fit.runs import group_of
 
     roof, used = fit_steps(docs, calibration=cal, param_work=param_work)
     calibrating = {rid: ", ".join(step.free) for step, ids in used for rid in ids}
@@ -276,9 +277,9 @@ def recompute_s(d: Any, roof: Any, cal: Any, shapes: Any = None) -> float | None
     run's without recompute); None without a prediction."""
     from dataclasses import replace
 
-    from parlab.plan.fit.calibrate import run_request
+    from parlab.plan.admission import evaluate
+    from parlab.plan.fit.requests import run_request
     from parlab.plan.fit.shapes import shaped_roofline
-    from parlab.plan.planner import evaluate
 
     made = run_request(d, roofline=shaped_roofline(d, roof, shapes), calibration=cal)
     if made is None:
@@ -308,7 +309,7 @@ def repeat_note(d: Any, docs: list[Any], pred: dict[str, float | None]) -> str:
     document cannot tell the miss from the hit. "" where there is no such repeat."""
     from datetime import datetime
 
-    from parlab.plan.fit.calibrate import knobs
+    from parlab.plan.fit.runs import knobs
 
     def what(doc: Any) -> dict[str, str]:
         w = {k: str(v) for k, v in doc.workload.items() if k not in _NOT_KNOBS}
@@ -370,7 +371,7 @@ def rows_of(root: Path) -> tuple[list[Row], dict[str, Any]]:
     """Every run's row, and what they rest on (fit, calibrations, rule 2's share)."""
     from parlab.plan.fit.calibrate import collectives_calibration, unmodelled
     from parlab.plan.fit.paramwork import param_work_calibration
-    from parlab.plan.fit.shapes import gemm_shape_calibration
+    from parlab.plan.fit.shape_probe import gemm_shape_calibration
 
     docs = gpu_runs(root)
     if not docs:
@@ -451,7 +452,7 @@ def _share(k: int, n: int) -> str:
 
 
 def _groups(rows: list[Row]) -> dict[str, list[Row]]:
-    from parlab.plan.fit.calibrate import group_of
+    from parlab.plan.fit.runs import group_of
 
     out: dict[str, list[Row]] = {}
     for r in rows:
@@ -482,7 +483,7 @@ def configurations(rows: list[Row]) -> dict[str, dict[str, Any]]:
 def notes_of(r: Row, ctx: dict[str, Any], peak_note: str) -> str:
     """The note column: calibration step or 'not modelled', the shape factors applied, a miss's
     repeat that the model meets, the op-level recompute's share, the peak's note."""
-    from parlab.plan.fit.calibrate import recompute_of
+    from parlab.plan.fit.runs import recompute_of
     from parlab.plan.fit.shapes import (
         attention_factor,
         doc_batch,
@@ -606,7 +607,7 @@ def miss_cause(r: Row, groups: dict[str, list[Row]]) -> str:
     """Why a GPU-set run missed, the first of: not modelled (its note's first clause); a
     configuration whose repeats (``groups``, by ``group_of``) spread over 20 % and which the
     prediction meets on one of them; else 'other'."""
-    from parlab.plan.fit.calibrate import group_of
+    from parlab.plan.fit.runs import group_of
 
     if r.note and not r.note.startswith("cal:"):
         return "not modelled: " + r.note.split(":")[0].split(" (")[0].split(";")[0]

@@ -52,11 +52,13 @@ from typing import Any
 
 from parlab.models import get_spec
 from parlab.models.spec import ModelSpec
+from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
-from parlab.plan.estimate import Throughput
-from parlab.plan.planner import PlanRequest, Verdict, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest, Verdict
 from parlab.plan.roofline import PRODUCTION, Implementation
 from parlab.plan.space import Candidate, make_cluster
+from parlab.plan.throughput import Throughput
 
 TARGET = 0.15
 MFU = Throughput(mfu=0.4, peak_flops=0.0, source="assumed MFU 0.4", assumed=True)
@@ -186,7 +188,7 @@ def llama3_runs() -> list[Run]:
 
 
 def _flops_per_token(spec: ModelSpec, seq: int) -> float:
-    from parlab.plan.estimate import flops_per_token
+    from parlab.plan.throughput import flops_per_token
 
     return flops_per_token(spec, seq)[0]
 

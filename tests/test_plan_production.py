@@ -10,10 +10,12 @@ import pytest
 from parlab.errors import UsageError
 from parlab.hardware.catalog import require
 from parlab.models import get_spec
+from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute, StepShape, efficiency_for, efficiency_table
 from parlab.plan.cost import Budget, cost_of
-from parlab.plan.planner import PlanRequest, evaluate, stage_profiles
 from parlab.plan.precision import Band, overlaps
+from parlab.plan.pricing import stage_profiles
+from parlab.plan.request import PlanRequest
 from parlab.plan.space import Candidate, make_cluster, schedules_for
 from tests.test_plan import run_cli
 

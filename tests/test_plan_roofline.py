@@ -12,11 +12,13 @@ import pytest
 from parlab.errors import UsageError
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
-from parlab.plan.estimate import StageWork, Throughput, estimate, exposed_time, overlap_window
-from parlab.plan.fit import calibrate
+from parlab.plan.admission import evaluate
+from parlab.plan.estimate import StageWork, estimate, exposed_time, overlap_window
+from parlab.plan.fit import calibrate, runs
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
-from parlab.plan.planner import PlanRequest, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest
 from parlab.plan.roofline import (
     ELEMENTWISE,
     LOSS_BYTES_PER_LOGIT,
@@ -28,6 +30,7 @@ from parlab.plan.roofline import (
     work,
 )
 from parlab.plan.space import Candidate, make_cluster
+from parlab.plan.throughput import Throughput
 
 PEAK, BW = 1e15, 4e12
 UNIT = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
@@ -264,7 +267,7 @@ def test_estimate_without_parts_is_the_mfu_model() -> None:
     req, cand = _ddp_request(None)
     v = evaluate(req, cand)
     assert v.estimate is not None
-    from parlab.plan.estimate import flops_per_token
+    from parlab.plan.throughput import flops_per_token
 
     fpt, _ = flops_per_token(req.spec, req.seq)
     assert isinstance(req.compute, Throughput)
@@ -388,11 +391,11 @@ def test_documents_say_their_implementation_and_what_is_not_modelled() -> None:
     new = doc("mi-tp2-20261130T164154-a29547", implementation="parlab", norm_kernel="fused")
     compiled = doc("train-fsdp-1.3b-20261130T154713-3dcdd8", project="PAR-TRAINING-STATE",
                    knobs={"compile": True, "norm_kernel": "fused"})  # fmt: skip
-    assert calibrate.implementation_of(old).norm_kernel == "explicit"
-    assert calibrate.implementation_of(new).norm_kernel == "fused"
-    assert calibrate.implementation_of(compiled).norm_kernel == "compiled"
-    assert calibrate.group_of(old) == "mi-tp2/explicit/none"
-    assert calibrate.group_of(new) == "mi-tp2/fused/none"
+    assert runs.implementation_of(old).norm_kernel == "explicit"
+    assert runs.implementation_of(new).norm_kernel == "fused"
+    assert runs.implementation_of(compiled).norm_kernel == "compiled"
+    assert runs.group_of(old) == "mi-tp2/explicit/none"
+    assert runs.group_of(new) == "mi-tp2/fused/none"
     assert calibrate.unmodelled(new) == ""
     dtensor = doc("mi-tp2-dtensor-20261130T164154-da538b", implementation="torch")
     assert "host-bound" in calibrate.unmodelled(dtensor)
@@ -404,7 +407,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 @pytest.mark.skipif(not (RESULTS / "PAR-MODEL-INTERNAL").is_dir(), reason="no GPU results")
 def test_lab_calibration_fits_physical_efficiencies_and_predicts_its_runs() -> None:
     docs = calibrate.training_runs(RESULTS)
-    assert not any(calibrate.knobs(d).get("profiled") for d in docs)
+    assert not any(runs.knobs(d).get("profiled") for d in docs)
     cal = calibrate.collectives_calibration(RESULTS)
     roof, used = calibrate.fit_steps(docs, calibration=cal)
     for k in ("gemm", "attention", "ring_attention", "memory"):
@@ -451,18 +454,18 @@ def test_repeats_group_by_what_changes_the_work_or_where_it_runs() -> None:
                    knobs={"norm_kernel": "fused", "dtype": "bf16", **knobs})  # fmt: skip
 
     a, b = train("20261130T154426-e9029c"), train("20261130T160149-c0a3ae")
-    assert calibrate.group_of(a) == calibrate.group_of(b) == "train-zero1-1.3b/fused/none"
-    assert calibrate.group_of(train("20261130T171244-8586d1", dtype="bf16-master")) == (
+    assert runs.group_of(a) == runs.group_of(b) == "train-zero1-1.3b/fused/none"
+    assert runs.group_of(train("20261130T171244-8586d1", dtype="bf16-master")) == (
         "train-zero1-1.3b/fused/none/bf16-master"
     )
     bound = train("20261201T002357-e66993", numa_binding="node", manual_gc=50)
-    assert calibrate.group_of(bound) == "train-zero1-1.3b/fused/none/numa-node/gc-50"
+    assert runs.group_of(bound) == "train-zero1-1.3b/fused/none/numa-node/gc-50"
     # one run name, other ranks or another batch shape: another configuration
     shaped = train("20261201T031652-5b88bf")
     shaped.workload = {**shaped.workload, "micro_batch": 2, "seq": 4096}
-    assert calibrate.group_of(shaped) == "train-zero1-1.3b/n2-mb2x4096/fused/none"
+    assert runs.group_of(shaped) == "train-zero1-1.3b/n2-mb2x4096/fused/none"
     shaped.layout = {**shaped.layout, "world_size": 1}
-    assert calibrate.group_of(shaped) == "train-zero1-1.3b/n1-mb2x4096/fused/none"
+    assert runs.group_of(shaped) == "train-zero1-1.3b/n1-mb2x4096/fused/none"
 
 
 def test_full_recompute_replays_what_the_runtime_checkpoints() -> None:

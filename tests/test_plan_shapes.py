@@ -20,13 +20,15 @@ from parlab.contract import read_document, write_result
 from parlab.errors import UsageError
 from parlab.models import get_spec
 from parlab.plan.fit import calibrate
-from parlab.plan.fit.shapes import (
+from parlab.plan.fit.shape_probe import (
     GemmShapes,
-    attention_factor,
     forward_efficiency,
     gemm_shape_calibration,
     load_gemm_shapes,
     merge,
+)
+from parlab.plan.fit.shapes import (
+    attention_factor,
     recompute_efficiency,
     shape_factor,
     shaped_roofline,
@@ -515,7 +517,7 @@ def test_the_committed_probe_gives_each_model_its_forward_efficiency() -> None:
 
 def _request(shapes: Any, **kw: Any) -> Any:
     from parlab.plan.fit.lab import LabCompute
-    from parlab.plan.planner import PlanRequest
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
 
     return PlanRequest(
@@ -532,7 +534,8 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
     """``parlab plan --roofline`` times a candidate the probe measured (model, micro-batch x
     sequence, tp 1, the cluster's GPU: ``H200`` resolves to the probe's ``NVIDIA H200``) as
     ``benchmarks/plan_accuracy.py`` times a run of it; other candidates as fitted."""
-    from parlab.plan.planner import evaluate, step_shape
+    from parlab.plan.admission import evaluate
+    from parlab.plan.pricing import step_shape
     from parlab.plan.space import Candidate
 
     def roofline(req: Any, cand: Any) -> Any:
@@ -563,7 +566,8 @@ def test_the_planner_applies_the_measured_factors_to_the_candidates_they_cover()
 
 
 def test_model_names_are_the_catalogs() -> None:
-    from parlab.plan.fit.shapes import canonical, same_gpu
+    from parlab.plan.fit.shape_probe import canonical
+    from parlab.plan.fit.shapes import same_gpu
 
     assert canonical("8b") == canonical("llama3.1-8b") == "llama3.1-8b"
     assert canonical("gpt2-xl") == "gpt2-1.5b" and canonical("0-narrow") == "0-narrow"

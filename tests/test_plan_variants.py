@@ -14,7 +14,7 @@ import pytest
 
 from parlab.errors import UsageError
 from parlab.models.spec import ModelSpec
-from parlab.plan.fit import calibrate
+from parlab.plan.fit import calibrate, requests, runs
 from parlab.plan.roofline import (
     ELEMENTWISE,
     ELEMENTWISE_FORWARD,
@@ -148,21 +148,21 @@ def test_documents_map_to_their_variant() -> None:
     dtensor = doc("mi-tp2-dtensor-20261130T164154-da538b", sequence_parallel=True,
                   implementation="torch")  # fmt: skip
     plain = doc("mi-tp2-20261130T164154-a29547", implementation="parlab", norm_kernel="fused")
-    assert calibrate.implementation_of(before).sp_gather == "per-linear"
-    assert calibrate.implementation_of(after).sp_gather == "shared"
-    assert calibrate.implementation_of(dtensor).sp_gather == "shared"
-    assert calibrate.implementation_of(plain).sp_gather == "shared"
-    assert calibrate.group_of(before) == "mi-tp2-sp/fused/none/sp-per-linear"
-    assert calibrate.group_of(after) == "mi-tp2-sp/fused/none"
+    assert runs.implementation_of(before).sp_gather == "per-linear"
+    assert runs.implementation_of(after).sp_gather == "shared"
+    assert runs.implementation_of(dtensor).sp_gather == "shared"
+    assert runs.implementation_of(plain).sp_gather == "shared"
+    assert runs.group_of(before) == "mi-tp2-sp/fused/none/sp-per-linear"
+    assert runs.group_of(after) == "mi-tp2-sp/fused/none"
     # parlab train's --recompute selective is the runtime's op-level policy
     train = doc("train-fsdp-1.3b-20261130T142552-bed1be", project="PAR-TRAINING-STATE",
                 knobs={"recompute": "selective"})  # fmt: skip
-    assert calibrate.recompute_of(train) == "op-selective"
+    assert runs.recompute_of(train) == "op-selective"
     assert "op-level SAC" in calibrate.unmodelled(train)
-    assert calibrate.recompute_of(doc("mi-x-20261130T142552-aaaaaa", recompute="selective")) == (
+    assert runs.recompute_of(doc("mi-x-20261130T142552-aaaaaa", recompute="selective")) == (
         "selective"
     )
-    assert calibrate.recompute_of(plain) == "none"
+    assert runs.recompute_of(plain) == "none"
 
 
 def test_a_miss_names_the_repeat_the_model_meets_and_what_differs() -> None:
@@ -190,7 +190,7 @@ def test_the_selective_recompute_run_is_planned_with_the_runtimes_policy() -> No
     d = docs.get("train-fsdp-1.3b-20261130T142552-bed1be")
     if d is None:
         pytest.skip("the selective-recompute run is not under results/")
-    made = calibrate.run_request(d)
+    made = requests.run_request(d)
     assert made is not None and made[1].recompute == "op-selective"
 
 
@@ -205,8 +205,8 @@ def test_each_miss_gets_the_first_cause_that_fits() -> None:
     b = doc("mi-tp2-sp-20261201T001008-accd8a", step=0.13)  # the same configuration, 30 % off
     alone = doc("mi-tp2-20261201T001008-aaaaaa", step=0.10)
     groups = {
-        calibrate.group_of(a): [row(a, 0.10), row(b, 0.10)],
-        calibrate.group_of(alone): [row(alone, 0.2)],
+        runs.group_of(a): [row(a, 0.10), row(b, 0.10)],
+        runs.group_of(alone): [row(alone, 0.2)],
     }
     deepspeed = row(b, 0.10, "DeepSpeed's engine: its own buckets (x)")
     assert cause(deepspeed, groups) == "not modelled: DeepSpeed's engine"
@@ -214,7 +214,7 @@ def test_each_miss_gets_the_first_cause_that_fits() -> None:
     assert cause(row(b, 0.10), groups).startswith("repeats spread over 20 %")
     assert cause(row(alone, 0.2), groups) == "other"
     # a spread the prediction meets on none of the repeats is no excuse
-    groups[calibrate.group_of(a)] = [row(a, 0.2), row(b, 0.2)]
+    groups[runs.group_of(a)] = [row(a, 0.2), row(b, 0.2)]
     assert cause(row(b, 0.2), groups) == "other"
 
 
@@ -233,7 +233,7 @@ def test_deepspeed_runs_are_priced_as_their_zero_stage_and_bf16_recipe(
     paths = sorted(root.glob(f"train-deepspeed-{stage}-1.3b-*.json"))
     if not paths:
         pytest.skip("the committed DeepSpeed runs are not in this checkout")
-    made = calibrate.run_request(read_document(paths[0]))
+    made = requests.run_request(read_document(paths[0]))
     assert made is not None
     req, cand, _ = made
     assert cand.strategy == stage and req.dtype == dtype

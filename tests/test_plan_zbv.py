@@ -151,9 +151,9 @@ def test_v_places_first_and_last_chunk_on_rank_0() -> None:
 
 def _request(layers_model: str = "tiny", gb: int = 8, schedules: tuple[str, ...] = ("zbv",)):
     from parlab.models import get_spec
-    from parlab.plan.estimate import assumed_throughput
-    from parlab.plan.planner import PlanRequest
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
+    from parlab.plan.throughput import assumed_throughput
 
     cluster = make_cluster(gpus="2xH100")
     spec = get_spec(layers_model)
@@ -224,7 +224,8 @@ def test_ledger_zbv_needs_two_chunks() -> None:
 
 def test_run_document_maps_to_zbv() -> None:
     """The zbv run's layout (pp_schedule 'zbv', vpp 2, torch) becomes the zbv candidate."""
-    from parlab.plan.fit.calibrate import run_request, unmodelled
+    from parlab.plan.fit.calibrate import unmodelled
+    from parlab.plan.fit.requests import run_request
 
     doc = SimpleNamespace(
         run_id="mi-pp2-zbv-torch-test",

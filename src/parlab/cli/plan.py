@@ -97,31 +97,14 @@ def decide_cmd(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the decision document(s) as JSON."),
 ) -> None:
-    from parlab.plan.decide import decide, eligible_projects, knob_choices, read_projects
+    from parlab.plan.decide import decide
     from parlab.units import parse_size
 
     root = results_dir(folder)
     budget = float(parse_size(memory_budget)) if memory_budget else None
     extra = [a.strip() for a in (across or "").split(",") if a.strip()]
     if project is None and not run_id and not baseline:
-        entries = read_projects(root)
-        projects = eligible_projects(entries)
-        if not projects:
-            raise UsageError(f"no project under {root} has runs to decide on: run one first")
-        wanted = [k for k in (compare, *extra) if k]
-        if wanted:  # decide the projects that record the knobs; say which are skipped
-            docs = {p: [e.doc for e in entries if e.doc.project == p] for p in projects}
-            known = {p: set(knob_choices(p, docs[p])) for p in projects}
-            keep = [p for p in projects if set(wanted) <= known[p]]
-            if not keep:
-                raise UsageError(
-                    f"no project records {', '.join(wanted)}: give --project and one of its "
-                    "knobs (an unknown one lists them)"
-                )
-            for p in projects:
-                if p not in keep:
-                    err_console.print(f"{p}: skipped, it records no {', '.join(wanted)}")
-            projects = keep
+        projects = _projects_to_decide(root, [k for k in (compare, *extra) if k])
     else:
         projects = [project] if project else [None]  # type: ignore[list-item]
     docs_out = []
@@ -144,6 +127,31 @@ def decide_cmd(
             print_decision(outcome, details=details)
     if as_json:
         print_json(docs_out if len(docs_out) > 1 else docs_out[0])
+
+
+def _projects_to_decide(root: Path, wanted: list[str]) -> list[str]:
+    """Every project under ``root`` with runs to compare; with ``wanted`` knobs, those that
+    record them (the others named as skipped)."""
+    from parlab.plan.decide import eligible_projects, knob_choices, read_projects
+
+    entries = read_projects(root)
+    projects = eligible_projects(entries)
+    if not projects:
+        raise UsageError(f"no project under {root} has runs to decide on: run one first")
+    if not wanted:
+        return projects
+    docs = {p: [e.doc for e in entries if e.doc.project == p] for p in projects}
+    known = {p: set(knob_choices(p, docs[p])) for p in projects}
+    keep = [p for p in projects if set(wanted) <= known[p]]
+    if not keep:
+        raise UsageError(
+            f"no project records {', '.join(wanted)}: give --project and one of its "
+            "knobs (an unknown one lists them)"
+        )
+    for p in projects:
+        if p not in keep:
+            err_console.print(f"{p}: skipped, it records no {', '.join(wanted)}")
+    return keep
 
 
 def print_decision(outcome, *, details: bool = False) -> None:  # type: ignore[no-untyped-def]
@@ -247,13 +255,18 @@ def plan_cmd(
 ) -> None:
     from parlab.cli.planning import run_plan
 
-    for old, new in (
-        (strategies, "--strategy"),
-        (micro_batches, "--micro-batch"),
-        (schedules, "--schedule"),
+    _refuse_renamed(strategies=strategies, micro_batches=micro_batches, schedules=schedules)
+    run_plan(locals())
+
+
+def _refuse_renamed(
+    *, strategies: str | None, micro_batches: str | None, schedules: str | None
+) -> None:
+    """``UsageError`` naming the new flag where an old plural one was given."""
+    for old, name, new in (
+        (strategies, "--strategies", "--strategy"),
+        (micro_batches, "--micro-batches", "--micro-batch"),
+        (schedules, "--schedules", "--schedule"),
     ):
         if old is not None:
-            name = {"--strategy": "--strategies", "--micro-batch": "--micro-batches",
-                    "--schedule": "--schedules"}[new]  # fmt: skip
             raise UsageError(f"{name} is now {new} (a comma list): write {new} {old}")
-    run_plan(locals())

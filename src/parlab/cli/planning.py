@@ -16,13 +16,15 @@ from parlab.comm.explain import parse_layout
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
 from parlab.models import get_spec
+from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.cost import Budget
 from parlab.plan.document import plan_document, write_plan
-from parlab.plan.estimate import assumed_throughput, measured_throughput
-from parlab.plan.planner import PlanRequest, PlanResult, Verdict, evaluate, plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest, PlanResult, Verdict
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.summary import Summary, summarize
+from parlab.plan.throughput import assumed_throughput, measured_throughput
 
 DEFAULT_TOKENS_PER_STEP = 4 * 1024**2
 """The default global batch in tokens (4 Mi, as Llama 2 and GPT-3 175B trained)."""
@@ -49,7 +51,7 @@ def _compute(o: dict[str, Any], spec: Any, cluster: Any, rests_on: list[str]) ->
     if o["roofline"] is not None:
         from parlab.plan.fit.calibrate import lab_roofline
         from parlab.plan.fit.lab import LabCompute
-        from parlab.plan.fit.shapes import gemm_shape_calibration
+        from parlab.plan.fit.shape_probe import gemm_shape_calibration
 
         roof, fitted_on = lab_roofline(o["roofline"], calibration=cluster.calibration)
         rests_on.extend(fitted_on)

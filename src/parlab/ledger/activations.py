@@ -158,23 +158,42 @@ def layer_terms(
     out: list[ActTerm] = [
         ActTerm(name="attn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp")
     ]
-
-    def lin_in(count: int) -> float:
-        # inputs of ``count`` linears fed by one tensor: one shared tensor, or a bf16 copy each
-        return count * e * h if autocast else r * h
-
-    def sp_in(name: str, count: int) -> ActTerm:
-        # a column-parallel block's input; per-linear: a copy per linear in the input's dtype
-        # (under autocast each linear's own bf16 cast already is one)
-        own = count * (e if autocast else r) * h
-        return ActTerm(
-            name=name, bytes_per_token=lin_in(count), split="sp_in", per_linear_bytes_per_token=own
+    out += _attention_terms(spec, seq_len=seq_len, r=r, e=e, autocast=autocast, flash=flash,
+                            kv_repeat=kv_repeat)  # fmt: skip
+    out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp"))
+    hid = 4 if spec.activation == "swiglu" else 2
+    if norm_kernel == "compiled":
+        hid = 3  # silu(w1 x) recomputed in backward: w1's and w3's outputs and their product
+    mats_in = 2 if spec.activation == "swiglu" else 1
+    if spec.is_moe_layer(layer_id):
+        out += _moe_terms(spec, r=r, e=e, autocast=autocast, hid=hid, mats_in=mats_in)
+    else:
+        out.append(_sp_in(spec, "mlp_in", mats_in, r=r, e=e, autocast=autocast))
+        out.append(
+            ActTerm(name="mlp_hidden", bytes_per_token=hid * e * spec.ffn_hidden, split="tp")
         )
+    return out
 
+
+def _sp_in(spec: ModelSpec, name: str, count: int, *, r: int, e: int, autocast: bool) -> ActTerm:
+    """A column-parallel block's input feeding ``count`` linears: one shared tensor (under
+    autocast a bf16 copy each); per-linear, a copy per linear in the input's dtype (under
+    autocast each linear's own bf16 cast already is one)."""
+    h = spec.hidden
+    shared = count * e * h if autocast else r * h
+    own = count * (e if autocast else r) * h
+    return ActTerm(name=name, bytes_per_token=shared, split="sp_in", per_linear_bytes_per_token=own)
+
+
+def _attention_terms(
+    spec: ModelSpec, *, seq_len: int, r: int, e: int, autocast: bool, flash: bool, kv_repeat: bool
+) -> list[ActTerm]:
+    """The attention's input, its latents (MLA), the SDPA inputs and outputs, and without flash
+    the materialised scores."""
     if spec.mla is not None:
         m = spec.mla
         n = spec.heads
-        out.append(sp_in("attn_in", 2))
+        out = [_sp_in(spec, "attn_in", 2, r=r, e=e, autocast=autocast)]
         lat = (4 + e) * m.kv_lora_rank + e * m.kv_lora_rank
         if m.q_lora_rank:
             lat += (4 + e) * m.q_lora_rank + e * m.q_lora_rank
@@ -188,7 +207,7 @@ def layer_terms(
             )
         )
     else:
-        out.append(sp_in("attn_in", 3))
+        out = [_sp_in(spec, "attn_in", 3, r=r, e=e, autocast=autocast)]
         q, kv = spec.q_dim, spec.kv_dim
         kv_in = 2 * q if kv_repeat else 2 * kv
         out.append(
@@ -200,47 +219,38 @@ def layer_terms(
         out.append(
             ActTerm(name="attn_scores", bytes_per_token=e * spec.heads * seq_len, split="tp")
         )
-    out.append(ActTerm(name="ffn_norm", bytes_per_token=_norm(spec, h, r, norm_kernel), split="sp"))
-    hid = 4 if spec.activation == "swiglu" else 2
-    if norm_kernel == "compiled":
-        hid = 3  # silu(w1 x) recomputed in backward: w1's and w3's outputs and their product
-    mats_in = 2 if spec.activation == "swiglu" else 1
-    if spec.is_moe_layer(layer_id):
-        m = spec.moe
-        assert m is not None
-        # router: its input (or bf16 copy), float32 scores per expert, top-k ids and weights
+    return out
+
+
+def _moe_terms(
+    spec: ModelSpec, *, r: int, e: int, autocast: bool, hid: int, mats_in: int
+) -> list[ActTerm]:
+    """An MoE block's router, its routed copies and its shared expert."""
+    h = spec.hidden
+    m = spec.moe
+    assert m is not None
+    # router: its input (or bf16 copy), float32 scores per expert, top-k ids and weights
+    out = [
+        ActTerm(
+            name="moe_router",
+            bytes_per_token=(e * h if autocast else r * h) + 4 * m.num_experts + 16 * m.top_k + 4,
+            split="sp",
+        )
+    ]
+    # per routed copy: gathered input, the FFN interior, expert output and weighted output,
+    # the token index (int64) and routing weight (float32)
+    per_route = (
+        (mats_in * e * h if autocast else r * h) + hid * e * m.expert_ffn_hidden + 2 * e * h + 12
+    )
+    out.append(ActTerm(name="moe_routed", bytes_per_token=m.top_k * per_route, split="tp"))
+    if m.shared_hidden:
+        shared_in = mats_in * e * h if autocast else 0  # shares the router's input otherwise
         out.append(
             ActTerm(
-                name="moe_router",
-                bytes_per_token=(e * h if autocast else r * h)
-                + 4 * m.num_experts
-                + 16 * m.top_k
-                + 4,
-                split="sp",
+                name="moe_shared",
+                bytes_per_token=shared_in + hid * e * m.shared_hidden,
+                split="tp",
             )
-        )
-        # per routed copy: gathered input, the FFN interior, expert output and weighted output,
-        # the token index (int64) and routing weight (float32)
-        per_route = (
-            (mats_in * e * h if autocast else r * h)
-            + hid * e * m.expert_ffn_hidden
-            + 2 * e * h
-            + 12
-        )
-        out.append(ActTerm(name="moe_routed", bytes_per_token=m.top_k * per_route, split="tp"))
-        if m.shared_hidden:
-            shared_in = mats_in * e * h if autocast else 0  # shares the router's input otherwise
-            out.append(
-                ActTerm(
-                    name="moe_shared",
-                    bytes_per_token=shared_in + hid * e * m.shared_hidden,
-                    split="tp",
-                )
-            )
-    else:
-        out.append(sp_in("mlp_in", mats_in))
-        out.append(
-            ActTerm(name="mlp_hidden", bytes_per_token=hid * e * spec.ffn_hidden, split="tp")
         )
     return out
 

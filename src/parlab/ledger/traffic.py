@@ -156,20 +156,79 @@ def traffic(
     n = check_layout(
         spec, topo, strategy=strategy, shard_size=shard_size, virtual_stages=virtual_stages
     )
-    tp, pp, cp, ep, dp = topo.tp, topo.pp, topo.cp, topo.ep, topo.dp
-    m = microbatches
-    e = pol.compute_bytes
-    gb, pb = pol.grad_bytes, pol.param_bytes
-    gather_b = min(e, pb)
+    tp, pp, ep = topo.tp, topo.pp, topo.ep
     h = holding(spec, tp=tp, pp=pp, ep=ep, stage=stage, virtual=virtual_stages, v_shape=v_shape)
-    out: list[WireItem] = []
+    tokens = micro_batch * seq_len // topo.cp
+    r = _Rank(
+        spec=spec, topo=topo, n=n, m=microbatches, e=pol.compute_bytes, gb=pol.grad_bytes,
+        pb=pol.param_bytes, h=h, sp=sp, tokens=tokens, act=tokens * spec.hidden * pol.compute_bytes,
+        layer_ids=stage_layers(spec.layers, pp, stage, virtual_stages, v_shape=v_shape),
+        stage=stage, v_shape=v_shape, virtual_stages=virtual_stages,
+    )  # fmt: skip
+    w = _Wire()
+    if strategy == "ddp":
+        _ddp(w, r, bucket_bytes)
+    elif strategy in ("zero1", "zero2", "zero3"):
+        _zero(w, r, strategy)
+    else:  # fsdp, fsdp-hybrid
+        _fsdp(w, r, strategy, reshard_after_forward)
+    _tensor_parallel(w, r, loss_parallel)
+    _pipeline(w, r)
+    _context_parallel(w, r)
+    _expert_parallel(w, r)
+    return w.out
 
-    def add(coll: str, axis: str, group: int, sizes: list[tuple[int, int]], count: int, phase: str,
-            blocking: bool, source: str, note: str) -> None:  # fmt: skip
+
+@dataclass(frozen=True, kw_only=True)
+class _Rank:
+    """What the wire table of one rank is computed from."""
+
+    spec: ModelSpec
+    topo: Topology
+    n: int
+    """Ranks the dense parameters are sharded over (``check_layout``)."""
+    m: int
+    """Micro-batches per step."""
+    e: int
+    """Compute (activation) bytes per element."""
+    gb: int
+    """Gradient bytes per element."""
+    pb: int
+    """Parameter bytes per element."""
+    h: Any
+    """What the rank holds (``parlab.ledger.sharding.holding``)."""
+    sp: bool
+    tokens: int
+    """Tokens of one micro-batch on the rank (its context-parallel share)."""
+    act: int
+    """Bytes of one micro-batch's b s h activations."""
+    layer_ids: list[int]
+    stage: int
+    v_shape: bool
+    virtual_stages: int
+
+    @property
+    def gather_b(self) -> int:
+        """Bytes per element of a parameter gather (the compute dtype where it is narrower)."""
+        return min(self.e, self.pb)
+
+    def units(self, expert: bool) -> list[tuple[Any, int]]:
+        """(unit, how many alike) of the rank's routed-expert units or of the others."""
+        return [(u, c) for u, c in self.h.groups if u.expert == expert]
+
+
+class _Wire:
+    """The wire table being built: ``add`` appends one item per distinct payload."""
+
+    def __init__(self) -> None:
+        self.out: list[WireItem] = []
+
+    def add(self, coll: str, axis: str, group: int, sizes: list[tuple[int, int]], count: int,
+            phase: str, blocking: bool, source: str, note: str) -> None:  # fmt: skip
         if group <= 1 or count <= 0:
             return
         for size, c in _by_size(sizes):
-            out.append(
+            self.out.append(
                 WireItem(
                     collective=coll, axis=axis, group_size=group, payload_bytes=size,
                     count_per_step=c * count, phase=phase, blocking=blocking, source=source,
@@ -177,121 +236,141 @@ def traffic(
                 )
             )  # fmt: skip
 
-    # ---- data parallel --------------------------------------------------------------------
-    # sizes are (payload, how many units) pairs; identical blocks are counted once
-    ne = max(1, n // ep)
-    dense_units = [(u, c) for u, c in h.groups if not u.expert]
-    exp_units = [(u, c) for u, c in h.groups if u.expert]
-    if strategy == "ddp":
-        for expert, axis, group in ((False, "dp", dp), (True, "edp", dp // ep)):
-            grads = _backward_grad_bytes(h, expert=expert, grad_bytes=gb)
-            if grads:
-                buckets = gradient_buckets(grads, bucket_bytes)  # torch never splits a gradient
-                sizes = [(sum(grads[i] for i in b), 1) for b in buckets]
-                add("all-reduce", axis, group, sizes, 1, "backward", False, "ddp",
-                    "gradient buckets, averaged; once per step (no_sync while accumulating)")  # fmt: skip
-    elif strategy in ("zero1", "zero2", "zero3"):
-        for units, axis, group in ((dense_units, "dp", n), (exp_units, "edp", ne)):
-            padded = [(flat_shard_numel(u.numel, group) * group, c) for u, c in units]
-            grads = [(p * gb, c) for p, c in padded]
-            if strategy == "zero1":
-                add("reduce-scatter", axis, group, grads, 1, "after-backward",
-                    True, "zero1", "each unit's padded flat gradients, once per step")  # fmt: skip
-            else:
-                add("reduce-scatter", axis, group, grads, m, "backward", False,
-                    strategy, "each unit's padded flat gradients as soon as they are ready")  # fmt: skip
-            if strategy == "zero3":
-                gathered = [(p * gather_b, c) for p, c in padded]
-                add("all-gather", axis, group, gathered, m, "forward", True,
-                    "zero3", "each unit's params before its forward (gather dtype)")  # fmt: skip
-                add("all-gather", axis, group, gathered, m, "backward", True,
-                    "zero3", "each unit's params again before its backward")  # fmt: skip
-            else:
-                add("all-gather", axis, group, [(p * pb, c) for p, c in padded], 1,
-                    "optimizer-step", True, strategy,
-                    "each unit's updated padded flat params after the step")  # fmt: skip
-    else:  # fsdp, fsdp-hybrid
-        axis = "dp_shard" if strategy == "fsdp-hybrid" else "dp"
-        plan = (
-            (dense_units, axis, n, dp // n, "dp_replicate"),
-            (exp_units, "edp", ne, dp // ep // ne, "edp"),
-        )
-        for units, ax, group, replicas, rep_axis in plan:
-            root, blocks = [], []
-            for us, c in units:
-                u = unit_dim0_numel(us.shapes, group) * group
-                (root if us.name in ("embeddings", "head") else blocks).append((u, c))
-            # under PP without resharding, torch's pipelining keeps the parameters gathered
-            # and the gradients unreduced across the step's micro-batches: once a step
-            k = 1 if pp > 1 and not reshard_after_forward else m
-            add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], k,
-                "forward", True, "fsdp",
-                "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
-            if reshard_after_forward:
-                add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m,
-                    "backward", True, "fsdp",
-                    "each block's params again before its backward (root kept)")  # fmt: skip
-            add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], k,
-                "backward", False, "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
-            if strategy == "fsdp-hybrid" and replicas > 1:
-                add("all-reduce", rep_axis, replicas,
-                    [(u // group * gb, c) for u, c in blocks + root], m, "backward", False,
-                    "fsdp-hybrid", "each unit's gradient shard across the replica groups")  # fmt: skip
 
-    # ---- tensor parallel --------------------------------------------------------------------
-    tokens = micro_batch * seq_len // cp
-    layer_ids = stage_layers(spec.layers, pp, stage, virtual_stages, v_shape=v_shape)
-    first, last = stage == 0, stage == (0 if v_shape else pp - 1)
-    act = tokens * spec.hidden * e
-    nl = len(layer_ids)
-    if tp > 1:
-        if sp:
-            for phase in ("forward", "backward"):
-                add("all-gather", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
-                    "sequence-parallel: gather b s h before attention and MLP")  # fmt: skip
-                add("reduce-scatter", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
-                    "sequence-parallel: scatter b s h after attention and MLP")  # fmt: skip
+# ---- data parallel ------------------------------------------------------------------------
+# sizes are (payload, how many units) pairs; identical blocks are counted once
+
+
+def _ddp(w: _Wire, r: _Rank, bucket_bytes: int) -> None:
+    dp, ep = r.topo.dp, r.topo.ep
+    for expert, axis, group in ((False, "dp", dp), (True, "edp", dp // ep)):
+        grads = _backward_grad_bytes(r.h, expert=expert, grad_bytes=r.gb)
+        if grads:
+            buckets = gradient_buckets(grads, bucket_bytes)  # torch never splits a gradient
+            sizes = [(sum(grads[i] for i in b), 1) for b in buckets]
+            w.add("all-reduce", axis, group, sizes, 1, "backward", False, "ddp",
+                  "gradient buckets, averaged; once per step (no_sync while accumulating)")  # fmt: skip
+
+
+def _zero(w: _Wire, r: _Rank, strategy: str) -> None:
+    ne = max(1, r.n // r.topo.ep)
+    for units, axis, group in ((r.units(False), "dp", r.n), (r.units(True), "edp", ne)):
+        padded = [(flat_shard_numel(u.numel, group) * group, c) for u, c in units]
+        grads = [(p * r.gb, c) for p, c in padded]
+        if strategy == "zero1":
+            w.add("reduce-scatter", axis, group, grads, 1, "after-backward",
+                  True, "zero1", "each unit's padded flat gradients, once per step")  # fmt: skip
         else:
-            add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "forward", True, "tp",
-                "sum of b s h partial outputs after attention (wo) and MLP (w2)")  # fmt: skip
-            add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "backward", True, "tp",
-                "sum of b s h input gradients of attention and MLP")  # fmt: skip
-        if first:
-            add("all-reduce", "tp", tp, [(act, 1)], m, "forward", True, "tp",
-                "vocab-parallel embedding output")  # fmt: skip
-        if last and not loss_parallel:
-            add("all-gather", "tp", tp, [(tokens * spec.vocab_size * e, 1)], m, "forward", True, "tp",
-                "column-parallel output: gather the logits")  # fmt: skip
-    # ---- pipeline ---------------------------------------------------------------------------
-    if pp > 1:
-        msg = act // (tp if sp else 1)
-        # the V sends on from chunk k (not the tip's, on the rank) and 2p - 1 - k (not the last)
-        sends = int(stage < pp - 1) + int(stage > 0) if v_shape else virtual_stages
-        add("send-recv", "pp", pp, [(msg, 1)], m * sends, "forward", True, "pp",
-            "one micro-batch's activations to the next stage")  # fmt: skip
-        add("send-recv", "pp", pp, [(msg, 1)], m * sends, "backward", True, "pp",
-            "their gradient back to the previous stage")  # fmt: skip
-    # ---- context parallel -------------------------------------------------------------------
-    if cp > 1:
-        if spec.mla is not None:
-            kv_local = spec.heads * (spec.mla.qk_head_dim + spec.mla.v_head_dim) // tp
+            w.add("reduce-scatter", axis, group, grads, r.m, "backward", False,
+                  strategy, "each unit's padded flat gradients as soon as they are ready")  # fmt: skip
+        if strategy == "zero3":
+            gathered = [(p * r.gather_b, c) for p, c in padded]
+            w.add("all-gather", axis, group, gathered, r.m, "forward", True,
+                  "zero3", "each unit's params before its forward (gather dtype)")  # fmt: skip
+            w.add("all-gather", axis, group, gathered, r.m, "backward", True,
+                  "zero3", "each unit's params again before its backward")  # fmt: skip
         else:
-            kv_local = 2 * max(1, spec.n_kv_heads // tp) * spec.d_head
-        chunk = tokens * kv_local
-        add("send-recv", "cp", cp, [(chunk * e, 1)], nl * m * (cp - 1), "forward", True, "cp",
-            "ring attention: pass the local K and V chunk on")  # fmt: skip
-        add("send-recv", "cp", cp, [(chunk * e, 1)], nl * m * (cp - 1), "backward", True, "cp",
-            "ring attention backward: K and V chunk again")  # fmt: skip
-        add("send-recv", "cp", cp, [(chunk * 4, 1)], nl * m * (cp - 1), "backward", True, "cp",
-            "ring attention backward: dK and dV accumulators (float32)")  # fmt: skip
-    # ---- expert parallel --------------------------------------------------------------------
-    if ep > 1 and spec.moe is not None:
-        moe_layers = sum(spec.is_moe_layer(i) for i in layer_ids)
-        a2a = tokens * spec.moe.top_k * spec.hidden * e // (tp if sp else 1)
+            w.add("all-gather", axis, group, [(p * r.pb, c) for p, c in padded], 1,
+                  "optimizer-step", True, strategy,
+                  "each unit's updated padded flat params after the step")  # fmt: skip
+
+
+def _fsdp(w: _Wire, r: _Rank, strategy: str, reshard_after_forward: bool) -> None:
+    dp, ep, pp, n, m = r.topo.dp, r.topo.ep, r.topo.pp, r.n, r.m
+    ne = max(1, n // ep)
+    axis = "dp_shard" if strategy == "fsdp-hybrid" else "dp"
+    plan = (
+        (r.units(False), axis, n, dp // n, "dp_replicate"),
+        (r.units(True), "edp", ne, dp // ep // ne, "edp"),
+    )
+    gather_b, gb = r.gather_b, r.gb
+    for units, ax, group, replicas, rep_axis in plan:
+        root, blocks = [], []
+        for us, c in units:
+            u = unit_dim0_numel(us.shapes, group) * group
+            (root if us.name in ("embeddings", "head") else blocks).append((u, c))
+        # under PP without resharding, torch's pipelining keeps the parameters gathered
+        # and the gradients unreduced across the step's micro-batches: once a step
+        k = 1 if pp > 1 and not reshard_after_forward else m
+        w.add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks + root], k,
+              "forward", True, "fsdp",
+              "each unit's params before its forward (prefetch overlaps the next)")  # fmt: skip
+        if reshard_after_forward:
+            w.add("all-gather", ax, group, [(u * gather_b, c) for u, c in blocks], m,
+                  "backward", True, "fsdp",
+                  "each block's params again before its backward (root kept)")  # fmt: skip
+        w.add("reduce-scatter", ax, group, [(u * gb, c) for u, c in blocks + root], k,
+              "backward", False, "fsdp", "each unit's gradients, averaged (reduce dtype)")  # fmt: skip
+        if strategy == "fsdp-hybrid" and replicas > 1:
+            w.add("all-reduce", rep_axis, replicas,
+                  [(u // group * gb, c) for u, c in blocks + root], m, "backward", False,
+                  "fsdp-hybrid", "each unit's gradient shard across the replica groups")  # fmt: skip
+
+
+def _tensor_parallel(w: _Wire, r: _Rank, loss_parallel: bool) -> None:
+    tp, pp, m, act, nl = r.topo.tp, r.topo.pp, r.m, r.act, len(r.layer_ids)
+    if tp <= 1:
+        return
+    first, last = r.stage == 0, r.stage == (0 if r.v_shape else pp - 1)
+    if r.sp:
         for phase in ("forward", "backward"):
-            add("all-to-all", "ep", ep, [(a2a, 1)], 2 * moe_layers * m, phase, True, "ep",
-                "dispatch tokens to their experts and combine the results")  # fmt: skip
-    return out
+            w.add("all-gather", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
+                  "sequence-parallel: gather b s h before attention and MLP")  # fmt: skip
+            w.add("reduce-scatter", "tp", tp, [(act, 1)], 2 * nl * m, phase, True, "tp",
+                  "sequence-parallel: scatter b s h after attention and MLP")  # fmt: skip
+    else:
+        w.add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "forward", True, "tp",
+              "sum of b s h partial outputs after attention (wo) and MLP (w2)")  # fmt: skip
+        w.add("all-reduce", "tp", tp, [(act, 1)], 2 * nl * m, "backward", True, "tp",
+              "sum of b s h input gradients of attention and MLP")  # fmt: skip
+    if first:
+        w.add("all-reduce", "tp", tp, [(act, 1)], m, "forward", True, "tp",
+              "vocab-parallel embedding output")  # fmt: skip
+    if last and not loss_parallel:
+        w.add("all-gather", "tp", tp, [(r.tokens * r.spec.vocab_size * r.e, 1)], m, "forward",
+              True, "tp", "column-parallel output: gather the logits")  # fmt: skip
+
+
+def _pipeline(w: _Wire, r: _Rank) -> None:
+    pp, stage = r.topo.pp, r.stage
+    if pp <= 1:
+        return
+    msg = r.act // (r.topo.tp if r.sp else 1)
+    # the V sends on from chunk k (not the tip's, on the rank) and 2p - 1 - k (not the last)
+    sends = int(stage < pp - 1) + int(stage > 0) if r.v_shape else r.virtual_stages
+    w.add("send-recv", "pp", pp, [(msg, 1)], r.m * sends, "forward", True, "pp",
+          "one micro-batch's activations to the next stage")  # fmt: skip
+    w.add("send-recv", "pp", pp, [(msg, 1)], r.m * sends, "backward", True, "pp",
+          "their gradient back to the previous stage")  # fmt: skip
+
+
+def _context_parallel(w: _Wire, r: _Rank) -> None:
+    spec, cp, tp = r.spec, r.topo.cp, r.topo.tp
+    if cp <= 1:
+        return
+    if spec.mla is not None:
+        kv_local = spec.heads * (spec.mla.qk_head_dim + spec.mla.v_head_dim) // tp
+    else:
+        kv_local = 2 * max(1, spec.n_kv_heads // tp) * spec.d_head
+    chunk = r.tokens * kv_local
+    calls = len(r.layer_ids) * r.m * (cp - 1)
+    w.add("send-recv", "cp", cp, [(chunk * r.e, 1)], calls, "forward", True, "cp",
+          "ring attention: pass the local K and V chunk on")  # fmt: skip
+    w.add("send-recv", "cp", cp, [(chunk * r.e, 1)], calls, "backward", True, "cp",
+          "ring attention backward: K and V chunk again")  # fmt: skip
+    w.add("send-recv", "cp", cp, [(chunk * 4, 1)], calls, "backward", True, "cp",
+          "ring attention backward: dK and dV accumulators (float32)")  # fmt: skip
+
+
+def _expert_parallel(w: _Wire, r: _Rank) -> None:
+    spec, ep = r.spec, r.topo.ep
+    if ep <= 1 or spec.moe is None:
+        return
+    moe_layers = sum(spec.is_moe_layer(i) for i in r.layer_ids)
+    a2a = r.tokens * spec.moe.top_k * spec.hidden * r.e // (r.topo.tp if r.sp else 1)
+    for phase in ("forward", "backward"):
+        w.add("all-to-all", "ep", ep, [(a2a, 1)], 2 * moe_layers * r.m, phase, True, "ep",
+              "dispatch tokens to their experts and combine the results")  # fmt: skip
 
 
 def summarize(items: list[WireItem]) -> dict[str, int]:

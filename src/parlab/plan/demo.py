@@ -29,9 +29,10 @@ def plan_decide_step(results: Path, console: Any) -> None:
     from parlab.models import get_spec
     from parlab.plan.decide import decide, eligible_projects
     from parlab.plan.document import plan_document, write_plan
-    from parlab.plan.estimate import assumed_throughput
-    from parlab.plan.planner import DEFAULT_MFU, PlanRequest, plan
+    from parlab.plan.planner import DEFAULT_MFU, plan
+    from parlab.plan.request import PlanRequest
     from parlab.plan.space import make_cluster
+    from parlab.plan.throughput import assumed_throughput
 
     model, gb, seq = DEMO_WORKLOAD
     cluster = make_cluster(gpus=DEMO_CLUSTER, gpus_per_node=2)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from parlab.contract import Decision, Document, Metric, new_run_id, now_iso, write_result
-from parlab.plan.estimate import Throughput
-from parlab.plan.planner import PlanResult, Verdict
+from parlab.plan.request import PlanResult, Verdict
 from parlab.plan.summary import Summary
+from parlab.plan.throughput import Throughput
 
 EXAMPLES_PER_KIND = 5
 GIB = 2**30
@@ -155,7 +156,32 @@ def plan_document(
     band and ties (``parlab.plan.summary``), ``checked`` the layout the user asked about."""
     req = result.request
     top = result.top
-    world = req.cluster.count
+    reason, layout = _choice(result)
+    return Document(
+        run_id=new_run_id(f"plan-{req.spec.name}"),
+        created=now_iso(),
+        project=project or project_for(result),
+        task="T6",
+        role="decision",
+        evidence_level="analytic",
+        command=command,
+        environment=environment,
+        workload=_workload(result, summary, checked),
+        layout=layout,
+        metrics=_metrics(result, summary),
+        decision=Decision(
+            chosen=top.cand.name if top else None,
+            rejected=_rejected(result),
+            rests_on=list(rests_on or []),
+            reason=reason,
+        ),
+        notes=_notes(result),
+    )
+
+
+def _metrics(result: PlanResult, summary: Summary | None) -> dict[str, Metric]:
+    """The search's counts, the top choice's predictions and the training budget's cost."""
+    top = result.top
     metrics: dict[str, Metric] = {
         "candidates_total": Metric(value=len(result.ranked) + len(result.rejected), unit="count"),
         "candidates_admitted": Metric(value=len(result.ranked), unit="count"),
@@ -165,7 +191,6 @@ def plan_document(
     }
     for kind, n in sorted(result.rejected_by_kind().items()):
         metrics[f"rejected.{kind}"] = Metric(value=n, unit="count")
-    rejected: list[dict[str, str]] = []
     if top is not None:
         e = top.estimate
         assert e is not None
@@ -181,6 +206,21 @@ def plan_document(
                 "bubble_time": Metric(value=e.bubble_s, unit="s"),
             }
         )
+    if summary is not None and summary.cost is not None:
+        for k, v in summary.cost.to_json().items():
+            if v is not None:
+                unit = {"time_to_train_s": "s", "gpu_hours": "GPU-h", "cost": "currency",
+                        "energy_kwh": "kWh"}[k]  # fmt: skip
+                metrics[k] = Metric(value=v, unit=unit)
+    return metrics
+
+
+def _rejected(result: PlanResult) -> list[dict[str, str]]:
+    """``decision.rejected``: the next admitted candidates (``slower``), then up to
+    ``EXAMPLES_PER_KIND`` rejected candidates of each kind."""
+    top = result.top
+    rejected: list[dict[str, str]] = []
+    if top is not None:
         for v in result.ranked[1 : 1 + NEXT_ADMITTED]:
             assert v.tokens_per_s_per_gpu is not None and top.tokens_per_s_per_gpu
             rel = v.tokens_per_s_per_gpu / top.tokens_per_s_per_gpu - 1
@@ -197,30 +237,66 @@ def plan_document(
         if seen.get(v.kind, 0) < EXAMPLES_PER_KIND:
             seen[v.kind] = seen.get(v.kind, 0) + 1
             rejected.append({"candidate": v.cand.name, "kind": v.kind, "reason": v.reason})
-    if summary is not None and summary.cost is not None:
-        for k, v in summary.cost.to_json().items():
-            if v is not None:
-                unit = {"time_to_train_s": "s", "gpu_hours": "GPU-h", "cost": "currency",
-                        "energy_kwh": "kWh"}[k]  # fmt: skip
-                metrics[k] = Metric(value=v, unit=unit)
-    if top is not None:
-        reason = (
-            f"highest predicted tokens/s per GPU of {len(result.ranked)} admitted candidates "
-            f"({len(result.rejected)} rejected): {top.tokens_per_s_per_gpu:,.0f} tokens/s, "
-            f"MFU {100 * (top.mfu or 0):.1f} %, peak {top.peak_bytes / GIB:.1f} GiB "  # type: ignore[operator]
-            f"of {req.usable_memory / GIB:.1f} GiB"
-        )
-        layout = {
-            "world_size": world,
-            "mesh": top.cand.degrees,
-            "strategy": top.cand.strategy,
-            "knobs": top.cand.to_json(),
-        }
-    else:
+    return rejected
+
+
+def _choice(result: PlanResult) -> tuple[str, dict[str, Any]]:
+    """(the decision's reason, the document's layout): the top choice's, or none admitted."""
+    req = result.request
+    top = result.top
+    world = req.cluster.count
+    if top is None:
         reason = f"no candidate is admitted: all {len(result.rejected)} rejected"
-        layout = {"world_size": world, "strategy": None}
+        return reason, {"world_size": world, "strategy": None}
+    reason = (
+        f"highest predicted tokens/s per GPU of {len(result.ranked)} admitted candidates "
+        f"({len(result.rejected)} rejected): {top.tokens_per_s_per_gpu:,.0f} tokens/s, "
+        f"MFU {100 * (top.mfu or 0):.1f} %, peak {top.peak_bytes / GIB:.1f} GiB "  # type: ignore[operator]
+        f"of {req.usable_memory / GIB:.1f} GiB"
+    )
+    layout = {
+        "world_size": world,
+        "mesh": top.cand.degrees,
+        "strategy": top.cand.strategy,
+        "knobs": top.cand.to_json(),
+    }
+    return reason, layout
+
+
+def _workload(
+    result: PlanResult, summary: Summary | None, checked: Verdict | None
+) -> dict[str, Any]:
+    """What was planned: the request, the space searched, the top and Pareto candidates."""
+    req = result.request
+    return {
+        "kind": "plan",
+        "model": req.spec.to_json(),
+        "global_batch": req.global_batch,
+        "seq": req.seq,
+        "cluster": req.cluster.to_json(),
+        "compute": _compute_json(result),
+        "dtype": req.dtype,
+        "optimizer": req.optimizer,
+        "overlap": req.overlap,
+        "memory_reserve": req.memory_reserve,
+        "max_exposed_comm": req.max_exposed_comm,
+        "space": {
+            "micro_batches": list(req.micro_batches),
+            "strategies": list(req.strategies),
+            "recompute": list(req.recompute),
+            "schedules": list(req.schedules),
+        },
+        "ranked_top": [v.to_json() for v in result.ranked[:10]],
+        "pareto": [v.to_json() for v in result.pareto[:20]],
+        "summary": None if summary is None else summary.to_json(),
+        "checked_layout": None if checked is None else checked.to_json(),
+    }
+
+
+def _notes(result: PlanResult) -> list[str]:
+    """The plan's assumptions, then how the search went and what the document lists."""
     counts = ", ".join(f"{k} {n}" for k, n in sorted(result.rejected_by_kind().items()))
-    notes = [
+    return [
         *result.notes,
         f"searched {len(result.ranked) + len(result.rejected)} candidates in "
         f"{result.elapsed_s:.2f} s ({result.ledger_calls} ledger calls); rejected: "
@@ -228,48 +304,6 @@ def plan_document(
         f"decision.rejected lists the next {NEXT_ADMITTED} admitted candidates and up to "
         f"{EXAMPLES_PER_KIND} examples of each rejection kind; the candidates artifact has all",
     ]
-    return Document(
-        run_id=new_run_id(f"plan-{req.spec.name}"),
-        created=now_iso(),
-        project=project or project_for(result),
-        task="T6",
-        role="decision",
-        evidence_level="analytic",
-        command=command,
-        environment=environment,
-        workload={
-            "kind": "plan",
-            "model": req.spec.to_json(),
-            "global_batch": req.global_batch,
-            "seq": req.seq,
-            "cluster": req.cluster.to_json(),
-            "compute": _compute_json(result),
-            "dtype": req.dtype,
-            "optimizer": req.optimizer,
-            "overlap": req.overlap,
-            "memory_reserve": req.memory_reserve,
-            "max_exposed_comm": req.max_exposed_comm,
-            "space": {
-                "micro_batches": list(req.micro_batches),
-                "strategies": list(req.strategies),
-                "recompute": list(req.recompute),
-                "schedules": list(req.schedules),
-            },
-            "ranked_top": [v.to_json() for v in result.ranked[:10]],
-            "pareto": [v.to_json() for v in result.pareto[:20]],
-            "summary": None if summary is None else summary.to_json(),
-            "checked_layout": None if checked is None else checked.to_json(),
-        },
-        layout=layout,
-        metrics=metrics,
-        decision=Decision(
-            chosen=top.cand.name if top else None,
-            rejected=rejected,
-            rests_on=list(rests_on or []),
-            reason=reason,
-        ),
-        notes=notes,
-    )
 
 
 def _compute_json(result: PlanResult) -> dict[str, Any]:
@@ -291,6 +325,4 @@ def write_plan(doc: Document, result: PlanResult, results: Path) -> Path:
     if result.ranked:
         pareto_png(result, folder / "pareto.png")
         artifacts["pareto"] = f"{doc.run_id}/pareto.png"
-    from dataclasses import replace
-
     return write_result(replace(doc, artifacts=artifacts), results)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.plan.cost import Budget, Cost, cost_of, duration
-from parlab.plan.estimate import Throughput
-from parlab.plan.planner import PlanResult, Verdict
 from parlab.plan.precision import Band, band_for, nodes_crossed, overlaps, simplicity
+from parlab.plan.request import PlanResult, Verdict
+from parlab.plan.throughput import Throughput
 
 TIES_SHOWN = 5
 GIB = 2**30

@@ -1,12 +1,12 @@
 """Fit the roofline's efficiencies on measured training documents, in stated steps.
 
 A measured run (a ``real-training`` document of PAR-TRAINING-STATE or PAR-MODEL-INTERNAL)
-is rebuilt as a planner request (``run_request``: its model, batch, sequence, layout,
-dtype policy, implementation and cluster) and predicted by ``parlab.plan.planner.evaluate``
-under a ``Roofline``. ``fit_steps`` fits the efficiencies one step at a time, each on the
-runs its selector picks, with the earlier steps' values held (``parlab.plan.roofline.
-fit_roofline``; three rounds, because exposed communication depends on compute). The steps
-the lab uses (``LAB_STEPS``):
+is rebuilt as a planner request (``parlab.plan.fit.requests.run_request``: its model, batch,
+sequence, layout, dtype policy, implementation and cluster) and predicted by
+``parlab.plan.admission.evaluate`` under a ``Roofline``. ``fit_steps`` fits the efficiencies
+one step at a time, each on the runs its selector picks, with the earlier steps' values held
+(``parlab.plan.fit.efficiencies.fit_roofline``; three rounds, because exposed communication
+depends on compute). The steps the lab uses (``LAB_STEPS``):
 
 1. ``gemm``, ``attention``, ``memory``: the one-GPU model-internal runs of the 1.3B (no
    communication, no bubble): short sequences (GEMM-heavy), 32k sequences (attention-heavy),
@@ -30,50 +30,33 @@ Nothing here crosses a wire or imports torch.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from parlab.dtypes import RECIPES, document_dtype
+from parlab.comm.calibration import load_calibration
+from parlab.contract import read_results
 from parlab.errors import UsageError
-from parlab.plan.estimate import StepEstimate, Throughput
-from parlab.plan.fit.efficiencies import FitRow, fit_roofline
-from parlab.plan.fit.runs import implementation_of, knobs, model_name, recompute_of
-from parlab.plan.roofline import Implementation, Roofline
-
-_STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
-
-
-def group_of(doc: Any) -> str:
-    """Runs that repeat one configuration: the run id without its time stamp, the ranks and the
-    shape of a rank's batch (``n2-mb2x4096``: one run name covers several), and the knobs that
-    change the work (implementation, recompute, resharding, bf16 master weights) or where it
-    runs (the ranks' NUMA binding, garbage collection by hand)."""
-    k = knobs(doc)
-    impl = implementation_of(doc)
-    w = doc.workload or {}
-    world = (doc.layout or {}).get("world_size")
-    mb, seq = w.get("micro_batch"), w.get("seq") or w.get("seq_len")
-    parts = [
-        _STAMP.sub("", doc.run_id),
-        f"n{world}-mb{mb}x{seq}" if world and mb and seq else "",
-        impl.norm_kernel,
-        str(k.get("recompute") or "none"),
-        "keep" if k.get("reshard_after_forward") is False else "",
-        # parlab's ZeRO-1/2 with bf16 parameters and fp32 master shards: other work
-        "bf16-master" if k.get("dtype") == "bf16-master" else "",
-        "sp-per-linear" if impl.sp_gather == "per-linear" else "",
-        f"numa-{k['numa_binding']}" if k.get("numa_binding") else "",
-        f"gc-{k['manual_gc']}" if k.get("manual_gc") else "",
-    ]
-    return "/".join(p for p in parts if p)
-
-
-def is_dtensor_tp(doc: Any) -> bool:
-    """torch's DTensor tensor parallelism (``implementation: torch`` at tp > 1)."""
-    mesh = (doc.layout or {}).get("mesh") or {}
-    return knobs(doc).get("implementation") == "torch" and int(mesh.get("tp", 1)) > 1
+from parlab.models import get_spec
+from parlab.plan.admission import evaluate
+from parlab.plan.estimate import StepEstimate
+from parlab.plan.fit.efficiencies import UNIT, FitRow, fit_roofline
+from parlab.plan.fit.lab import LabCompute
+from parlab.plan.fit.paramwork import param_work_calibration
+from parlab.plan.fit.requests import run_request
+from parlab.plan.fit.runs import (
+    gpu_name,
+    implementation_of,
+    is_dtensor_tp,
+    knobs,
+    model_name,
+    recompute_of,
+)
+from parlab.plan.fit.shape_probe import gemm_shape_calibration
+from parlab.plan.fit.shapes import same_gpu, shape_factor, shaped_roofline
+from parlab.plan.pricing import candidate_work
+from parlab.plan.roofline import Roofline
 
 
 def unmodelled(doc: Any, *, shapes: Any = None, roofline: Any = None) -> str:
@@ -99,14 +82,10 @@ def unmodelled(doc: Any, *, shapes: Any = None, roofline: Any = None) -> str:
             "host cost of its dispatch mode not modelled"
         )
     try:
-        from parlab.models import get_spec
-
         spec = get_spec(name)
     except ValueError:
         return ""
     if spec.vocab_size % 64:
-        from parlab.plan.fit.shapes import shape_factor
-
         if roofline is not None and shape_factor(doc, roofline, shapes) is not None:
             return ""
         return (
@@ -116,112 +95,6 @@ def unmodelled(doc: Any, *, shapes: Any = None, roofline: Any = None) -> str:
     return ""
 
 
-def run_request(
-    doc: Any,
-    *,
-    roofline: Roofline | None = None,
-    mfu: float = 0.40,
-    calibration: Any = None,
-) -> tuple[Any, Any, bool] | None:
-    """(request, candidate, sequence parallel) reproducing one training run from its document
-    (``request_of`` on what the document records), or None when it lacks the model, sequence,
-    batch or GPU."""
-    w, lay = doc.workload, doc.layout
-    model = w.get("model")
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or []
-    if not model or not w.get("seq") or not w.get("global_batch") or not gpus:
-        return None
-    mesh = lay.get("mesh") or {}
-    world = int(lay["world_size"])
-    tp, pp, cp = int(mesh.get("tp", 1)), int(mesh.get("pp", 1)), int(mesh.get("cp", 1))
-    schedule = "-"
-    if pp > 1:
-        from parlab.ledger.activations import schedule_name
-
-        try:
-            schedule = schedule_name(str(lay.get("pp_schedule") or "1f1b").removesuffix("-torch"))
-        except ValueError:
-            return None
-    return request_of(
-        model=str(w.get("preset") or (model.get("name") if isinstance(model, dict) else model)),
-        gpu=str(gpus[0]["name"]), gpus_per_node=max(1, len(gpus)), world=world,
-        strategy=str(lay.get("strategy") or "ddp"),
-        mesh={"tp": tp, "pp": pp, "cp": cp, "dp": int(mesh.get("dp", world // (tp * pp * cp)))},
-        micro_batch=int(w.get("micro_batch") or 1), global_batch=int(w["global_batch"]),
-        seq=int(w["seq"]), dtype=document_dtype(doc), recompute=recompute_of(doc),
-        schedule=schedule, vpp=int(lay.get("vpp") or 1), impl=implementation_of(doc),
-        sp=bool(knobs(doc).get("sequence_parallel", tp > 1)), roofline=roofline, mfu=mfu,
-        calibration=calibration,
-    )  # fmt: skip
-
-
-def request_of(
-    *,
-    model: str,
-    gpu: str,
-    gpus_per_node: int,
-    world: int,
-    strategy: str,
-    mesh: dict[str, int],
-    micro_batch: int,
-    global_batch: int,
-    seq: int,
-    dtype: str | None,
-    recompute: str,
-    schedule: str = "-",
-    vpp: int = 1,
-    impl: Implementation | None = None,
-    sp: bool = False,
-    roofline: Roofline | None = None,
-    mfu: float = 0.40,
-    calibration: Any = None,
-) -> tuple[Any, Any, bool]:
-    """(request, candidate, sequence parallel) of one run's configuration -- what a document
-    records, or what ``parlab train`` is about to run -- the one place a run becomes a plan."""
-    from parlab.models import get_spec
-    from parlab.plan.fit.lab import LabCompute
-    from parlab.plan.planner import PlanRequest
-    from parlab.plan.space import Candidate, make_cluster
-
-    spec = get_spec(model)
-    cluster = make_cluster(
-        gpus=f"{world}x{gpu}", gpus_per_node=gpus_per_node, calibration=calibration
-    )
-    strategy = strategy.removesuffix("-naive").removeprefix("deepspeed-")  # the same sharding
-    if strategy not in ("zero1", "zero2", "zero3", "fsdp"):  # ddp forms; tp2/pp2/cp2 layouts
-        strategy = "ddp"
-    peak = cluster.gpu.peak("bf16") or 0.0
-    req = PlanRequest(
-        spec=spec,
-        cluster=cluster,
-        global_batch=global_batch,
-        seq=seq,
-        compute=(
-            Throughput(mfu=mfu, peak_flops=peak, source=f"MFU {mfu:.3f}", assumed=True)
-            if roofline is None
-            else LabCompute(roofline_fit=roofline)
-        ),
-        dtype=dtype if dtype in RECIPES else "bf16-compute",
-        optimizer="adamw-fused",
-        implementation=impl or Implementation(),
-    )
-    dp = mesh.get("dp", world // (mesh.get("tp", 1) * mesh.get("pp", 1) * mesh.get("cp", 1)))
-    cand = Candidate(
-        dp=dp,
-        tp=mesh.get("tp", 1),
-        pp=mesh.get("pp", 1),
-        cp=mesh.get("cp", 1),
-        ep=1,
-        strategy=strategy,
-        micro_batch=micro_batch,
-        microbatches=max(1, global_batch // (dp * micro_batch)),
-        recompute=recompute,
-        schedule=schedule,
-        vpp=vpp if schedule in ("interleaved", "zbv") else 1,  # zbv: the V, 2 chunks a rank
-    )
-    return req, cand, sp
-
-
 def predict(
     doc: Any, roofline: Roofline, *, calibration: Any = None, shapes: Any = None
 ) -> StepEstimate | None:
@@ -229,9 +102,6 @@ def predict(
     calibration ``shapes`` covering the run, its measured shape factor replaces the width law
     and its measured attention factor scales the attention term
     (``parlab.plan.fit.shapes.shaped_roofline``)."""
-    from parlab.plan.fit.shapes import shaped_roofline
-    from parlab.plan.planner import evaluate
-
     roofline = shaped_roofline(doc, roofline, shapes)
     made = run_request(doc, roofline=roofline, calibration=calibration)
     if made is None:
@@ -251,8 +121,6 @@ def fit_row(doc: Any, roofline: Roofline, *, calibration: Any = None) -> FitRow 
     measured = doc.metric("step_time")
     if est is None or not measured:
         return None
-    from parlab.plan.planner import candidate_work
-
     w = candidate_work(req, cand, sp=sp)
     return FitRow(
         work=w,
@@ -281,8 +149,6 @@ def _width(doc: Any) -> float:
     if isinstance(model, dict) and model.get("hidden"):
         hidden = float(model["hidden"])
     else:
-        from parlab.models import get_spec
-
         hidden = float(get_spec(str(doc.workload.get("preset") or model)).hidden)
     return hidden / int(mesh.get("tp", 1))
 
@@ -330,10 +196,6 @@ LAB_STEPS: tuple[Step, ...] = (
 def collectives_calibration(root: Any) -> Any:
     """The measured (``real-nccl``) alpha-beta calibration under ``root``/PAR-COLLECTIVES that
     fits the most ops, or None: the runs' intra-node links, as measured beside them."""
-    from pathlib import Path
-
-    from parlab.comm.calibration import load_calibration
-
     best = None
     for path in sorted((Path(root) / "PAR-COLLECTIVES").glob("collectives-calibration-*.json")):
         try:
@@ -361,7 +223,7 @@ def fit_steps(
     """
     if not docs:
         raise UsageError("no measured training run to fit the roofline on")
-    roof = Roofline(gemm=1.0, attention=1.0, ring_attention=1.0, memory=1.0)
+    roof = UNIT
     if param_work is not None:
         roof = replace(
             roof,
@@ -375,10 +237,7 @@ def fit_steps(
         chosen = [d for d in docs if step.select(d) and not unmodelled(d)]
         if not chosen:
             raise UsageError(f"no run to fit {', '.join(step.free)} on: needs {step.runs}")
-        names = {
-            str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
-            for d in chosen
-        }
+        names = {gpu_name(d) for d in chosen}
         if len(names) > 1:
             raise UsageError(
                 f"the runs to fit {', '.join(step.free)} on ran on {', '.join(sorted(names))}: "
@@ -417,10 +276,6 @@ def training_runs(root: Any) -> list[Any]:
     ``real-training`` documents of PAR-TRAINING-STATE and PAR-MODEL-INTERNAL with a step time
     (profiled runs left out -- ``profiled_run_id`` or the ``profiled`` knob: the profiler's
     overhead is in their step time). ``UsageError`` when ``root`` is not a folder."""
-    from pathlib import Path
-
-    from parlab.contract import read_results
-
     if not Path(root).is_dir():
         raise UsageError(f"{root} is not a results folder: give the folder the GPU runs wrote")
     entries, _ = read_results(Path(root))
@@ -440,8 +295,6 @@ def training_runs(root: Any) -> list[Any]:
 def lab_roofline(root: Any, *, calibration: Any = None) -> tuple[Roofline, list[str]]:
     """The roofline fitted by ``LAB_STEPS`` on the training runs under ``root``, and the run
     ids it rests on."""
-    from parlab.plan.fit.paramwork import param_work_calibration
-
     docs = training_runs(root)
     roof, used = fit_steps(docs, calibration=calibration, param_work=param_work_calibration(root))
     return roof, [rid for _, ids in used for rid in ids]
@@ -454,8 +307,6 @@ def step_prediction(doc: Any, root: Any) -> tuple[float, str] | None:
     calibration: the roofline fitted on ``root``'s training runs (``lab_roofline``) with the
     GEMM-shape probes' factors (``predict``). None where the roofline does not describe the run
     (another GPU, CPU ranks)."""
-    from parlab.plan.fit.shapes import gemm_shape_calibration
-
     cal = collectives_calibration(root)
     roof, used = lab_roofline(root, calibration=cal)
     est = predict(doc, roof, calibration=cal, shapes=gemm_shape_calibration(root))
@@ -470,18 +321,9 @@ def predict_planned(req: Any, cand: Any, *, sp: bool, root: Any) -> tuple[float,
     its config, before the run starts): the roofline fitted on ``root``'s training runs with the
     GEMM-shape probes' factors (``parlab.plan.fit.lab.LabCompute``), on the links of ``root``'s
     collectives calibration. None where the request's GPU has no runs under ``root``."""
-    from dataclasses import replace
-
-    from parlab.plan.fit.lab import LabCompute
-    from parlab.plan.fit.shapes import gemm_shape_calibration, same_gpu
-    from parlab.plan.planner import evaluate
-
     cal = collectives_calibration(root)
     runs = training_runs(root)
-    gpus = {
-        str((((d.environment or {}).get("hardware") or {}).get("gpus") or [{}])[0].get("name"))
-        for d in runs
-    }
+    gpus = {gpu_name(d) for d in runs}
     if not any(same_gpu(g, req.cluster.gpu.name) for g in gpus):
         return None
     roof, used = lab_roofline(root, calibration=cal)

@@ -41,6 +41,7 @@ from typing import Any
 from parlab import contract
 from parlab.hardware.catalog import lookup
 from parlab.plan.compute import FORMAT
+from parlab.plan.fit.runs import gpu_name
 
 T0_GRID = (1e5, 2e5, 3e5, 5e5, 7e5, 1e6, 1.5e6, 2e6, 3e6)
 K0_GRID = (0.0, 25.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0)
@@ -187,9 +188,11 @@ def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
     """Median measured / built-in step - 1 over the GPU-bound one-GPU runs (module docstring)."""
     from dataclasses import replace
 
+    from parlab.plan.admission import evaluate
     from parlab.plan.compute import BuiltinCompute, GpuEfficiency
-    from parlab.plan.fit.calibrate import implementation_of, run_request, training_runs
-    from parlab.plan.planner import evaluate
+    from parlab.plan.fit.calibrate import training_runs
+    from parlab.plan.fit.requests import run_request
+    from parlab.plan.fit.runs import implementation_of
 
     eff = GpuEfficiency(**{k: v for k, v in fig.items() if k != "rests_on"}, rests_on="fit")
     ratios = []
@@ -245,7 +248,7 @@ def fit_all(root: Path) -> dict[str, Any]:
         if spec.name in ("H200", "H100-SXM"):  # sustained, not the probe's short bursts
             fig["gemm_ceiling"] = min(fig["gemm_ceiling"], H100_GEMM_BEST)
         same = [d for d in work if d.workload["calibration"]["device"] == device]
-        nccl = [d for d in sweeps if _gpu(d) == device and d.layout.get("backend") == "nccl"]
+        nccl = [d for d in sweeps if gpu_name(d) == device and d.layout.get("backend") == "nccl"]
         fig["memory"] = _memory(same)
         fig["link"] = _link(nccl, spec.link_bw) if nccl else 0.0
         fig["contention"] = _contention(root)
@@ -280,11 +283,6 @@ def fit_all(root: Path) -> dict[str, Any]:
             "rests_on": "the A100-80GB's (the same die and clocks): " + a["rests_on"],
         }
     return {"format": FORMAT, "gpus": gpus}
-
-
-def _gpu(doc: Any) -> str:
-    gpus = ((doc.environment or {}).get("hardware") or {}).get("gpus") or [{}]
-    return str(gpus[0].get("name"))
 
 
 def _rounded(fig: dict[str, Any]) -> dict[str, Any]:

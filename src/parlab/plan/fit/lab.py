@@ -21,7 +21,7 @@ class LabCompute:
     roofline_fit: Roofline
     """The roofline fitted on the folder's runs (``parlab.plan.fit.calibrate.lab_roofline``)."""
     shapes: Any = None
-    """The folder's GEMM-shape calibration (``parlab.plan.fit.shapes.GemmShapes``), or None."""
+    """The folder's GEMM-shape calibration (``parlab.plan.fit.shape_probe.GemmShapes``), or None."""
     kind: str = "fitted"
     """Which error band its predictions carry."""
 

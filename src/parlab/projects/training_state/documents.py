@@ -22,7 +22,8 @@ from parlab.models import flops, get_spec
 from parlab.models.flops import training_flops_per_token
 from parlab.models.reference import norm_kernel
 from parlab.parallel.deepspeed import REDUCE_BUCKET, deepspeed_version, ds_config
-from parlab.plan.fit.calibrate import predict_planned, request_of
+from parlab.plan.fit.calibrate import predict_planned
+from parlab.plan.fit.requests import request_of
 from parlab.plan.roofline import Implementation
 from parlab.profile.capture import ENV_DIR as PROFILE_ENV_DIR
 from parlab.projects.training_state.config import (
@@ -348,7 +349,7 @@ def predict_step(
 ) -> tuple[Prediction | None, str]:
     """The step time the lab predicts for ``cfg`` before it runs, from the documents under
     ``root``: the plan request and candidate of its configuration
-    (``parlab.plan.fit.calibrate.request_of``) under the roofline fitted there
+    (``parlab.plan.fit.requests.request_of``) under the roofline fitted there
     (``predict_planned``), as ``benchmarks/plan_accuracy.py`` predicts a run; and a note.
     (None, why) where they do not describe the run."""
     gpus = (environment.get("hardware") or {}).get("gpus") or []
