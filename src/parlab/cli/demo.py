@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from parlab.cli.demo_plan import plan_decide_step, report_step
 from parlab.cli.fit import demo_step as fit_step
 from parlab.cli.profile import demo_step as profile_step
 from parlab.comm import ops
@@ -26,7 +27,6 @@ from parlab.contract import write_document
 from parlab.doctor.render import demo_step as doctor_step
 from parlab.errors import UsageError
 from parlab.hardware.precheck import run_precheck
-from parlab.plan.demo import plan_decide_step, report_step
 from parlab.projects import model_internal, moe, training_state
 from parlab.projects.serving import demo_step as serving_step
 from parlab.report.format import fmt_metric

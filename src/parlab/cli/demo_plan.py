@@ -3,8 +3,8 @@
 ``plan_decide_step`` plans the workload the lab's GPU evidence trains (the
 1.3B model, sequence 4096, micro-batch 2 on each of 2 GPUs: global batch 4;
 ``scripts/gpu/training.sh``) for the lab's GPU machine (2 x H200, one node)
-with an assumed MFU -- an ``analytic`` decision document a GPU run can be
-checked against -- then runs ``decide`` on every project the demo wrote two
+with the planner's built-in compute model (as ``parlab plan`` prices it) -- an
+``analytic`` decision document a GPU run can be checked against -- then runs ``decide`` on every project the demo wrote two
 or more runs for (the demo's own CPU runs: ``cpu-mechanism`` decisions). ``report_step`` renders the whole results
 folder and prints where the report is. Nothing crosses a wire here.
 """
@@ -13,6 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from parlab.contract import read_results
+from parlab.hardware.env import snapshot
+from parlab.models import get_spec
+from parlab.plan.compute import BuiltinCompute
+from parlab.plan.decide import decide, eligible_projects
+from parlab.plan.document import plan_document, write_plan
+from parlab.plan.planner import plan
+from parlab.plan.request import PlanRequest
+from parlab.plan.space import make_cluster
+from parlab.report import build_report
 
 DEMO_CLUSTER = "2xH200"
 """The lab's GPU machine: the cluster the demo plans for."""
@@ -24,24 +35,15 @@ DEMO_WORKLOAD = ("1.3b", 4, 4096)
 
 def plan_decide_step(results: Path, console: Any) -> None:
     """Plan the demo's workload on 2 x H200, then decide each project with runs to compare."""
-    from parlab.contract import read_results
-    from parlab.hardware.env import snapshot
-    from parlab.models import get_spec
-    from parlab.plan.decide import decide, eligible_projects
-    from parlab.plan.document import plan_document, write_plan
-    from parlab.plan.planner import DEFAULT_MFU, plan
-    from parlab.plan.request import PlanRequest
-    from parlab.plan.space import make_cluster
-    from parlab.plan.throughput import assumed_throughput
-
     model, gb, seq = DEMO_WORKLOAD
     cluster = make_cluster(gpus=DEMO_CLUSTER, gpus_per_node=2)
+    spec = get_spec(model)
     req = PlanRequest(
-        spec=get_spec(model),
+        spec=spec,
         cluster=cluster,
         global_batch=gb,
         seq=seq,
-        throughput=assumed_throughput(DEFAULT_MFU, cluster.gpu.peak("bf16"), cluster.gpu.name),
+        compute=BuiltinCompute(spec=spec, gpu=cluster.gpu),
     )
     result = plan(req)
     command = (
@@ -80,8 +82,6 @@ def plan_decide_step(results: Path, console: Any) -> None:
 
 def report_step(results: Path, console: Any) -> None:
     """Render the results folder; print the report's paths."""
-    from parlab.report import build_report
-
     out = build_report(results)
     console.print(
         f"report of {out.documents} document(s), {out.figures} figure(s): {out.html} "
