@@ -50,12 +50,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from parlab.ledger import Implementation
 from parlab.models import get_spec
 from parlab.models.spec import ModelSpec
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.estimate import Throughput
 from parlab.plan.planner import PlanRequest, Verdict, evaluate, plan
-from parlab.plan.roofline import PRODUCTION, Implementation
+from parlab.plan.roofline import PRODUCTION
 from parlab.plan.space import Candidate, make_cluster
 
 TARGET = 0.15

@@ -10,12 +10,11 @@ import pytest
 
 from parlab import contract
 from parlab.comm.model import collective_time, hierarchical_time
-from parlab.ledger import predict
+from parlab.ledger import Implementation, predict
 from parlab.ledger.traffic import traffic
 from parlab.models import get_spec
 from parlab.plan.estimate import Throughput, flops_per_token, item_time, measured_throughput
 from parlab.plan.planner import PlanRequest, PlanResult, Verdict, plan
-from parlab.plan.roofline import Implementation
 from parlab.plan.space import Candidate, make_cluster
 from parlab.topology import Topology
 from tests.test_decide import training_doc

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from parlab.errors import UsageError
+from parlab.ledger import Implementation
 from parlab.models.spec import ModelSpec
 from parlab.plan.fit import calibrate
 from parlab.plan.roofline import (
@@ -20,7 +21,6 @@ from parlab.plan.roofline import (
     ELEMENTWISE_FORWARD,
     FP32_STREAM_BYTES,
     FP32_STREAM_FORWARD,
-    Implementation,
     op_selective_bytes_per_token,
     sp_copy_bytes_per_token,
     work,
@@ -124,7 +124,7 @@ def test_per_linear_sp_copies_the_gathered_sequence_three_more_times_a_block() -
     assert (
         work(spec, sp=False, impl=old, **kw).elementwise_bytes == work(spec, **kw).elementwise_bytes
     )
-    with pytest.raises(UsageError, match="SP gather"):
+    with pytest.raises(UsageError, match="sp_gather"):
         Implementation(sp_gather="sometimes")
 
 

@@ -37,8 +37,7 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.layout import constraints, shape_of
-from parlab.ledger import predict
-from parlab.ledger.predict import models_compiled
+from parlab.ledger import Implementation, models_compiled, predict
 from parlab.ledger.sharding import chunk_sizes
 from parlab.ledger.traffic import traffic
 from parlab.models.spec import ModelSpec
@@ -51,7 +50,7 @@ from parlab.plan.estimate import (
     flops_per_token,
     mfu_parts,
 )
-from parlab.plan.roofline import PRODUCTION, Implementation, Work, work
+from parlab.plan.roofline import PRODUCTION, Work, work
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
     DEFAULT_SCHEDULES,
@@ -368,9 +367,9 @@ def _ledger_for(req: PlanRequest, cand: Candidate, topo: Topology, sp: bool) -> 
             virtual_stages=cand.vpp,
             sp=sp,
             reshard_after_forward=_reshards(cand),
-            norm_kernel=norm,
-            kv_repeat=impl.kv_repeat,
-            flash=impl.attention_kernel == "flash",
+            impl=Implementation(
+                norm_kernel=norm, kv_repeat=impl.kv_repeat, attention_kernel=impl.attention_kernel
+            ),
         )
 
     return call
@@ -515,7 +514,7 @@ def plan_notes(req: PlanRequest, top: Verdict | None) -> list[str]:
 def _fused_hint(ledger: Any, usable: float, optimizer: str, ledger_for: Any) -> str:
     """Where the foreach optimizer's temporaries are what puts the peak over: the same layout's
     ledger with the fused form of the optimizer, and its peak if that fits."""
-    from parlab.ledger.predict import OPTIMIZERS
+    from parlab.ledger import OPTIMIZERS
 
     temp = float(ledger.value("optimizer_temporaries"))
     fused = f"{optimizer}-fused"

@@ -45,18 +45,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab.errors import UsageError
+from parlab.ledger.implementation import Implementation
+from parlab.ledger.policy import dtype_policy
 from parlab.models.spec import ModelSpec
 
-NORM_KERNELS = ("fused", "explicit", "compiled")
-"""Implementations of the elementwise ops (``composite`` reads as ``explicit``)."""
-SP_GATHERS = ("shared", "per-linear")
-"""What parlab's sequence parallelism hands the column-parallel linears: one contiguous copy
-of the gathered sequence that they share (since commit 02e7fd8; documents record
-``sp_saved_input``), or a strided view that each linear copies (before it)."""
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 """Recompute modes ``work`` prices (the module docstring names them)."""
-ATTENTION_KERNELS = ("flash", "math")
-"""Attention core kernels: flash (causal half, never materialised) or materialised scores."""
 
 # Bytes moved per element, forward + backward, bf16 activations (2 B), float32 math where the
 # reference model upcasts. Counted op by op from parlab.models.reference:
@@ -207,41 +201,6 @@ class Roofline:
         return min(1.0, self.gemm * self.width_factor(width))
 
 
-@dataclass(frozen=True, kw_only=True)
-class Implementation:
-    """How the run's model and training loop are implemented (what its documents record)."""
-
-    norm_kernel: str = "fused"
-    """``fused``, ``explicit`` (or ``composite``) or ``compiled`` (``torch.compile``)."""
-    attention_kernel: str = "flash"
-    """``flash`` (causal half, never materialised) or ``math`` (materialised scores)."""
-    sp_gather: str = "shared"
-    """Sequence parallelism's gathered input to the linears (``SP_GATHERS``)."""
-    ddp_one_rank: bool = False
-    """torch DDP wraps the model on one data-parallel rank too (``parlab train --strategy ddp
-    --nproc 1``), with its bucket passes (``DDP_ACCUMULATE_BYTES``); else a ``ddp`` layout has
-    them only where it has more than one data-parallel rank."""
-    kv_repeat: bool = True
-    """Grouped-query attention repeats K and V to every query head before the kernel (parlab's
-    reference model); False: the kernel reads the KV heads as they are (flash attention's GQA,
-    Transformer Engine)."""
-
-    def __post_init__(self) -> None:
-        if self.norm_kernel == "composite":
-            object.__setattr__(self, "norm_kernel", "explicit")
-        if self.norm_kernel not in NORM_KERNELS:
-            raise UsageError(
-                f"norm kernel {self.norm_kernel!r}: use one of {', '.join(NORM_KERNELS)}"
-            )
-        if self.attention_kernel not in ATTENTION_KERNELS:
-            raise UsageError(
-                f"attention kernel {self.attention_kernel!r}: use one of "
-                f"{', '.join(ATTENTION_KERNELS)}"
-            )
-        if self.sp_gather not in SP_GATHERS:
-            raise UsageError(f"SP gather {self.sp_gather!r}: use one of {', '.join(SP_GATHERS)}")
-
-
 PRODUCTION = Implementation(norm_kernel="compiled", kv_repeat=False)
 """What production frameworks run (Megatron-LM with Transformer Engine, torchtitan with
 torch.compile): fused kernels that keep what a compiled block keeps (the norm's input and rstd,
@@ -356,6 +315,12 @@ class ComputeParts:
         return self.per_token_s * (1.0 - self.forward_fraction)
 
 
+def _kernel(impl: Implementation) -> str:
+    """The column of ``ELEMENTWISE`` for ``impl``'s norm kernel: torch's CPU decomposition
+    (``composite``) moves the bytes of the ``explicit`` ops."""
+    return "explicit" if impl.norm_kernel == "composite" else impl.norm_kernel
+
+
 def causal_attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
     """Training FLOPs per token of the causal attention core under a flash kernel:
     ``6 L H Q T``, half of PaLM's ``12 L H Q T`` (keys after the query are never computed)."""
@@ -375,7 +340,7 @@ def elementwise_bytes_per_token(
     """Bytes the elementwise ops of every block move per token, forward + backward, on one
     tensor-parallel rank (norms and residual adds are split only by sequence parallelism);
     ``fp32_stream``: autocast over float32 parameters (``FP32_STREAM_BYTES``)."""
-    t = ELEMENTWISE[impl.norm_kernel]
+    t = ELEMENTWISE[_kernel(impl)]
     h, f = spec.hidden, spec.ffn_hidden
     q_width = spec.heads * spec.d_head
     rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
@@ -404,12 +369,12 @@ def op_selective_bytes_per_token(
     follows the last saved matmul, where the recompute stops: torch's early stop), plus under
     ``fp32_stream`` their float32 stream and the activation casts before the linears.
     ``UsageError`` for compiled blocks."""
-    if impl.norm_kernel not in ELEMENTWISE_FORWARD:
+    if _kernel(impl) not in ELEMENTWISE_FORWARD:
         raise UsageError(
             f"op-level selective recompute of {impl.norm_kernel} blocks is not modelled "
             f"(eager: {', '.join(ELEMENTWISE_FORWARD)})"
         )
-    t = ELEMENTWISE_FORWARD[impl.norm_kernel]
+    t = ELEMENTWISE_FORWARD[_kernel(impl)]
     h, f = spec.hidden, spec.ffn_hidden
     q_width = spec.heads * spec.d_head
     rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
@@ -458,8 +423,6 @@ def work(
 ) -> Work:
     """FLOPs and bytes of one rank's step: ``layers`` blocks (default ``spec.layers / pp``, an
     even split) and, with ``head``, the output layer and the loss (the last pipeline stage)."""
-    from parlab.ledger import dtype_policy
-
     impl = impl or Implementation()
     pol = dtype_policy(dtype)
     tokens = micro_batch * seq / cp * microbatches  # this rank's tokens per step

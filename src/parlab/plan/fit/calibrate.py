@@ -37,10 +37,11 @@ from typing import Any
 
 from parlab.dtypes import RECIPES, document_dtype
 from parlab.errors import UsageError
+from parlab.ledger.implementation import Implementation
 from parlab.plan.estimate import StepEstimate, Throughput
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.runs import implementation_of, knobs, model_name, recompute_of
-from parlab.plan.roofline import Implementation, Roofline
+from parlab.plan.roofline import Roofline
 
 _STAMP = re.compile(r"-\d{8}T\d{6}-[0-9a-f]+$")
 
