@@ -13,20 +13,18 @@ from parlab.errors import UsageError
 from parlab.ledger import Implementation
 from parlab.models import flops, get_spec
 from parlab.models.spec import ModelSpec
+from parlab.plan.elementwise import (
+    ELEMENTWISE,
+    LOSS_BYTES_PER_LOGIT,
+    causal_attention_flops_per_token,
+    elementwise_bytes_per_token,
+)
 from parlab.plan.estimate import StageWork, Throughput, estimate, exposed_time, overlap_window
 from parlab.plan.fit import calibrate
 from parlab.plan.fit.efficiencies import FitRow, fit_roofline
 from parlab.plan.fit.lab import LabCompute
 from parlab.plan.planner import PlanRequest, evaluate, plan
-from parlab.plan.roofline import (
-    ELEMENTWISE,
-    LOSS_BYTES_PER_LOGIT,
-    ComputeParts,
-    Roofline,
-    causal_attention_flops_per_token,
-    elementwise_bytes_per_token,
-    work,
-)
+from parlab.plan.roofline import ComputeParts, Roofline, work
 from parlab.plan.space import Candidate, make_cluster
 
 PEAK, BW = 1e15, 4e12

@@ -15,16 +15,16 @@ import pytest
 from parlab.errors import UsageError
 from parlab.ledger import Implementation
 from parlab.models.spec import ModelSpec
-from parlab.plan.fit import calibrate
-from parlab.plan.roofline import (
+from parlab.plan.elementwise import (
     ELEMENTWISE,
     ELEMENTWISE_FORWARD,
     FP32_STREAM_BYTES,
     FP32_STREAM_FORWARD,
     op_selective_bytes_per_token,
     sp_copy_bytes_per_token,
-    work,
 )
+from parlab.plan.fit import calibrate
+from parlab.plan.roofline import work
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_accuracy.py"
 _spec = importlib.util.spec_from_file_location("plan_accuracy", _PATH)
