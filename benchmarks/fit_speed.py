@@ -17,7 +17,6 @@ Run: ``.venv/bin/python benchmarks/fit_speed.py [--model llama3.1-405b] [--repea
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import platform
 import sys
@@ -26,7 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from parlab.hardware.catalog import require
-from parlab.ledger import sharding
+from parlab.ledger import sharding, stages
 from parlab.ledger.fit import fit_all
 from parlab.models import get_spec
 
@@ -38,7 +37,7 @@ TARGET_MODEL = "llama3.1-405b"
 def clear_caches() -> None:
     sharding.holding.cache_clear()
     sharding.unit_dim0_numel.cache_clear()
-    importlib.import_module("parlab.ledger.predict")._stage_numbers.cache_clear()
+    stages.stage_numbers.cache_clear()
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     """The current ledger's peak for the run of ``doc`` (a ``parlab train`` document), and the
     knobs it used; None (with the reason) where the ledger has no model for the run
     (``as_eager``: a compiled run as if it ran eager, what the ledger counts)."""
-    from parlab.ledger import models_compiled, predict
+    from parlab.ledger import Implementation, models_compiled, predict
     from parlab.models import get_spec
     from parlab.projects.training_state import ledger_strategy
     from parlab.topology import Topology
@@ -104,6 +104,15 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
     # runs before the model called F.rms_norm record no norm_kernel: the explicit RMSNorm;
     # compiled blocks keep what the ledger's compiled terms say, whatever their norm's code
     kernel = "compiled" if compiled else str(knobs.get("norm_kernel") or "explicit")
+    # parlab train's loop as the document records it (``projects.training_state.implementation``)
+    impl = Implementation(
+        norm_kernel=kernel,
+        bucket_view=True,
+        logits_held=True,
+        ddp_old_buckets=torch_ddp,
+        ddp_one_rank=name in ("ddp", "ddp-bucket"),
+        ddp_rebuild=name == "ddp",
+    )
     led = predict(
         spec,
         strategy=strategy,
@@ -114,13 +123,8 @@ def revised_peak(doc: Any, *, as_eager: bool = False) -> tuple[int | None, str]:
         optimizer=optimizer,
         recompute=recompute,
         shard_size=shard,
-        bucket_view=True,
-        logits_held=True,
-        ddp_old_buckets=torch_ddp,
-        ddp_one_rank=name in ("ddp", "ddp-bucket"),
-        ddp_rebuild=name == "ddp",
         reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
-        norm_kernel=kernel,
+        impl=impl,
     )
     used = ["logits_held"]
     if torch_ddp:
@@ -559,15 +563,15 @@ def markdown(folder: Path) -> str:
 
 def ddp_candidates(ddp: dict[str, Any], z1: dict[str, Any]) -> list[tuple[str, int, str]]:
     """(candidate, bytes, verdict) for the DDP run's excess, from the ledger and the spec."""
-    from parlab.ledger import predict
+    from parlab.ledger import Implementation, predict
     from parlab.models import get_spec
     from parlab.topology import Topology
 
     spec = get_spec("1.3b")
     led = predict(
         spec, strategy="ddp", topology=Topology(world_size=2, dp=2), micro_batch=2,
-        seq_len=4096, optimizer="adamw-fused", bucket_view=True, logits_held=True,
-        ddp_old_buckets=True,
+        seq_len=4096, optimizer="adamw-fused",
+        impl=Implementation(bucket_view=True, logits_held=True, ddp_old_buckets=True),
     )  # fmt: skip
     m, p = ddp["peak_memory"]
     mz, pz = z1["peak_memory"]
@@ -639,7 +643,7 @@ def iteration_peaks(folder: Path) -> str:
 def misses(rows: list[dict[str, Any]], steps: list[Any], folder: Path) -> list[str]:
     """The findings, with their numbers computed from the rows (``steps``: plan_accuracy's rows
     of every GPU run)."""
-    from parlab.ledger import predict
+    from parlab.ledger import Implementation, predict
     from parlab.models import get_spec
     from parlab.topology import Topology
 
@@ -652,7 +656,8 @@ def misses(rows: list[dict[str, Any]], steps: list[Any], folder: Path) -> list[s
         spec = get_spec("1.3b")
         held = predict(
             spec, strategy="ddp", topology=Topology(world_size=2, dp=2), micro_batch=2,
-            seq_len=4096, optimizer="adamw-fused", bucket_view=True, ddp_old_buckets=True,
+            seq_len=4096, optimizer="adamw-fused",
+            impl=Implementation(bucket_view=True, ddp_old_buckets=True),
         ).value("ddp_old_buckets")  # fmt: skip
 
         def errs(rs: list[dict[str, Any]]) -> str:

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from gemm_shapes_probe import time_gemm
 
-from parlab.plan.roofline import DDP_BUCKET_PASSES
+from parlab.plan.elementwise import DDP_BUCKET_PASSES
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"

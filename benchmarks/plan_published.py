@@ -50,13 +50,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from parlab.ledger import Implementation
 from parlab.models import get_spec
 from parlab.models.spec import ModelSpec
 from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.planner import plan
 from parlab.plan.request import PlanRequest, Verdict
-from parlab.plan.roofline import PRODUCTION, Implementation
+from parlab.plan.roofline import PRODUCTION
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.throughput import Throughput
 

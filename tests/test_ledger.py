@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from torch.distributed.fsdp import fully_shard  # imported before forking ranks (fast children)
 
 from parlab.errors import UsageError
+from parlab.ledger import Implementation, kv_cache_bytes, predict, predict_inference
 from parlab.ledger import activations as act
-from parlab.ledger import kv_cache_bytes, predict, predict_inference
 from parlab.ledger.sharding import dim0_shard_numel, flat_shard_numel, zero_units
 from parlab.models import get_spec
 from parlab.models.reference import build_model
@@ -269,7 +270,7 @@ def test_predicted_peak_equals_tracked_bytes_of_a_real_step(
     tokens = torch.randint(0, spec.vocab_size, (batch, seq + 1))
     peak = tracked_step_peak(model, tokens, autocast=policy == "bf16-mixed")
     led = predict(spec, micro_batch=batch, seq_len=seq, dtype=policy, optimizer="adamw",
-                  norm_kernel="composite")  # fmt: skip
+                  impl=Implementation(norm_kernel="composite"))  # fmt: skip
     assert led.peak_bytes == pytest.approx(peak, rel=0.01)
 
 
@@ -339,13 +340,14 @@ def test_ddp_peak_matches_the_ranks(world: int) -> None:
     """torch DDP on one rank keeps its buckets as on two (``ddp_one_rank``): the gradients
     stay in them between steps."""
     got = run_ranks(_ddp_peak_rank, world, 64, timeout=80)
-    kw = dict(micro_batch=4, seq_len=64, dtype="fp32", bucket_view=True, logits_held=True,
-              norm_kernel="composite")  # fmt: skip
+    kw = dict(micro_batch=4, seq_len=64, dtype="fp32")
+    impl = Implementation(bucket_view=True, logits_held=True, norm_kernel="composite")
     topo = Topology(world_size=world, dp=world)
-    led = predict(get_spec("tiny"), strategy="ddp", topology=topo, ddp_one_rank=True, **kw)
+    one_rank = replace(impl, ddp_one_rank=True)
+    led = predict(get_spec("tiny"), strategy="ddp", topology=topo, impl=one_rank, **kw)
     assert led.per_rank() == pytest.approx(got, rel=0.01)
     if world == 1:  # the model no DDP wraps: the gradients come and go with each step
-        bare = predict(get_spec("tiny"), strategy="ddp", topology=topo, **kw)
+        bare = predict(get_spec("tiny"), strategy="ddp", topology=topo, impl=impl, **kw)
         assert min(got) > bare.per_rank()[0] * 1.02
 
 
@@ -378,7 +380,7 @@ def test_fsdp_bf16_activations_are_pure_bf16() -> None:
     got = run_ranks(_fsdp_bf16_saved_rank, 2, timeout=80)[0]
     spec = get_spec("tiny")
     led = predict(spec, strategy="fsdp", topology=Topology(world_size=2, dp=2), micro_batch=2,
-                  seq_len=24, dtype="bf16-mixed", norm_kernel="composite")  # fmt: skip
+                  seq_len=24, dtype="bf16-mixed", impl=Implementation(norm_kernel="composite"))  # fmt: skip
     # left out by the ledger: the rotary table (one per forward)
     assert led.value("activations") == pytest.approx(got, rel=0.02)
 
@@ -431,11 +433,13 @@ def test_ddp_bucket_rebuild_is_a_second_set_of_buckets() -> None:
     spec = get_spec("small")
     # the for-loop AdamW makes one parameter's temporaries at a time: priced as fused (none)
     kw = dict(strategy="ddp", topology=Topology(world_size=1, dp=1), micro_batch=1, seq_len=8,
-              dtype="fp32", optimizer="adamw-fused", bucket_view=True, logits_held=True,
-              ddp_one_rank=True, norm_kernel="composite")  # fmt: skip
-    grads = predict(spec, **kw).value("grads")
+              dtype="fp32", optimizer="adamw-fused")  # fmt: skip
+    impl = Implementation(
+        bucket_view=True, logits_held=True, ddp_one_rank=True, norm_kernel="composite"
+    )
+    grads = predict(spec, impl=impl, **kw).value("grads")
     assert second - third == pytest.approx(grads, rel=0.02)
-    led = predict(spec, ddp_rebuild=True, **kw)
+    led = predict(spec, impl=replace(impl, ddp_rebuild=True), **kw)
     assert led.peak_phase[0] == "ddp-bucket-rebuild" and led.value("ddp_rebuild") == grads
     head_and_embedding = 2 * spec.vocab_size * spec.hidden * 4
     assert led.peak_bytes + head_and_embedding == pytest.approx(second, rel=0.01)

@@ -3,13 +3,14 @@ stage, and torch DDP's first-iteration buckets under NCCL."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
+from parlab.ledger import Implementation, predict
 from parlab.ledger import activations as act
-from parlab.ledger import predict
 from parlab.models import get_spec
 from parlab.models.reference import build_model
 from parlab.topology import Topology
@@ -50,7 +51,8 @@ def test_op_selective_matches_tracked_bytes_of_a_real_step(name: str, batch: int
     meter.track([*model.parameters(), *(v for s in opt.state.values() for v in s.values())])
     with meter:
         step(meter)
-    kw = {"micro_batch": batch, "seq_len": seq, "dtype": "fp32", "norm_kernel": "composite"}
+    kw = {"micro_batch": batch, "seq_len": seq, "dtype": "fp32"}
+    kw["impl"] = Implementation(norm_kernel="composite")
     led = predict(spec, recompute="op-selective", **kw)
     none = predict(spec, **kw)
     assert led.value("activations") < none.value("activations")
@@ -77,17 +79,19 @@ def test_gpipe_keeps_every_micro_batch_on_one_stage_too() -> None:
 
 def test_ddp_old_buckets_is_one_gradient_copy_in_forward_backward() -> None:
     spec = get_spec("small")
-    kw = dict(micro_batch=2, seq_len=128, bucket_view=True, optimizer="adamw-fused")
+    kw = dict(micro_batch=2, seq_len=128, optimizer="adamw-fused")
     two = Topology(world_size=2, dp=2)
-    base = predict(spec, strategy="ddp", topology=two, **kw)
-    held = predict(spec, strategy="ddp", topology=two, ddp_old_buckets=True, **kw)
+    impl = Implementation(bucket_view=True)
+    base = predict(spec, strategy="ddp", topology=two, impl=impl, **kw)
+    kw["impl"] = replace(impl, ddp_old_buckets=True)
+    held = predict(spec, strategy="ddp", topology=two, **kw)
     assert held.value("ddp_old_buckets") == held.value("grads")
     assert held.peak_bytes - base.peak_bytes == held.value("grads")
     assert held.peak_phase == ("forward-backward",)
     # only torch DDP over more than one rank holds buckets at all
-    one = predict(spec, strategy="ddp", ddp_old_buckets=True, **kw)
+    one = predict(spec, strategy="ddp", **kw)
     assert one.value("ddp_old_buckets") == 0
-    zero1 = predict(spec, strategy="zero1", topology=two, ddp_old_buckets=True, **kw)
+    zero1 = predict(spec, strategy="zero1", topology=two, **kw)
     assert zero1.value("ddp_old_buckets") == 0
 
 
@@ -108,9 +112,11 @@ def test_parlab_train_ddp_releases_first_buckets_and_predicts_without_them() -> 
     )
     preds, _ = ledger_predictions(cfg, "nccl")
     spec, two = get_spec("small"), Topology(world_size=2, dp=2)
-    kw = dict(micro_batch=2, seq_len=128, bucket_view=True, optimizer="adamw-fused")
-    kw |= dict(logits_held=True, dtype="bf16-mixed", norm_kernel="fused")
-    held = predict(spec, strategy="ddp", topology=two, ddp_old_buckets=True, **kw)
+    impl = Implementation(
+        bucket_view=True, logits_held=True, norm_kernel="fused", ddp_old_buckets=True
+    )
+    held = predict(spec, strategy="ddp", topology=two, micro_batch=2, seq_len=128,
+                   optimizer="adamw-fused", dtype="bf16-mixed", impl=impl)  # fmt: skip
     assert preds["peak_memory"].value == held.peak_bytes - held.value("grads")
 
 
@@ -146,12 +152,14 @@ def test_tp_and_sp_activations_equal_what_autograd_saves(sp: bool) -> None:
     from parlab.runtime.testing import run_ranks
 
     measured = run_ranks(_saved_activation_bytes, 2, sp)[0]
-    kw = dict(micro_batch=2, seq_len=256, dtype="fp32", norm_kernel="composite", sp=sp)
+    kw = dict(micro_batch=2, seq_len=256, dtype="fp32", sp=sp)
+    impl = Implementation(norm_kernel="composite")
     two = Topology(world_size=2, tp=2)
-    led = predict(get_spec("small"), topology=two, sp_saves_gathered=sp, **kw)
+    parlab_sp = replace(impl, sp_saves_gathered=sp)
+    led = predict(get_spec("small"), topology=two, impl=parlab_sp, **kw)
     assert measured == pytest.approx(led.value("activations"), rel=5e-3)
     if sp:
-        megatron = predict(get_spec("small"), topology=two, **kw).value("activations")
+        megatron = predict(get_spec("small"), topology=two, impl=impl, **kw).value("activations")
         assert megatron < 0.95 * measured
 
 
@@ -201,15 +209,17 @@ def test_model_internal_peaks_equal_tracked_bytes_of_real_runs() -> None:
 def test_vocab_parallel_and_gpipe_items() -> None:
     spec, two = get_spec("small"), Topology(world_size=2, tp=2)
     kw = dict(micro_batch=2, seq_len=128, dtype="bf16")
-    split = predict(spec, topology=two, loss_parallel=True, **kw)
-    whole = predict(spec, topology=two, vocab_parallel=False, **kw)
+    split = predict(spec, topology=two, **kw, impl=Implementation(loss_parallel=True))
+    whole = predict(spec, topology=two, **kw, impl=Implementation(vocab_parallel=False))
     emb = spec.vocab_size * spec.hidden * 2  # bytes of one bf16 vocab x hidden matrix
     assert whole.value("params") - split.value("params") == emb  # two halves more
     # parlab's vocab-parallel loss: the softmax, the one-hot and its masked copy
     assert split.value("loss_buffers") == 3 * split.value("logits")
     assert whole.value("loss_buffers") == 2 * whole.value("logits")
     with pytest.raises(Exception, match="vocab_parallel"):
-        predict(spec, topology=two, loss_parallel=True, vocab_parallel=False, **kw)
+        predict(
+            spec, topology=two, **kw, impl=Implementation(loss_parallel=True, vocab_parallel=False)
+        )
     gp = predict(spec, pp_schedule="gpipe", microbatches=4, **kw)
     assert gp.value("pending_loss_buffers") == 3 * gp.value("logits")
     assert predict(spec, microbatches=4, **kw).value("pending_loss_buffers") == 0
@@ -234,7 +244,8 @@ def test_full_recompute_under_autocast_matches_tracked_bytes() -> None:
     apply_recompute(model, "full")
     tokens = torch.randint(0, spec.vocab_size, (batch, seq + 1))
     peak = tracked_step_peak(model, tokens, autocast=True, loss_in_autocast=True)
-    kw = {"micro_batch": batch, "seq_len": seq, "dtype": "bf16-mixed", "norm_kernel": "composite"}
+    kw = {"micro_batch": batch, "seq_len": seq, "dtype": "bf16-mixed"}
+    kw["impl"] = Implementation(norm_kernel="composite")
     led = predict(spec, recompute="full", optimizer="adamw", **kw)
     assert led.peak_bytes == pytest.approx(peak, rel=0.01)
     # every copy and the recompute buffer held beside the loss region: 4 % and more too high
@@ -297,7 +308,7 @@ def test_fsdp_end_of_backward_holds_every_gradient_and_the_roots_reduce_scatter(
     [got] = run_ranks(_fsdp_one_rank_peak, world_size=1)
     led = predict(get_spec("small"), strategy="fsdp", topology=Topology(world_size=1, dp=1),
                   micro_batch=1, seq_len=16, dtype="bf16-mixed", optimizer="adamw-fused",
-                  logits_held=True)  # fmt: skip
+                  impl=Implementation(logits_held=True))  # fmt: skip
     assert got["phase"] == "backward" and led.peak_phase == ("end-of-backward",)
     assert led.peak_bytes == pytest.approx(got["peak"], rel=0.01)
     # the optimizer step alone (the ledger before this phase) is a root-sized buffer short

@@ -20,6 +20,7 @@ after it (``benchmarks/plan_accuracy.py``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.errors import UsageError
-from parlab.ledger import predict
+from parlab.ledger import Implementation, predict
 from parlab.models import get_spec
 from parlab.models.spec import ModelSpec
 from parlab.parallel import tensor_comm
@@ -79,8 +80,8 @@ def test_per_linear_adds_a_gathered_copy_per_extra_linear(
     gathered view is contiguous); a forward/backward peak grows by as much."""
     spec, two = _spec(name), Topology(world_size=2, tp=2)
     kw = dict(topology=two, micro_batch=micro_batch, seq_len=1024, dtype=dtype, sp=True)
-    shared = predict(spec, sp_saves_gathered=True, **kw)
-    old = predict(spec, sp_saves_gathered=True, sp_gather="per-linear", **kw)
+    shared = predict(spec, **kw, impl=Implementation(sp_saves_gathered=True))
+    old = predict(spec, **kw, impl=Implementation(sp_saves_gathered=True, sp_gather="per-linear"))
     extra = _extra_bytes(name, micro_batch, 1024, elem)
     assert old.value("activations") - shared.value("activations") == extra
     if shared.peak_phase[0] == "forward-backward":  # else the optimizer step may set it
@@ -93,19 +94,23 @@ def test_per_linear_is_the_shared_ledger_under_autocast_and_without_tp() -> None
     """Under autocast every linear saves its own bf16 cast in both forms; at tp 1 no gather."""
     spec = get_spec("1.3b")
     two = Topology(world_size=2, tp=2)
-    kw = dict(micro_batch=2, seq_len=1024, sp=True, sp_saves_gathered=True)
+    kw = dict(micro_batch=2, seq_len=1024, sp=True)
+    impl = Implementation(sp_saves_gathered=True)
+    old_sp = replace(impl, sp_gather="per-linear")
     for topo, dtype in ((two, "bf16-mixed"), (Topology(world_size=1), "bf16")):
-        shared = predict(spec, topology=topo, dtype=dtype, **kw)
-        old = predict(spec, topology=topo, dtype=dtype, sp_gather="per-linear", **kw)
+        shared = predict(spec, topology=topo, dtype=dtype, impl=impl, **kw)
+        old = predict(spec, topology=topo, dtype=dtype, impl=old_sp, **kw)
         assert old.peak_bytes == shared.peak_bytes, dtype
 
 
 def test_per_linear_needs_parlab_sp_and_a_known_name() -> None:
     spec, two = get_spec("small"), Topology(world_size=2, tp=2)
     with pytest.raises(UsageError, match="sp_saves_gathered"):
-        predict(spec, topology=two, micro_batch=2, sp=True, sp_gather="per-linear")
+        predict(
+            spec, topology=two, micro_batch=2, sp=True, impl=Implementation(sp_gather="per-linear")
+        )
     with pytest.raises(UsageError, match="sp_gather"):
-        predict(spec, topology=two, sp=True, sp_saves_gathered=True, sp_gather="sometimes")
+        Implementation(sp_saves_gathered=True, sp_gather="sometimes")
 
 
 # ----- the old mechanism on 2 gloo ranks --------------------------------------------------------
@@ -153,10 +158,12 @@ def test_old_all_gather_saves_a_copy_per_linear(autocast: bool, micro_batch: int
     new = run_ranks(_saved_forward_bytes, 2, False, autocast, micro_batch, timeout=100)[0]
     old = run_ranks(_saved_forward_bytes, 2, True, autocast, micro_batch, timeout=100)[0]
     spec, two = get_spec("small"), Topology(world_size=2, tp=2)
-    kw = dict(topology=two, micro_batch=micro_batch, seq_len=256, sp=True, sp_saves_gathered=True)
+    kw = dict(topology=two, micro_batch=micro_batch, seq_len=256, sp=True)
     dt = "bf16-mixed" if autocast else "fp32"
-    shared = predict(spec, dtype=dt, **kw).value("activations")
-    per_linear = predict(spec, dtype=dt, sp_gather="per-linear", **kw).value("activations")
+    impl = Implementation(sp_saves_gathered=True)
+    shared = predict(spec, dtype=dt, impl=impl, **kw).value("activations")
+    old_sp = replace(impl, sp_gather="per-linear")
+    per_linear = predict(spec, dtype=dt, impl=old_sp, **kw).value("activations")
     assert old - new == per_linear - shared
     if micro_batch == 2 and not autocast:
         assert old - new == _extra_bytes("small", 2, 256, 4) > 0.2 * new

@@ -10,13 +10,12 @@ import pytest
 
 from parlab import contract
 from parlab.comm.model import collective_time, hierarchical_time
-from parlab.ledger import predict
+from parlab.ledger import Implementation, predict
 from parlab.ledger.traffic import traffic
 from parlab.models import get_spec
 from parlab.plan.estimate import item_time
 from parlab.plan.planner import plan
 from parlab.plan.request import PlanRequest, PlanResult, Verdict
-from parlab.plan.roofline import Implementation
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.throughput import Throughput, flops_per_token, measured_throughput
 from parlab.topology import Topology

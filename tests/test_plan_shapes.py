@@ -19,6 +19,7 @@ import torch
 from parlab.contract import read_document, write_result
 from parlab.errors import UsageError
 from parlab.models import get_spec
+from parlab.plan.elementwise import causal_attention_flops_per_token
 from parlab.plan.fit import calibrate
 from parlab.plan.fit.shape_probe import (
     GemmShapes,
@@ -33,7 +34,7 @@ from parlab.plan.fit.shapes import (
     shape_factor,
     shaped_roofline,
 )
-from parlab.plan.roofline import Roofline, causal_attention_flops_per_token
+from parlab.plan.roofline import Roofline
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_shapes_probe.py"
 _spec = importlib.util.spec_from_file_location("gemm_shapes_probe", _PATH)

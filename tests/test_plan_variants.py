@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 
 from parlab.errors import UsageError
+from parlab.ledger import Implementation
 from parlab.models.spec import ModelSpec
-from parlab.plan.fit import calibrate, requests, runs
-from parlab.plan.roofline import (
+from parlab.plan.elementwise import (
     ELEMENTWISE,
     ELEMENTWISE_FORWARD,
     FP32_STREAM_BYTES,
     FP32_STREAM_FORWARD,
-    Implementation,
     op_selective_bytes_per_token,
     sp_copy_bytes_per_token,
-    work,
 )
+from parlab.plan.fit import calibrate, requests, runs
+from parlab.plan.roofline import work
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_accuracy.py"
 _spec = importlib.util.spec_from_file_location("plan_accuracy", _PATH)
@@ -124,7 +124,7 @@ def test_per_linear_sp_copies_the_gathered_sequence_three_more_times_a_block() -
     assert (
         work(spec, sp=False, impl=old, **kw).elementwise_bytes == work(spec, **kw).elementwise_bytes
     )
-    with pytest.raises(UsageError, match="SP gather"):
+    with pytest.raises(UsageError, match="sp_gather"):
         Implementation(sp_gather="sometimes")
 
 

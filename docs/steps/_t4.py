@@ -6,7 +6,7 @@ import re
 
 from _lib import CPU, Exercise, Page, block, cmd, find, link, metric, run, shown, table, val
 
-from parlab.ledger.predict import kv_cache_bytes
+from parlab.ledger import kv_cache_bytes
 from parlab.models import get_spec
 from parlab.report.groups import Config, configs, job_title, jobs
 

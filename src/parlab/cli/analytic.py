@@ -35,9 +35,8 @@ from parlab.cli.common import (
 from parlab.errors import UsageError
 from parlab.hardware.catalog import GPUSpec, require
 from parlab.hardware.env import snapshot
-from parlab.ledger import OPTIMIZERS, Ledger, predict
+from parlab.ledger import OFFLOADS, OPTIMIZERS, STRATEGIES, Implementation, Ledger, predict
 from parlab.ledger.activations import PP_SCHEDULES
-from parlab.ledger.predict import OFFLOADS, STRATEGIES
 from parlab.ledger.traffic import sync_points, traffic
 from parlab.models import get_spec
 from parlab.topology import Topology
@@ -162,7 +161,7 @@ def ledger_cmd(
         seq_len=seq or min(spec.max_seq_len, 4096), dtype=dtype, optimizer=optimizer,
         recompute=recompute, pp_schedule=pp_schedule, microbatches=micro_batches,
         virtual_stages=vpp, sp=sp, shard_size=shard_size, offload=offload,
-        overhead_bytes=overhead_b, kv_replicate=kv_replicate,
+        overhead_bytes=overhead_b, impl=Implementation(kv_replicate=kv_replicate),
     )  # fmt: skip
     k = led.knobs
     wire = traffic(

@@ -50,7 +50,7 @@ from parlab.cli.common import (
     write,
 )
 from parlab.errors import UsageError
-from parlab.ledger.predict import STRATEGIES
+from parlab.ledger import STRATEGIES
 from parlab.runtime.launch import on_nodes
 from parlab.units import parse_cluster
 

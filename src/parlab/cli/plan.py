@@ -21,7 +21,7 @@ from parlab.cli.common import (
     results_dir,
 )
 from parlab.errors import UsageError
-from parlab.ledger.predict import OPTIMIZERS
+from parlab.ledger import OPTIMIZERS
 
 
 @app.command("report")

@@ -95,8 +95,7 @@ SP_GATHERS = ("shared", "per-linear")
 """What the column-parallel linears behind parlab's sequence-parallel all-gather save: one
 contiguous gathered sequence they share (since commit 02e7fd8; run documents record
 ``layout.sp_saved_input``), or a copy each of a strided view of it (before; the documents
-record no ``sp_saved_input``) -- the roofline's ``Implementation.sp_gather`` names the same
-two."""
+record no ``sp_saved_input``) -- ``Implementation.sp_gather`` says which."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,10 +24,17 @@ from dataclasses import dataclass
 
 from parlab.errors import UsageError
 from parlab.hardware.catalog import GPUSpec
-from parlab.ledger.predict import STRATEGIES, Ledger, predict
+from parlab.ledger.implementation import Implementation
+from parlab.ledger.items import Ledger
+from parlab.ledger.predict import predict
+from parlab.ledger.stages import STRATEGIES
 from parlab.ledger.traffic import WireItem, sync_points, traffic
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
+
+FIT_IMPLEMENTATION = Implementation(ddp_old_buckets=True)
+"""GPUs train over NCCL: a loop that does not release torch DDP's first-iteration buckets holds
+them through the second iteration (no effect on one GPU or on the other strategies)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,11 +216,9 @@ def fit(
     if max_gpus < 1:
         raise UsageError(f"max_gpus = {max_gpus}: give at least 1")
     cap = capacity_bytes if capacity_bytes is not None else gpu.memory_bytes
-    # GPUs train over NCCL: torch DDP's first-iteration buckets outlive its bucket rebuild
-    # (``ddp_old_buckets``; no effect on one GPU or on the other strategies)
     kw = dict(
         micro_batch=micro_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
-        recompute=recompute, overhead_bytes=overhead_bytes, ddp_old_buckets=True,
+        recompute=recompute, overhead_bytes=overhead_bytes, impl=FIT_IMPLEMENTATION,
     )  # fmt: skip
     single = predict(spec, **kw)  # type: ignore[arg-type]
     single_fits = single.peak_bytes <= cap
@@ -291,7 +296,7 @@ def fit_all(
                     spec, strategy=strategy, topology=topo, shard_size=shard, sp=topo.tp > 1,
                     microbatches=2 * topo.pp if topo.pp > 1 else 1, micro_batch=micro_batch,
                     seq_len=seq_len, dtype=dtype, overhead_bytes=overhead_bytes,
-                    ddp_old_buckets=True,
+                    impl=FIT_IMPLEMENTATION,
                 )  # fmt: skip
             except UsageError:
                 continue

@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from parlab.ledger.predict import check_layout, dtype_policy
+from parlab.ledger.policy import dtype_policy
 from parlab.ledger.sharding import (
     flat_shard_numel,
     gradient_buckets,
@@ -56,6 +56,7 @@ from parlab.ledger.sharding import (
     stage_layers,
     unit_dim0_numel,
 )
+from parlab.ledger.stages import check_layout
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
 

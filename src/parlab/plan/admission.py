@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from parlab.layout import constraints, shape_of
-from parlab.ledger import predict
-from parlab.ledger.predict import OPTIMIZERS, models_compiled
+from parlab.ledger import OPTIMIZERS, Implementation, models_compiled, predict
 from parlab.plan.pricing import Group, reshards, timed
 from parlab.plan.request import PlanRequest, Verdict
 from parlab.plan.space import Candidate
@@ -144,9 +143,9 @@ def _ledger_for(req: PlanRequest, cand: Candidate, topo: Topology, sp: bool) -> 
             virtual_stages=cand.vpp,
             sp=sp,
             reshard_after_forward=reshards(cand),
-            norm_kernel=norm,
-            kv_repeat=impl.kv_repeat,
-            flash=impl.attention_kernel == "flash",
+            impl=Implementation(
+                norm_kernel=norm, kv_repeat=impl.kv_repeat, attention_kernel=impl.attention_kernel
+            ),
         )
 
     return call

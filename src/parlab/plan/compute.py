@@ -38,9 +38,10 @@ from typing import Protocol
 
 from parlab.errors import UsageError
 from parlab.hardware.catalog import GPUSpec
+from parlab.ledger.implementation import Implementation
 from parlab.ledger.sharding import tp_local_shape
 from parlab.models.spec import ModelSpec
-from parlab.plan.roofline import Implementation, Roofline
+from parlab.plan.roofline import Roofline
 
 
 @dataclass(frozen=True, kw_only=True)

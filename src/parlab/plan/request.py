@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.errors import UsageError
+from parlab.ledger import Implementation
 from parlab.models.spec import ModelSpec
 from parlab.plan.compute import ComputeModel
 from parlab.plan.estimate import StepEstimate
-from parlab.plan.roofline import PRODUCTION, Implementation
+from parlab.plan.roofline import PRODUCTION
 from parlab.plan.space import (
     DEFAULT_MICRO_BATCHES,
     DEFAULT_SCHEDULES,

@@ -35,7 +35,8 @@ no FLOP is recomputed, and every other op of the block -- norms, RoPE, the activ
 attention layout copy, the first residual add -- runs its forward again in backward
 (``op_selective_bytes_per_token``).
 
-The efficiencies (``Roofline``) are not guessed: the built-in ones (``parlab.plan.compute``)
+The byte and FLOP counts (``ELEMENTWISE`` and the constants named here) are
+``parlab.plan.elementwise``'s. The efficiencies (``Roofline``) are not guessed: the built-in ones (``parlab.plan.compute``)
 rest on the lab's GEMM probes and cited public figures; ``parlab.plan.fit.efficiencies`` fits
 them by least squares on stated measured runs, and the caller says which.
 """
@@ -45,84 +46,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab.errors import UsageError
+from parlab.ledger.implementation import Implementation
+from parlab.ledger.policy import DtypePolicy, dtype_policy
 from parlab.models.spec import ModelSpec
+from parlab.plan.elementwise import (
+    CAST_BYTES_PER_PARAM,
+    DDP_ACCUMULATE_BYTES,
+    DDP_STEP_BYTES,
+    FSDP_REGATHER_BYTES,
+    LOSS_BYTES_PER_LOGIT,
+    MATH_SOFTMAX_BYTES,
+    WEIGHT_RECAST_BYTES,
+    causal_attention_flops_per_token,
+    elementwise_bytes_per_token,
+    op_selective_bytes_per_token,
+    sp_copy_bytes_per_token,
+)
 
-NORM_KERNELS = ("fused", "explicit", "compiled")
-"""Implementations of the elementwise ops (``composite`` reads as ``explicit``)."""
-SP_GATHERS = ("shared", "per-linear")
-"""What parlab's sequence parallelism hands the column-parallel linears: one contiguous copy
-of the gathered sequence that they share (since commit 02e7fd8; documents record
-``sp_saved_input``), or a strided view that each linear copies (before it)."""
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 """Recompute modes ``work`` prices (the module docstring names them)."""
-ATTENTION_KERNELS = ("flash", "math")
-"""Attention core kernels: flash (causal half, never materialised) or materialised scores."""
-
-# Bytes moved per element, forward + backward, bf16 activations (2 B), float32 math where the
-# reference model upcasts. Counted op by op from parlab.models.reference:
-#   norm: fused F.rms_norm: fwd read x, write y (4); bwd read x, dy, write dx (6).
-#         explicit: x.float (2+4), pow (4+4), mean (4), mul rsqrt (4+4), type_as (4+2),
-#         * weight (2+2) = 36 forward; autograd replays each op's backward at about twice that.
-#   residual add: fwd read 2, write 1 (6); bwd the two branches' gradients summed (6).
-#   rope (per q and k element): fused complex multiply: float (2+4), mul (4+4+table), type_as
-#         (4+2) = 20 each way; explicit: float, four muls, sub, add, stack, type_as (~84 forward,
-#         twice that backward).
-#   swiglu (per FFN element): silu (2+2), mul (4+2) forward; bwd mul (6+4), silu (4+2).
-#   gelu (per FFN element): fwd 2+2, bwd 4+2.
-#   attention layout (per q element): the output's transpose-reshape copy each way (4+4).
-#   compiled: each fused group reads its inputs once and writes once.
-ELEMENTWISE: dict[str, dict[str, float]] = {
-    "fused": {"norm": 10, "residual": 12, "rope": 40, "swiglu": 26, "gelu": 10, "layout": 8},
-    "explicit": {"norm": 108, "residual": 12, "rope": 252, "swiglu": 26, "gelu": 10, "layout": 8},
-    "compiled": {"norm": 10, "residual": 6, "rope": 8, "swiglu": 16, "gelu": 8, "layout": 8},
-}
-ELEMENTWISE_FORWARD: dict[str, dict[str, float]] = {
-    "fused": {"norm": 4, "residual": 6, "rope": 20, "swiglu": 10, "gelu": 4, "layout": 4},
-    "explicit": {"norm": 36, "residual": 6, "rope": 84, "swiglu": 10, "gelu": 4, "layout": 4},
-}
-"""The forward passes of ``ELEMENTWISE`` (the counts in its comment): what op-level selective
-recompute runs again. Eager implementations only: a compiled block's recompute is not counted."""
-FP32_STREAM_FORWARD = {"norm": 4.0, "residual": 4.0, "cast": 6.0}
-"""The forward passes of ``FP32_STREAM_BYTES``."""
-WEIGHT_RECAST_BYTES = 6.0
-"""Op-level selective recompute under autocast: the recompute enters a fresh autocast context
-(empty weight cache), so each block weight is cast to bf16 again (4 + 2) per micro-batch."""
-LOSS_BYTES_PER_LOGIT = 40.0
-"""Cross-entropy on float32 logits: upcast (2+4), log-softmax with its two reductions (16),
-backward (12) and the cast of the gradient back (4+2)."""
-MATH_SOFTMAX_BYTES = 20.0
-"""Per score element of a materialised attention: scale-mask-softmax and dropout forward
-(2+2, 2+2+1 mask), their backward (2+1+2, 2+2+2)."""
-FP32_STREAM_BYTES = {"norm": 10.0, "residual": 10.0, "cast": 12.0}
-"""Extra bytes per hidden element when autocast runs over float32 parameters (DDP, ZeRO-1/2):
-the embedding's float32 output makes the residual stream float32, so each norm reads and
-writes 4-byte elements (+4 forward, +6 backward), each residual add reads and writes them
-(+4, +6), and every linear that reads a norm's output casts it to bf16 again (4+2 forward and
-2+4 backward; autocast caches weights, not activations)."""
-CAST_BYTES_PER_PARAM = 12.0
-"""Mixed precision with float32 parameters: each micro-batch casts the weights to bf16 (4+2)
-and the bf16 weight gradients back to float32 (2+4)."""
-DDP_BUCKET_PASSES: dict[str, float] = {"accumulate": 12.0, "scale": 8.0, "zero_grad": 4.0}
-"""torch DDP as ``parlab train`` runs it (``gradient_as_bucket_view``, gradients zeroed, not
-set to None), bytes per float32 parameter, named as ``benchmarks/param_work_probe.py`` times
-each: ``accumulate``, every micro-batch's gradient added into the kept bucket view (autograd's
-AccumulateGrad, ``grad += g``: read 4 + 4, write 4); once a step, ``scale``, the reducer's
-in-place division of the bucket by the world size before its all-reduce (read and write 4; on
-one rank too), and ``zero_grad``, ``zero_grad(set_to_none=False)`` filling the bucket (write 4).
-Profiled on one H200 (Llama-2 7B, DDP): ``add<float>`` 20.8 ms a step over 6.74 billion
-parameters, 3.9 TB/s (``results/PAR-TRAINING-STATE/profile-train-ddp-20261201T044931-29002b.json``)."""
-DDP_ACCUMULATE_BYTES = DDP_BUCKET_PASSES["accumulate"]
-"""Per micro-batch (``DDP_BUCKET_PASSES``)."""
-DDP_STEP_BYTES = DDP_BUCKET_PASSES["scale"] + DDP_BUCKET_PASSES["zero_grad"]
-"""Once a step (``DDP_BUCKET_PASSES``)."""
-FSDP_REGATHER_BYTES = 6.0
-"""FSDP2 with ``reshard_after_forward``: each block is gathered again before its backward, and
-the gather's copy-in casts the float32 shard to bf16 again (4 + 2 per shard element). The
-forward's gather is what ``CAST_BYTES_PER_PARAM`` stands for under FSDP (no autocast: the
-copy-in casts, the reduce-scatter's copy-in casts the bf16 gradients to float32). Profiled on
-one H200 (Llama-3.1 8B, FSDP, one rank): the bf16 copies took 22.5 ms a step, 2 x 6 B over 8.03
-billion parameters at 4.3 TB/s
-(``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T045000-9a446e.json``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,41 +147,6 @@ class Roofline:
     def gemm_at(self, width: float) -> float:
         """GEMM efficiency at per-GPU width ``width`` (never above 1)."""
         return min(1.0, self.gemm * self.width_factor(width))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Implementation:
-    """How the run's model and training loop are implemented (what its documents record)."""
-
-    norm_kernel: str = "fused"
-    """``fused``, ``explicit`` (or ``composite``) or ``compiled`` (``torch.compile``)."""
-    attention_kernel: str = "flash"
-    """``flash`` (causal half, never materialised) or ``math`` (materialised scores)."""
-    sp_gather: str = "shared"
-    """Sequence parallelism's gathered input to the linears (``SP_GATHERS``)."""
-    ddp_one_rank: bool = False
-    """torch DDP wraps the model on one data-parallel rank too (``parlab train --strategy ddp
-    --nproc 1``), with its bucket passes (``DDP_ACCUMULATE_BYTES``); else a ``ddp`` layout has
-    them only where it has more than one data-parallel rank."""
-    kv_repeat: bool = True
-    """Grouped-query attention repeats K and V to every query head before the kernel (parlab's
-    reference model); False: the kernel reads the KV heads as they are (flash attention's GQA,
-    Transformer Engine)."""
-
-    def __post_init__(self) -> None:
-        if self.norm_kernel == "composite":
-            object.__setattr__(self, "norm_kernel", "explicit")
-        if self.norm_kernel not in NORM_KERNELS:
-            raise UsageError(
-                f"norm kernel {self.norm_kernel!r}: use one of {', '.join(NORM_KERNELS)}"
-            )
-        if self.attention_kernel not in ATTENTION_KERNELS:
-            raise UsageError(
-                f"attention kernel {self.attention_kernel!r}: use one of "
-                f"{', '.join(ATTENTION_KERNELS)}"
-            )
-        if self.sp_gather not in SP_GATHERS:
-            raise UsageError(f"SP gather {self.sp_gather!r}: use one of {', '.join(SP_GATHERS)}")
 
 
 PRODUCTION = Implementation(norm_kernel="compiled", kv_repeat=False)
@@ -356,88 +263,6 @@ class ComputeParts:
         return self.per_token_s * (1.0 - self.forward_fraction)
 
 
-def causal_attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
-    """Training FLOPs per token of the causal attention core under a flash kernel:
-    ``6 L H Q T``, half of PaLM's ``12 L H Q T`` (keys after the query are never computed)."""
-    from parlab.models.flops import attention_head_dim
-
-    return 6.0 * spec.layers * spec.heads * attention_head_dim(spec) * seq
-
-
-def elementwise_bytes_per_token(
-    spec: ModelSpec,
-    *,
-    impl: Implementation,
-    tp: int = 1,
-    sp: bool = False,
-    fp32_stream: bool = False,
-) -> float:
-    """Bytes the elementwise ops of every block move per token, forward + backward, on one
-    tensor-parallel rank (norms and residual adds are split only by sequence parallelism);
-    ``fp32_stream``: autocast over float32 parameters (``FP32_STREAM_BYTES``)."""
-    t = ELEMENTWISE[impl.norm_kernel]
-    h, f = spec.hidden, spec.ffn_hidden
-    q_width = spec.heads * spec.d_head
-    rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
-    act = t["swiglu"] if spec.activation == "swiglu" else t["gelu"]
-    replicated = 2 * (t["norm"] + t["residual"]) * h
-    split = t["rope"] * rot + act * f + t["layout"] * q_width
-    if fp32_stream:
-        readers = 3 + (2 if spec.activation == "swiglu" else 1)  # q, k, v; w1 (and w3)
-        x = FP32_STREAM_BYTES
-        replicated += (2 * x["norm"] + 2 * x["residual"] + readers * x["cast"]) * h
-    per_layer = replicated / (tp if sp else 1) + split / tp
-    return per_layer * spec.layers
-
-
-def op_selective_bytes_per_token(
-    spec: ModelSpec,
-    *,
-    impl: Implementation,
-    tp: int = 1,
-    sp: bool = False,
-    fp32_stream: bool = False,
-) -> float:
-    """Bytes per token that op-level selective recompute moves again in backward, every block,
-    on one tensor-parallel rank: the forward (``ELEMENTWISE_FORWARD``) of the block's two norms,
-    its RoPE, activation and attention layout copy, and of its first residual add (the second
-    follows the last saved matmul, where the recompute stops: torch's early stop), plus under
-    ``fp32_stream`` their float32 stream and the activation casts before the linears.
-    ``UsageError`` for compiled blocks."""
-    if impl.norm_kernel not in ELEMENTWISE_FORWARD:
-        raise UsageError(
-            f"op-level selective recompute of {impl.norm_kernel} blocks is not modelled "
-            f"(eager: {', '.join(ELEMENTWISE_FORWARD)})"
-        )
-    t = ELEMENTWISE_FORWARD[impl.norm_kernel]
-    h, f = spec.hidden, spec.ffn_hidden
-    q_width = spec.heads * spec.d_head
-    rot = 0.0 if spec.position != "rope" else (q_width + spec.kv_dim)
-    act = t["swiglu"] if spec.activation == "swiglu" else t["gelu"]
-    replicated = (2 * t["norm"] + t["residual"]) * h
-    split = t["rope"] * rot + act * f + t["layout"] * q_width
-    if fp32_stream:
-        readers = 3 + (2 if spec.activation == "swiglu" else 1)
-        x = FP32_STREAM_FORWARD
-        replicated += (2 * x["norm"] + x["residual"] + readers * x["cast"]) * h
-    return (replicated / (tp if sp else 1) + split / tp) * spec.layers
-
-
-def sp_copy_bytes_per_token(
-    spec: ModelSpec, *, impl: Implementation, tp: int, micro_batch: int, elem: int = 2
-) -> float:
-    """Bytes per token that ``sp_gather = "per-linear"`` copies beyond the shared gather, every
-    block: the all-gather's output, (S, B, H) seen as a strided (B, S, H), is copied by each
-    linear that reads it -- wq, wk, wv and w1 (and w3) -- where the shared form copies it once
-    per gather (two a block): ``1 + mats_in`` more copies (read and write, ``elem`` bytes each)
-    of the whole gathered sequence in forward; backward is the same in both. None at
-    micro-batch 1 (the view is contiguous) or without tensor parallelism."""
-    if impl.sp_gather == "shared" or tp == 1 or micro_batch == 1:
-        return 0.0
-    mats_in = 2 if spec.activation == "swiglu" else 1
-    return (1 + mats_in) * 2 * elem * spec.hidden * spec.layers
-
-
 def work(
     spec: ModelSpec,
     *,
@@ -458,8 +283,6 @@ def work(
 ) -> Work:
     """FLOPs and bytes of one rank's step: ``layers`` blocks (default ``spec.layers / pp``, an
     even split) and, with ``head``, the output layer and the loss (the last pipeline stage)."""
-    from parlab.ledger import dtype_policy
-
     impl = impl or Implementation()
     pol = dtype_policy(dtype)
     tokens = micro_batch * seq / cp * microbatches  # this rank's tokens per step
@@ -478,9 +301,58 @@ def work(
     gemm = 6.0 * n_stage * tokens + rc_gemm
     attn_core = causal_attention_flops_per_token(spec, seq) * share / tp * tokens
     rc_attn = 1.0 if recompute in ("selective", "full") else 0.0
+    ew = _elementwise_bytes(
+        spec, impl=impl, pol=pol, strategy=strategy, recompute=recompute, tp=tp, sp=sp,
+        micro_batch=micro_batch, tokens=tokens, share=share, head=head,
+    )  # fmt: skip
+    attention_flops = 0.0
+    if impl.attention_kernel == "flash":
+        attention_flops = attn_core * (1.0 + rc_attn / 3.0)
+    else:  # materialised: the whole square at GEMM speed, and every score through the softmax
+        gemm += 2.0 * attn_core * (1.0 + rc_attn / 3.0)
+        scores = spec.layers * share * spec.heads / tp * seq * tokens
+        ew += MATH_SOFTMAX_BYTES * scores * (1.0 + rc_attn / 2.0)
+    # per parameter: mixed-precision casts every micro-batch, then the optimizer step
+    params = spec.num_params() * share / tp
+    cast, bucket, opt = _per_parameter_bytes(
+        pol, impl, strategy=strategy, recompute=recompute, params=params, blocks=blocks, tp=tp,
+        microbatches=microbatches, dp=dp, cp=cp,
+    )  # fmt: skip
+    fwd = (2.0 + 2.0 * rc_fwd) / (6.0 + 2.0 * rc_fwd)
+    return Work(
+        gemm_flops=gemm,
+        recompute_gemm_flops=rc_gemm,
+        head_gemm_flops=6.0 * out / tp * tokens,
+        attention_flops=attention_flops,
+        ring=cp > 1,
+        elementwise_bytes=ew,
+        step_bytes=cast + opt + bucket,
+        optimizer_bytes=opt,
+        bucket_bytes=bucket,
+        forward_fraction=fwd,
+        gemm_width=spec.hidden / tp,
+    )
+
+
+def _elementwise_bytes(
+    spec: ModelSpec,
+    *,
+    impl: Implementation,
+    pol: DtypePolicy,
+    strategy: str,
+    recompute: str,
+    tp: int,
+    sp: bool,
+    micro_batch: int,
+    tokens: float,
+    share: float,
+    head: bool,
+) -> float:
+    """Bytes of the rank's per-token elementwise ops (recompute's again) and of the loss."""
     # autocast over float32 parameters keeps a float32 residual stream; FSDP and ZeRO-3 gather
     # their parameters in bf16, so theirs is bf16
     fp32_stream = pol.autocast and strategy in ("ddp", "zero1", "zero2")
+    rc_fwd = 1.0 if recompute == "full" else 0.0
     ew = elementwise_bytes_per_token(spec, impl=impl, tp=tp, sp=sp, fp32_stream=fp32_stream)
     ew *= tokens * share
     ew *= 1.0 + rc_fwd / 3.0  # full recompute replays the forward's elementwise ops
@@ -494,15 +366,24 @@ def work(
         ) * (tokens * share)
     if head:
         ew += LOSS_BYTES_PER_LOGIT * spec.vocab_size / tp * tokens
-    attention_flops = 0.0
-    if impl.attention_kernel == "flash":
-        attention_flops = attn_core * (1.0 + rc_attn / 3.0)
-    else:  # materialised: the whole square at GEMM speed, and every score through the softmax
-        gemm += 2.0 * attn_core * (1.0 + rc_attn / 3.0)
-        scores = spec.layers * share * spec.heads / tp * seq * tokens
-        ew += MATH_SOFTMAX_BYTES * scores * (1.0 + rc_attn / 2.0)
-    # per parameter: mixed-precision casts every micro-batch, then the optimizer step
-    params = spec.num_params() * share / tp
+    return ew
+
+
+def _per_parameter_bytes(
+    pol: DtypePolicy,
+    impl: Implementation,
+    *,
+    strategy: str,
+    recompute: str,
+    params: float,
+    blocks: float,
+    microbatches: int,
+    tp: int,
+    dp: int,
+    cp: int,
+) -> tuple[float, float, float]:
+    """(casts, DDP's bucket passes, the optimizer step): bytes of the per-parameter work of the
+    rank's ``params`` (``blocks``: the parameters of its blocks, before TP)."""
     cast = CAST_BYTES_PER_PARAM * params * microbatches if pol.autocast else 0.0
     # autocast casts float32 weights (FSDP and ZeRO-3 gather theirs in bf16: nothing to cast);
     # a recompute enters a fresh autocast context and casts each block weight again
@@ -523,17 +404,4 @@ def work(
         + 2 * master
         + (pol.param_bytes if pol.master_bytes else 0)
     )
-    fwd = (2.0 + 2.0 * rc_fwd) / (6.0 + 2.0 * rc_fwd)
-    return Work(
-        gemm_flops=gemm,
-        recompute_gemm_flops=rc_gemm,
-        head_gemm_flops=6.0 * out / tp * tokens,
-        attention_flops=attention_flops,
-        ring=cp > 1,
-        elementwise_bytes=ew,
-        step_bytes=cast + opt + bucket,
-        optimizer_bytes=opt,
-        bucket_bytes=bucket,
-        forward_fraction=fwd,
-        gemm_width=spec.hidden / tp,
-    )
+    return cast, bucket, opt

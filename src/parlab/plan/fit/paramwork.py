@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parlab.errors import UsageError
-from parlab.plan.roofline import DDP_BUCKET_PASSES
+from parlab.plan.elementwise import DDP_BUCKET_PASSES
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"

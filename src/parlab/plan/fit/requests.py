@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from parlab.dtypes import RECIPES, document_dtype
+from parlab.ledger import Implementation
 from parlab.ledger.activations import schedule_name
 from parlab.models import get_spec
 from parlab.plan.fit.lab import LabCompute
 from parlab.plan.fit.runs import implementation_of, knobs, recompute_of
 from parlab.plan.request import PlanRequest
-from parlab.plan.roofline import Implementation, Roofline
+from parlab.plan.roofline import Roofline
 from parlab.plan.space import Candidate, make_cluster
 from parlab.plan.throughput import Throughput
 

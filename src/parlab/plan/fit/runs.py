@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from parlab.plan.roofline import Implementation
+from parlab.ledger.implementation import Implementation
 
 
 def knobs(doc: Any) -> dict[str, Any]:

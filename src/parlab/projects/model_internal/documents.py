@@ -11,8 +11,7 @@ from typing import Any
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.hardware.catalog import peak_flops
-from parlab.ledger import models_compiled
-from parlab.ledger.predict import predict
+from parlab.ledger import Implementation, models_compiled, predict
 from parlab.ledger.traffic import traffic
 from parlab.models import flops, get_spec
 from parlab.models.flops import training_flops_per_token
@@ -37,6 +36,23 @@ NOTE_BUBBLE = (
 )
 
 
+def implementation(cfg: RunConfig, norm: str, sp_gather: str = "shared") -> Implementation:
+    """How the run ``cfg`` is built, with its blocks' ``norm`` kernel: parlab's TP splits the
+    output layer and the loss over the vocabulary, torch's plan (``apply_torch_tensor_parallel``)
+    keeps embeddings and output whole, the logits replicated; parlab's SP saves the gathered
+    sequence as its linears' input (``tensor_comm``; ``sp_gather`` as ``predictions`` takes it);
+    the step without a schedule keeps the model's output (``out``) through backward."""
+    parlab_sp = cfg.sp and cfg.impl == "parlab"
+    return Implementation(
+        norm_kernel=norm,
+        sp_saves_gathered=parlab_sp,
+        sp_gather=sp_gather if parlab_sp else "shared",
+        vocab_parallel=cfg.impl == "parlab",
+        loss_parallel=cfg.tp > 1 and cfg.impl == "parlab",
+        logits_held=cfg.pp == 1 and cfg.microbatches == 1,
+    )
+
+
 def predictions(
     cfg: RunConfig, backend: str = "nccl", norm: str | None = None, sp_gather: str = "shared"
 ) -> tuple[dict[str, Prediction], list[str]]:
@@ -56,8 +72,6 @@ def predictions(
         "seq_len": cfg.seq,
         "microbatches": cfg.microbatches,
         "sp": cfg.sp,
-        # parlab's TP splits the output layer and the loss over the vocabulary; torch's plan
-        # (``apply_torch_tensor_parallel``) keeps embeddings and output whole, the logits replicated
         "loss_parallel": cfg.tp > 1 and cfg.impl == "parlab",
     }
     if cfg.pp > 1 and cfg.schedule not in SCHEDULES:
@@ -81,14 +95,8 @@ def predictions(
             dtype=dt,
             pp_schedule="interleaved" if cfg.vpp > 1 else cfg.schedule,
             virtual_stages=cfg.vpp,
-            norm_kernel=norm or eager,
-            # parlab's SP saves the gathered sequence as its linears' input (tensor_comm)
-            sp_saves_gathered=cfg.sp and cfg.impl == "parlab",
-            sp_gather=sp_gather if cfg.sp and cfg.impl == "parlab" else "shared",
-            vocab_parallel=cfg.impl == "parlab",
-            # the step without a schedule keeps the model's output (``out``) through backward
-            logits_held=cfg.pp == 1 and cfg.microbatches == 1,
-            **kw,
+            impl=implementation(cfg, norm or eager, sp_gather),
+            **{k: v for k, v in kw.items() if k != "loss_parallel"},
         )
         per = led.per_rank("params")
         out["param_bytes"] = Prediction(value=float(max(per)), unit="B", model="ledger")

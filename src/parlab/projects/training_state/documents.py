@@ -8,6 +8,7 @@ Role ``baseline`` for ``ddp``, ``candidate`` for the rest, ``failure`` when a ra
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,7 @@ from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, n
 from parlab.errors import UsageError
 from parlab.hardware.catalog import peak_flops
 from parlab.hardware.env import snapshot
-from parlab.ledger import models_compiled, predict
-from parlab.ledger.predict import DtypePolicy
+from parlab.ledger import DtypePolicy, Implementation, models_compiled, predict
 from parlab.ledger.traffic import traffic
 from parlab.models import flops, get_spec
 from parlab.models.flops import training_flops_per_token
@@ -24,7 +24,6 @@ from parlab.models.reference import norm_kernel
 from parlab.parallel.deepspeed import REDUCE_BUCKET, deepspeed_version, ds_config
 from parlab.plan.fit.calibrate import predict_planned
 from parlab.plan.fit.requests import request_of
-from parlab.plan.roofline import Implementation
 from parlab.profile.capture import ENV_DIR as PROFILE_ENV_DIR
 from parlab.projects.training_state.config import (
     MASTER_ITEMS,
@@ -61,6 +60,25 @@ DEEPSPEED_NOTES = [
 ]
 
 
+def implementation(cfg: TrainConfig, backend: str) -> Implementation:
+    """How ``parlab train`` builds the run ``cfg``: the blocks' kernels (``torch.compile``'d, or
+    the reference model's eager norm on this backend), DDP's gradients as views of its buckets,
+    kept on one rank too (torch DDP and parlab's bucketed DDP), torch DDP's one bucket rebuild
+    (the loop releases the first step's buckets: ``TorchDDP.release_first_buckets``), and the
+    model's output kept in ``logits`` through backward."""
+    return Implementation(
+        norm_kernel="compiled" if cfg.compile else norm_kernel(_device(backend)),
+        bucket_view=True,
+        ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
+        ddp_rebuild=cfg.strategy == "ddp",
+        logits_held=True,
+    )
+
+
+def _device(backend: str) -> str:
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Prediction], list[str]]:
     """The ledger's predictions for this run: state bytes per item, peak memory, comm per step.
 
@@ -79,38 +97,24 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         dtype = "bf16-params" if cfg.dtype == "bf16-params" else FP32_MASTER
     optimizer = "adamw-fused" if cfg.optimizer == "adamw" and backend == "nccl" else cfg.optimizer
     common = {"micro_batch": cfg.per_rank_batch, "seq_len": cfg.seq, "dtype": dtype}
-    eager = norm_kernel("cuda" if backend == "nccl" else "cpu")
     # parlab train's "selective" keeps every matmul and attention output: the ledger's
     # op-selective policy
     recompute = "op-selective" if cfg.recompute == "selective" else cfg.recompute
+    impl = implementation(cfg, backend)
     # torch.compile: the compiled blocks where the ledger models them, else the eager ones
     compiled = cfg.compile and models_compiled(
         spec, dtype=dtype, strategy=strategy, recompute=recompute
     )
-    kernel = "compiled" if compiled else eager
+    if cfg.compile and not compiled:
+        impl = replace(impl, norm_kernel=norm_kernel(_device(backend)))
     led = predict(
-        spec,
-        strategy=strategy,
-        topology=topo,
-        optimizer=optimizer,
-        recompute=recompute,
-        shard_size=shard,
-        bucket_view=True,
-        # the training loop keeps the logits alive through backward
-        logits_held=True,
-        # torch DDP: the loop releases the first step's buckets (TorchDDP.release_first_buckets)
-        ddp_old_buckets=False,
-        # torch DDP and parlab's bucketed DDP keep their gradient buffers on one rank too
-        ddp_one_rank=cfg.strategy in ("ddp", "ddp-bucket"),
-        # torch DDP rebuilds its buckets once, before the second forward (a transient copy)
-        ddp_rebuild=cfg.strategy == "ddp",
-        reshard_after_forward=cfg.reshard_after_forward,
-        norm_kernel=kernel,
+        spec, strategy=strategy, topology=topo, optimizer=optimizer, recompute=recompute,
+        shard_size=shard, reshard_after_forward=cfg.reshard_after_forward, impl=impl,
         # DeepSpeed: its gradient bucket (reduce_bucket_size elements in the gradient dtype),
         # alive through backward (stages 1/2) or for good (stage 3)
         overhead_bytes=REDUCE_BUCKET * (2 if cfg.dtype == "bf16-params" else 4) if deepspeed else 0,
         **common,
-    )
+    )  # fmt: skip
     model = f"ledger:{strategy}"
     preds = {
         f"state_bytes.{item}": Prediction(value=led.value(item), unit="B", model=model)
@@ -122,16 +126,24 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
         notes.append(
             "torch.compile: the ledger's compiled blocks (SwiGLU's silu output recomputed)"
             if compiled
-            else f"torch.compile: the ledger's eager blocks ({eager}; it models compiled blocks "
-            "for dense SwiGLU models without autocast)"
+            else f"torch.compile: the ledger's eager blocks ({impl.norm_kernel}; it models "
+            "compiled blocks for dense SwiGLU models without autocast)"
         )
     if deepspeed:
         notes += DEEPSPEED_NOTES
     if cfg.strategy.endswith("-naive"):
         notes.append("naive form: no comm prediction (the ledger tables the real mechanism)")
         return preds, notes
+    return preds | _comm_predictions(cfg, topo, shard=shard, **common), notes
+
+
+def _comm_predictions(
+    cfg: TrainConfig, topo: Topology, *, shard: int | None, **common: Any
+) -> dict[str, Prediction]:
+    """The ledger's wire table for the run: bytes per step, in all and per collective."""
+    strategy = ledger_strategy(cfg.strategy)
     wire = traffic(
-        spec,
+        get_spec(cfg.model),
         topo,
         strategy,
         shard_size=shard,
@@ -143,14 +155,11 @@ def ledger_predictions(cfg: TrainConfig, backend: str) -> tuple[dict[str, Predic
     for w in wire:
         op = w.collective.replace("-", "_")
         by_op[op] = by_op.get(op, 0) + w.total_bytes
-    preds["comm_bytes_per_step"] = Prediction(
-        value=sum(by_op.values()), unit="B", model=f"ledger.traffic:{strategy}"
-    )
+    model = f"ledger.traffic:{strategy}"
+    preds = {"comm_bytes_per_step": Prediction(value=sum(by_op.values()), unit="B", model=model)}
     for op, b in by_op.items():
-        preds[f"comm_bytes_per_step.{op}"] = Prediction(
-            value=b, unit="B", model=f"ledger.traffic:{strategy}"
-        )
-    return preds, notes
+        preds[f"comm_bytes_per_step.{op}"] = Prediction(value=b, unit="B", model=model)
+    return preds
 
 
 def _deepspeed_knobs(cfg: TrainConfig) -> dict[str, Any]:
@@ -189,7 +198,7 @@ def layout(cfg: TrainConfig, backend: str) -> dict[str, Any]:
             "bucket_mb": cfg.bucket_mb,
             "dtype": cfg.dtype,
             "memory_cap": cfg.memory_cap,
-            "norm_kernel": norm_kernel("cuda" if backend == "nccl" else "cpu"),
+            "norm_kernel": norm_kernel(_device(backend)),
             **(
                 {"deepspeed": _deepspeed_knobs(cfg)} if cfg.strategy.startswith("deepspeed") else {}
             ),
@@ -356,12 +365,7 @@ def predict_step(
     if not gpus:
         return None, "no step-time prediction: no GPU here (CPU ranks)"
     rc = "op-selective" if cfg.recompute == "selective" else cfg.recompute  # the runtime's
-    impl = Implementation(
-        norm_kernel="compiled"
-        if cfg.compile
-        else norm_kernel("cuda" if backend == "nccl" else "cpu"),
-        ddp_one_rank=cfg.strategy == "ddp",
-    )
+    impl = implementation(cfg, backend)
     try:
         req, cand, sp = request_of(
             model=cfg.model, gpu=str(gpus[0]["name"]), gpus_per_node=len(gpus), world=cfg.nproc,
