@@ -25,7 +25,9 @@ to torch where Triton is missing).
   against 11.3 for the fastest (1 stage); the former rule (32-token tiles, 1 stage) ran 157,
   464 and 14.4 us. Splits: the fewest (a power of two)
   giving 2 programs per SM -- one from 264 (sequence, head) pairs; more splits were no faster
-  at batch 32 or 128, and at batch 1 (32 splits, 12 us) a few us apart. Triton's autotune
+  at batch 32 or 128, and at batch 1 (32 splits, 12 us) a few us apart. A second run beside
+  128-token tiles: 328 us at batch 128 against 351, slower at batch 32 (104 against 93), so
+  the long tile is taken from ``LARGE_TILE_PER_SM`` programs per SM. Triton's autotune
   is not used: tried once, it tuned at capture time on the padding rows of length 1 and
   chose tiles that ran the 128-sequence step at 21.5 ms against 14.4 ms
   (results/PAR-DISTRIBUTED-INFERENCE/serve-engine-step-20261202T035816-f0e20b.json and
@@ -229,10 +231,19 @@ class DecodeConfig:
     splits: int = 1
 
 
-def decode_tile(head_dim: int) -> int:
+LARGE_TILE_PER_SM = 8
+"""Programs per SM from which the decode kernel takes tiles twice as long. Measured on an
+H200 (132 SMs, 1.3B's 16 heads of 128, 1,040 tokens; ``benchmarks/results/
+serve_decode_kernel.txt``): 128-token tiles against 64 ran 328 against 351 us at batch 128
+(2,048 programs, 15.5 per SM) and 104 against 93 us at batch 32 (512, 3.9 per SM); 8 lies
+between the two."""
+
+
+def decode_tile(head_dim: int, large: bool = False) -> int:
     """Tokens per tile: 8,192 elements of K (and of V) per tile -- 64 tokens of a 128-wide
-    head, the only width measured -- 16 to 128 tokens."""
-    return max(16, min(128, 8192 // triton.next_power_of_2(head_dim)))
+    head, the only width measured -- or 16,384 where ``large`` (many programs per SM), 16 to
+    128 tokens."""
+    return max(16, min(128, (16384 if large else 8192) // triton.next_power_of_2(head_dim)))
 
 
 def decode_config(
@@ -240,9 +251,12 @@ def decode_config(
 ) -> DecodeConfig:
     """The decode kernel's configuration for a bucket of ``B`` sequences of ``N`` query
     heads of width ``D`` on ``sms`` multiprocessors: ``DecodeConfig``'s defaults, the tile
-    ``decode_tile(D)``, and splits a power of two (at most 64), the fewest that give
-    ``per_sm`` programs per SM; ``knobs`` override the fields."""
-    cfg = DecodeConfig(**{"block_n": decode_tile(D), **knobs})
+    ``decode_tile(D)`` (the large one from ``LARGE_TILE_PER_SM`` programs per SM), and splits
+    a power of two (at most 64), the fewest that give ``per_sm`` programs per SM; ``knobs``
+    override the fields."""
+    heads = knobs.get("heads", DecodeConfig.heads)
+    large = B * -(-N // heads) >= LARGE_TILE_PER_SM * sms
+    cfg = DecodeConfig(**{"block_n": decode_tile(D, large), **knobs})
     groups = B * -(-N // cfg.heads)
     s = 1
     while groups * s < per_sm * sms and s < 64:
