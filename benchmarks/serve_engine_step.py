@@ -23,7 +23,8 @@ What it measures, for one model preset (random weights, seeded) on one device:
   for ``steps + 1`` new tokens after two warm-ups; the step is their difference over
   ``steps``;
 - **offline load** (``--offline N,P,O``): N requests of P prompt tokens and O output tokens
-  submitted at once, ``Engine.generate`` to the end; output tokens over wall time.
+  submitted at once, ``Engine.generate`` to the end; output tokens over wall time, and that
+  time split between the steps that held prompt chunks and the decode-only steps.
 
 Evidence: ``serving-benchmark`` on a GPU (the engine and transformers on the same device and
 weights); on the CPU (``--model tiny``) a dry run of the same code, ``cpu-mechanism``.
@@ -146,6 +147,17 @@ def engine_steps(eng: Engine, batch: int, plen: int, steps: int) -> dict[str, fl
         "graph": int(full[-1]["graph"]),
         "gpu": gpu,
     }
+
+
+def offline_split(log: list[dict], wall: float) -> dict[str, float]:
+    """Where an offline run's wall time went, from ``Engine.log``: the steps that held prompt
+    chunks (mixed with decode), the decode-only steps, and the rest (between steps)."""
+    pre = [e["s"] for e in log if e["kind"] == 0]
+    dec = [e["s"] for e in log if e["kind"] == 1]
+    return {
+        "prefill_steps": len(pre), "prefill_s": sum(pre), "decode_steps": len(dec),
+        "decode_s": sum(dec), "other_s": wall - sum(pre) - sum(dec),
+    }  # fmt: skip
 
 
 def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, float] | None:
@@ -285,13 +297,18 @@ def main() -> None:
         preds[f"decode_step_b{b}"] = Prediction(
             value=roof * 1e3, unit="ms", model="memory-roofline"
         )
-    offline = None
+    offline = split = None
     if off:
         n, p, o = off
+        eng.log.clear()
         t0 = time.perf_counter()
         eng.generate(prompts(n, p, eng.tokenizer.vocab_size, 99), o, ignore_eos=True)
-        offline = n * o / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        offline = n * o / wall
         metrics["offline_output_throughput"] = Metric(value=offline, unit="tokens/s")
+        split = offline_split(eng.log, wall)
+        for k, v in split.items():
+            metrics[f"offline_{k}"] = Metric(value=v, unit="s" if k.endswith("_s") else "steps")
     metrics["copy_bandwidth"] = Metric(value=bw / 1e9, unit="GB/s")
     metrics["engine_setup"] = Metric(value=setup, unit="s")
     level = "serving-benchmark" if dev.type == "cuda" else "cpu-mechanism"
@@ -327,6 +344,9 @@ def main() -> None:
               f"{r['step'] / roof:>9.2f} {ratio:>7} {am:>8} {ag:>10} {r['graph']:>6}")  # fmt: skip
     if offline is not None:
         print(f"offline {off[0]} x {off[1]} + {off[2]} tokens: {offline:.0f} output tokens/s")
+        print(f"  {split['prefill_steps']:.0f} steps with prompt chunks {split['prefill_s']:.3f} s, "
+              f"{split['decode_steps']:.0f} decode-only steps {split['decode_s']:.3f} s, "
+              f"outside steps {split['other_s']:.3f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

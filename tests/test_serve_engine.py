@@ -271,12 +271,42 @@ def test_cuda_graphs_and_triton_equal_the_torch_engine_on_gpu(dtype: torch.dtype
     cfg = EngineConfig(max_batch=4, max_len=256, block=16, max_step_tokens=64)
     ref = Engine(m, dataclasses.replace(cfg, cuda_graphs=False, attention="torch"))
     fast = Engine(m, cfg)
-    assert fast.runner.use_graphs and fast.runner.backend == "triton"
+    assert fast.runner.use_graphs and fast.runner.backend == "triton" and fast.runner.fused
+    assert not ref.runner.fused
     a = ref.generate(prompts, 12, ignore_eos=True)
     b = fast.generate(prompts, 12, ignore_eos=True)
     same = np.mean([x == y for x, y in zip(a, b, strict=True)])
     assert same >= (1.0 if dtype == torch.float32 else 0.6)
     assert any(e["graph"] for e in fast.log)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("T", "H"), [(1, 64), (37, 2048), (130, 100)])
+def test_fused_norm_and_swiglu_kernels_equal_torch_on_gpu(dtype, T: int, H: int) -> None:
+    from parlab.serve.engine.kernels_norm import add_rms_norm, silu_mul
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    h, d = (torch.randn(T, H, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    w = torch.randn(H, device="cuda", dtype=dtype, generator=g)
+    want_h = h + d
+    want_x = torch.nn.functional.rms_norm(want_h, (H,), w, 1e-5)
+    x = add_rms_norm(h, d, w, 1e-5)
+    assert torch.equal(h, want_h)  # the add rounds as torch's does, in place
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(x, want_x, rtol=tol, atol=tol)
+    ab = torch.randn(T, 2 * H, device="cuda", dtype=dtype, generator=g)
+    a, b = ab.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(ab), torch.nn.functional.silu(a) * b, rtol=tol, atol=tol)
+
+
+@cuda
+def test_decode_kernel_takes_long_tiles_only_at_large_batch() -> None:
+    from parlab.serve.engine.kernels import decode_config
+
+    assert decode_config(128, 16, 128, 132).block_n == 128  # 2,048 programs: 15.5 per SM
+    assert decode_config(32, 16, 128, 132).block_n == 64  # 512: 3.9 per SM
+    assert decode_config(128, 16, 128, 132, block_n=32).block_n == 32
 
 
 # ----- tensor-parallel replica ----------------------------------------------------------------------

@@ -4,7 +4,9 @@ to torch where Triton is missing).
 - ``rope_store``: RoPE of every query and key head of every new token (interleaved pairs, in
   float32, as ``parlab.models.reference.apply_rope``), queries to ``q_out``, keys and values
   into their page slots (``slot = page * block + offset``) -- one kernel instead of a dozen
-  elementwise ones and two indexed writes per layer.
+  elementwise ones and two indexed writes per layer; a program per token, all its heads
+  (a program per (token, head) made 262,144 programs of 64 pairs each in a prefill step of
+  8,192 tokens of the 1.3B preset).
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
   share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
@@ -25,7 +27,9 @@ to torch where Triton is missing).
   against 11.3 for the fastest (1 stage); the former rule (32-token tiles, 1 stage) ran 157,
   464 and 14.4 us. Splits: the fewest (a power of two)
   giving 2 programs per SM -- one from 264 (sequence, head) pairs; more splits were no faster
-  at batch 32 or 128, and at batch 1 (32 splits, 12 us) a few us apart. Triton's autotune
+  at batch 32 or 128, and at batch 1 (32 splits, 12 us) a few us apart. A second run beside
+  128-token tiles: 328 us at batch 128 against 351, slower at batch 32 (104 against 93), so
+  the long tile is taken from ``LARGE_TILE_PER_SM`` programs per SM. Triton's autotune
   is not used: tried once, it tuned at capture time on the padding rows of length 1 and
   chose tiles that ran the 128-sequence step at 21.5 ms against 14.4 ms
   (results/PAR-DISTRIBUTED-INFERENCE/serve-engine-step-20261202T035816-f0e20b.json and
@@ -57,37 +61,39 @@ def _rope_store(
     K,
     D: tl.constexpr,
     HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     ROPE: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)  # query heads, then key heads
     i = tl.arange(0, HALF)
-    m = i < D // 2
-    src = qkv + t * stride_t + h * D
-    x0 = tl.load(src + 2 * i, mask=m).to(tl.float32)
-    x1 = tl.load(src + 2 * i + 1, mask=m).to(tl.float32)
+    mi = i < D // 2
+    m = (h < N + K)[:, None] & mi[None, :]
+    src = qkv + t * stride_t + h[:, None] * D + 2 * i[None, :]
+    x0 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    x1 = tl.load(src + 1, mask=m, other=0.0).to(tl.float32)
     if ROPE:
-        c = tl.load(cs + t * D + 2 * i, mask=m)
-        s = tl.load(cs + t * D + 2 * i + 1, mask=m)
+        c = tl.load(cs + t * D + 2 * i, mask=mi, other=0.0)[None, :]
+        s = tl.load(cs + t * D + 2 * i + 1, mask=mi, other=0.0)[None, :]
         y0 = x0 * c - x1 * s
         y1 = x0 * s + x1 * c
     else:
         y0 = x0
         y1 = x1
-    if h < N:
-        dst = q_out + t * stride_q + h * D
-        tl.store(dst + 2 * i, y0.to(q_out.dtype.element_ty), mask=m)
-        tl.store(dst + 2 * i + 1, y1.to(q_out.dtype.element_ty), mask=m)
-    else:
-        slot = tl.load(slots + t)
-        kh = h - N
-        dst = k_cache + slot * (K * D) + kh * D
-        tl.store(dst + 2 * i, y0.to(k_cache.dtype.element_ty), mask=m)
-        tl.store(dst + 2 * i + 1, y1.to(k_cache.dtype.element_ty), mask=m)
-        vsrc = qkv + t * stride_t + (N + K + kh) * D
-        vdst = v_cache + slot * (K * D) + kh * D
-        tl.store(vdst + 2 * i, tl.load(vsrc + 2 * i, mask=m), mask=m)
-        tl.store(vdst + 2 * i + 1, tl.load(vsrc + 2 * i + 1, mask=m), mask=m)
+    qm = m & (h < N)[:, None]
+    qdst = q_out + t * stride_q + h[:, None] * D + 2 * i[None, :]
+    tl.store(qdst, y0.to(q_out.dtype.element_ty), mask=qm)
+    tl.store(qdst + 1, y1.to(q_out.dtype.element_ty), mask=qm)
+    slot = tl.load(slots + t)
+    km = m & (h >= N)[:, None]
+    kdst = k_cache + slot * (K * D) + (h - N)[:, None] * D + 2 * i[None, :]
+    tl.store(kdst, y0.to(k_cache.dtype.element_ty), mask=km)
+    tl.store(kdst + 1, y1.to(k_cache.dtype.element_ty), mask=km)
+    j = tl.arange(0, BLOCK_V)
+    vm = j < K * D
+    vv = tl.load(qkv + t * stride_t + (N + K) * D + j, mask=vm)
+    tl.store(v_cache + slot * (K * D) + j, vv, mask=vm)
 
 
 def rope_store(
@@ -104,7 +110,7 @@ def rope_store(
     """``q_TND`` = RoPE(queries); the rotated keys and the values to their slots."""
     T = qkv_TX.shape[0]
     cs = rope_TD2 if rope_TD2 is not None else qkv_TX  # unused without RoPE
-    _rope_store[(T, N + K)](
+    _rope_store[(T,)](
         qkv_TX,
         cs,
         slots_T,
@@ -117,6 +123,8 @@ def rope_store(
         K,
         D=D,
         HALF=triton.next_power_of_2(max(D // 2, 1)),
+        BLOCK_H=triton.next_power_of_2(N + K),
+        BLOCK_V=triton.next_power_of_2(K * D),
         ROPE=rope_TD2 is not None,
     )
 
@@ -229,10 +237,19 @@ class DecodeConfig:
     splits: int = 1
 
 
-def decode_tile(head_dim: int) -> int:
+LARGE_TILE_PER_SM = 8
+"""Programs per SM from which the decode kernel takes tiles twice as long. Measured on an
+H200 (132 SMs, 1.3B's 16 heads of 128, 1,040 tokens; ``benchmarks/results/
+serve_decode_kernel.txt``): 128-token tiles against 64 ran 328 against 351 us at batch 128
+(2,048 programs, 15.5 per SM) and 104 against 93 us at batch 32 (512, 3.9 per SM); 8 lies
+between the two."""
+
+
+def decode_tile(head_dim: int, large: bool = False) -> int:
     """Tokens per tile: 8,192 elements of K (and of V) per tile -- 64 tokens of a 128-wide
-    head, the only width measured -- 16 to 128 tokens."""
-    return max(16, min(128, 8192 // triton.next_power_of_2(head_dim)))
+    head, the only width measured -- or 16,384 where ``large`` (many programs per SM), 16 to
+    128 tokens."""
+    return max(16, min(128, (16384 if large else 8192) // triton.next_power_of_2(head_dim)))
 
 
 def decode_config(
@@ -240,9 +257,12 @@ def decode_config(
 ) -> DecodeConfig:
     """The decode kernel's configuration for a bucket of ``B`` sequences of ``N`` query
     heads of width ``D`` on ``sms`` multiprocessors: ``DecodeConfig``'s defaults, the tile
-    ``decode_tile(D)``, and splits a power of two (at most 64), the fewest that give
-    ``per_sm`` programs per SM; ``knobs`` override the fields."""
-    cfg = DecodeConfig(**{"block_n": decode_tile(D), **knobs})
+    ``decode_tile(D)`` (the large one from ``LARGE_TILE_PER_SM`` programs per SM), and splits
+    a power of two (at most 64), the fewest that give ``per_sm`` programs per SM; ``knobs``
+    override the fields."""
+    heads = knobs.get("heads", DecodeConfig.heads)
+    large = B * -(-N // heads) >= LARGE_TILE_PER_SM * sms
+    cfg = DecodeConfig(**{"block_n": decode_tile(D, large), **knobs})
     groups = B * -(-N // cfg.heads)
     s = 1
     while groups * s < per_sm * sms and s < 64:

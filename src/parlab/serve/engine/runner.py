@@ -3,11 +3,13 @@
 A step's inputs reach the device in one host-to-device copy of one packed int64 buffer and
 one float32 buffer (``StepInputs.pack``). Per layer: ``attention_norm`` -> one fused QKV
 projection (the model's ``wq``/``wk``/``wv`` weights concatenated once, the modules' own
-weights left as views of it) -> ``PagedAttention`` -> ``attention.wo`` -> ``ffn_norm`` -> the
-FFN (SwiGLU's ``w1``/``w3`` fused the same way; MoE as the model runs it), then the final
-norm and output for the rows that sample only, and ``sampling.sample`` on the device. The
-modules are the model's own, so a test keeps the engine's tokens equal to the model's full
-forward.
+weights left as views of it) -> ``PagedAttention`` -> ``attention.wo`` -> the residual add
+and ``ffn_norm`` -> the FFN (SwiGLU's ``w1``/``w3`` fused the same way; MoE as the model runs
+it) -> the residual add and the next layer's ``attention_norm``, the last layer's for the
+rows that sample only, with the final norm; then the output and ``sampling.sample`` on the
+device. With the triton backend each residual add and its RMSNorm run as one kernel, and
+SwiGLU's ``silu(gate) * up`` as one (``kernels_norm``). The modules are the model's own, so a
+test keeps the engine's tokens equal to the model's full forward.
 
 CUDA graphs: a decode-only step of ``b`` sequences is padded to the smallest captured bucket
 ``>= b`` (``EngineConfig.buckets``) and replays that bucket's graph: its inputs read from
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from parlab.errors import UsageError
+from parlab.models.reference import RMSNorm
 from parlab.serve.engine.attention import ChunkMeta, PagedAttention, StepMeta
 from parlab.serve.engine.config import EngineConfig
 from parlab.serve.engine.graphs import StaticStep
@@ -55,6 +58,19 @@ class ModelRunner:
             torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers
         ]
         self.backend = self._backend()
+        self.fused = self.backend == "triton" and all(
+            isinstance(n, RMSNorm)
+            for n in [
+                model.norm,
+                *(x for b in model.layers for x in (b.attention_norm, b.ffn_norm)),
+            ]
+        )
+        """The residual adds with their RMSNorm, and SwiGLU's ``silu(gate) * up``, as Triton
+        kernels (``kernels_norm``): with the triton backend, where every norm is RMSNorm."""
+        if self.fused:
+            from parlab.serve.engine import kernels_norm  # lazy: Triton, CUDA machines only
+
+            self._fused_kernels = kernels_norm
         self.attn = PagedAttention(
             n_heads=self.N, n_kv=self.K, head_dim=D, backend=self.backend, device=self.device
         )
@@ -147,16 +163,26 @@ class ModelRunner:
         if m.pos_embeddings is not None:
             h = h + m.pos_embeddings(positions_T)
         rope = m.rope(positions_T)
+        x = m.layers[0].attention_norm(h)
+        last = len(m.layers) - 1
         for li, layer in enumerate(m.layers):
-            x = layer.attention_norm(h)
             qkv = F.linear(x, self.wqkv[li], self.bqkv[li])
             o = self.attn(qkv, rope, self.k_cache[li], self.v_cache[li], meta)
-            h = h + self._reduce(layer.attention.wo(o))
-            x = layer.ffn_norm(h)
-            h = h + self._reduce(self._ffn(li, layer, x))
-        if rows_R is not None:
-            h = h.index_select(0, rows_R)
-        return m.output(m.norm(h)).float()
+            h, x = self._add_norm(h, self._reduce(layer.attention.wo(o)), layer.ffn_norm)
+            d = self._reduce(self._ffn(li, layer, x))
+            if li == last and rows_R is not None:  # the final norm of the sampled rows only
+                h, d = h.index_select(0, rows_R), d.index_select(0, rows_R)
+            nxt = m.norm if li == last else m.layers[li + 1].attention_norm
+            h, x = self._add_norm(h, d, nxt)
+        return m.output(x).float()
+
+    def _add_norm(self, h: torch.Tensor, d: torch.Tensor, norm: Any) -> tuple[Any, Any]:
+        """``h + d`` and its ``norm``: one Triton kernel where ``fused`` (``h`` updated in
+        place), else torch's add and the norm module."""
+        if self.fused:
+            return h, self._fused_kernels.add_rms_norm(h, d, norm.weight, norm.eps)
+        h = h + d
+        return h, norm(h)
 
     def _ffn(self, li: int, layer: Any, x: torch.Tensor) -> torch.Tensor:
         if layer.moe is not None:
@@ -164,7 +190,10 @@ class ModelRunner:
         f = layer.feed_forward
         if self.w13[li] is None:
             return f(x)
-        a, b = F.linear(x, self.w13[li], self.b13[li]).chunk(2, dim=-1)
+        ab = F.linear(x, self.w13[li], self.b13[li])
+        if self.fused:
+            return f.w2(self._fused_kernels.silu_mul(ab))
+        a, b = ab.chunk(2, dim=-1)
         return f.w2(F.silu(a) * b)
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
