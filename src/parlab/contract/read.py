@@ -4,6 +4,7 @@ metric the listings use."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import stat
@@ -162,15 +163,21 @@ def read_results(
         )
     entries: list[Entry] = []
     skipped: list[Skipped] = []
-    for folder in _results_folders(root, nested):
-        _clean_stale_temp(folder, skipped)
-        for path in sorted(folder.glob("*.json")):
-            if path.name.startswith("."):
-                continue
-            try:
-                entries.append(Entry(path, read_document(path)))
-            except NotADocument as exc:
-                skipped.append(Skipped(path, str(exc).removeprefix(f"{path}: ")))
+    collecting = gc.isenabled()
+    gc.disable()  # parsed JSON holds no cycles: the collector would only rescan what is kept
+    try:  # (10,000 documents: 1.9 against 3.3 s; benchmarks/report_speed.py)
+        for folder in _results_folders(root, nested):
+            _clean_stale_temp(folder, skipped)
+            for path in sorted(folder.glob("*.json")):
+                if path.name.startswith("."):
+                    continue
+                try:
+                    entries.append(Entry(path, read_document(path)))
+                except NotADocument as exc:
+                    skipped.append(Skipped(path, str(exc).removeprefix(f"{path}: ")))
+    finally:
+        if collecting:
+            gc.enable()
     entries.sort(key=lambda e: (e.doc.created, e.doc.run_id))
     return entries, skipped
 
