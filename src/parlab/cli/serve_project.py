@@ -18,6 +18,7 @@ from parlab.cli.common import (
     tensor_dtype_choice,
     write,
 )
+from parlab.cli.project import project_app
 from parlab.cli.serve import serve_app
 from parlab.dtypes import SERVING_DTYPES, TORCH_NAMES
 from parlab.errors import UsageError
@@ -203,28 +204,6 @@ def serve_project_cmd(
     )
 
 
-def register_project_command() -> None:
-    """Add ``serving`` to the ``parlab project`` sub-app, when that sub-app exists."""
-    try:
-        from parlab.cli.project import project_app  # type: ignore[attr-defined]
-    except ImportError:
-        return
-
-    @project_app.command("serving")
-    def serving_cmd(
-        results: Path | None = ResultsOption,
-        preset: str = _PRESET,
-        policies: str = _POLICIES,
-        num_prompts: int | None = _NUM,
-        request_rate: float | None = _RATE,
-        kv_transfer: bool = _KV,
-        replicas: str | None = _REPLICAS,
-        devices: str | None = _DEVICES,
-    ) -> None:
-        """Replicas + router + load per policy, simulator check, KV transfer; a report."""
-        _serving_project(
-            results, preset, policies, num_prompts, request_rate, kv_transfer, replicas, devices
-        )
-
-
-register_project_command()
+project_app.command(
+    "serving", help="Replicas + router + load per policy, simulator check, KV transfer; a report."
+)(serve_project_cmd)
