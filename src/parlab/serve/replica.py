@@ -79,7 +79,7 @@ def build_engine(
     return Engine(m, config)
 
 
-class ReplicaServer(ReplicaEndpoints):
+class ReplicaServer(ReplicaEndpoints, protocol.Site):
     """HTTP front of one engine: ``await start()``, ``await stop()``; its small endpoints are
     ``ReplicaEndpoints``'s (``replica_endpoints.py``)."""
 
@@ -105,52 +105,41 @@ class ReplicaServer(ReplicaEndpoints):
         self._wake = asyncio.Event()
         self._exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._task: asyncio.Task[None] | None = None
-        self._runner: web.AppRunner | None = None
         self._step_started: float | None = None
         self._last_step_end = time.monotonic()
         self._open: dict[str, float] = {}
-        self.port = 0
         self.served = 0
         self.cancelled = 0
         self.timed_out = 0
         self.step_errors = 0
         self.last_error = ""
 
-    def app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
-        )
-        add_post, add_get = app.router.add_post, app.router.add_get
-        add_post("/v1/completions", self._completions)
-        add_post("/v1/chat/completions", self._chat)
-        add_get("/v1/models", self._models)
-        add_get("/v1/models/{model_id:.+}", self._model)
-        add_get("/health", self._health)
-        add_get("/version", self._version)
-        add_post("/tokenize", self._tokenize)
-        add_post("/detokenize", self._detokenize)
-        add_get("/engine/stats", self._stats)
-        add_get("/engine/log", self._log)
-        add_post("/engine/profile", self._profile)
-        add_post("/engine/reset", self._reset)
-        return app
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self._completions),
+            web.post("/v1/chat/completions", self._chat),
+            web.get("/v1/models", self._models),
+            web.get("/v1/models/{model_id:.+}", self._model),
+            web.get("/health", self._health),
+            web.get("/version", self._version),
+            web.post("/tokenize", self._tokenize),
+            web.post("/detokenize", self._detokenize),
+            web.get("/engine/stats", self._stats),
+            web.get("/engine/log", self._log),
+            web.post("/engine/profile", self._profile),
+            web.post("/engine/reset", self._reset),
+        ]
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
         self._task = asyncio.create_task(self._loop())
-        self._runner, self.port = await protocol.start_site(self.app(), host, port)
-        return self.port
+        return await super().start(host, port)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await super().stop()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._exec.shutdown(wait=True, cancel_futures=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{protocol.LOOPBACK}:{self.port}"
 
     # -- the engine loop ---------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -336,12 +325,4 @@ async def serve_forever(
 ) -> None:
     """Run a replica until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
     server = ReplicaServer(engine, name=name, request_timeout_s=request_timeout_s)
-    bound = await server.start(host, port)
-    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
-    try:
-        if duration_s is None:
-            await asyncio.Event().wait()
-        else:
-            await asyncio.sleep(duration_s)
-    finally:
-        await server.stop()
+    await protocol.serve_until(server, host, port, duration_s)

@@ -96,7 +96,7 @@ def _replica_client(url: str) -> httpc.Client:
     return httpc.Client(u.hostname or "127.0.0.1", u.port or 80, max_connections=1024)
 
 
-class Router:
+class Router(protocol.Site):
     """The proxy: ``await start(host, port)``, ``await stop()``, ``stats()``."""
 
     def __init__(self, config: RouterConfig) -> None:
@@ -108,25 +108,21 @@ class Router:
         self.no_replica = 0
         self._session: aiohttp.ClientSession | None = None
         self._clients: list[httpc.Client] = []
-        self._runner: web.AppRunner | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._inflight: list[set[asyncio.Task[Any]]] = [set() for _ in config.replicas]
         self._cut: set[asyncio.Task[Any]] = set()
-        self.port = 0
 
     # -- lifecycle -----------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
-        )
-        app.router.add_post("/v1/completions", self._proxy)
-        app.router.add_post("/v1/chat/completions", self._proxy)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{model_id:.+}", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/router/stats", self._stats)
-        app.router.add_post("/router/replicas", self._add_replica)
-        return app
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self._proxy),
+            web.post("/v1/chat/completions", self._proxy),
+            web.get("/v1/models", self._models),
+            web.get("/v1/models/{model_id:.+}", self._models),
+            web.get("/health", self._health),
+            web.get("/router/stats", self._stats),
+            web.post("/router/replicas", self._add_replica),
+        ]
 
     async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
         self._session = aiohttp.ClientSession(
@@ -134,7 +130,7 @@ class Router:
             timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
         )
         self._clients = [_replica_client(r.url) for r in self.replicas]
-        self._runner, self.port = await protocol.start_site(self.app(), host, port)
+        await super().start(host, port)
         self._health_task = asyncio.create_task(self._health_loop())
         return self.port
 
@@ -142,16 +138,11 @@ class Router:
         if self._health_task is not None:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await super().stop()
         if self._session is not None:
             await self._session.close()
         for c in self._clients:
             await c.close()
-
-    @property
-    def url(self) -> str:
-        return f"http://{protocol.LOOPBACK}:{self.port}"
 
     def add_replica(self, url: str, info: dict[str, Any] | None = None) -> int:
         """Add a replica (``UsageError`` for a bad or non-loopback URL); its index."""

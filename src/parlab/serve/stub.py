@@ -19,6 +19,7 @@ accelerator would; then ``token_s`` between chunks. It reports
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -52,7 +53,7 @@ class StubConfig:
     """Prefix-cache capacity in blocks of 16 tokens."""
 
 
-class StubServer:
+class StubServer(protocol.Site):
     """An in-process stub endpoint: ``await start()``, ``await stop()``."""
 
     def __init__(self, config: StubConfig | None = None) -> None:
@@ -61,38 +62,23 @@ class StubServer:
         self.tok = get_tokenizer()
         self._lock = asyncio.Lock()
         self._ids = itertools.count()
-        self._runner: web.AppRunner | None = None
         self._dead = False
-        self.port = 0
         self.served = 0
-        self.in_flight = 0
 
-    def app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[protocol.json_errors]
-        )
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{model_id:.+}", self._model)
-        app.router.add_get("/health", self._health)
-        app.router.add_post("/engine/reset", self._reset)
-        return app
-
-    async def start(self, host: str = protocol.LOOPBACK, port: int = 0) -> int:
-        self._runner, self.port = await protocol.start_site(self.app(), host, port)
-        return self.port
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self._completions),
+            web.post("/v1/chat/completions", self._chat),
+            web.get("/v1/models", self._models),
+            web.get("/v1/models/{model_id:.+}", self._model),
+            web.get("/health", self._health),
+            web.post("/engine/reset", self._reset),
+        ]
 
     async def stop(self, *, abort: bool = False) -> None:
         """Stop listening; ``abort``: cut in-flight streams as a crash would."""
         self._dead = abort
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://{protocol.LOOPBACK}:{self.port}"
+        await super().stop()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -126,68 +112,50 @@ class StubServer:
         req = dataclasses.replace(req, model=cfg.name, max_tokens=req.max_tokens or 16)
         assert req.max_tokens is not None
         rid = f"cmpl-stub-{next(self._ids)}"
-        self.in_flight += 1
-        try:
-            text = render_chat(req.messages) if chat else req.prompts[0]
-            ids = self.tok.encode(text) if isinstance(text, str) else list(text)
-            hashes = block_hashes(ids, DEFAULT_BLOCK) if cfg.prefix_cache else []
-            cached = self.cache.match(hashes) * DEFAULT_BLOCK if cfg.prefix_cache else 0
-            n_prompt = len(ids)
-            cached = min(cached, n_prompt)
-            prefill = cfg.prefill_base_s + cfg.prefill_per_token_s * (n_prompt - cached)
-            if prefill > 0:
-                if cfg.serial_prefill:
-                    async with self._lock:
-                        await asyncio.sleep(prefill)
-                else:
-                    await asyncio.sleep(prefill)
-            if cfg.prefix_cache:
-                self.cache.insert(hashes)
-            use = protocol.usage(n_prompt, req.max_tokens, cached if cfg.prefix_cache else None)
-            if not req.stream:
-                if cfg.token_s > 0:
-                    await asyncio.sleep(cfg.token_s * (req.max_tokens - 1))
-                self.served += 1
-                return web.json_response(
-                    protocol.full_response(req, rid, [("x" * req.max_tokens, "length")], use)
-                )
-            resp = await protocol.sse_start(request)
-            for i in range(req.max_tokens):
-                if i and cfg.token_s > 0:
-                    await asyncio.sleep(cfg.token_s)
-                if self._dead:
-                    if request.transport is not None:
-                        request.transport.abort()
-                    return resp
-                last = i == req.max_tokens - 1
-                await resp.write(
-                    protocol.chunk(
-                        req, rid, "x", role=i == 0, finish_reason="length" if last else None
-                    )
-                )
-            if req.include_usage:
-                await resp.write(protocol.chunk(req, rid, "", usage_obj=use))
-            await resp.write(protocol.DONE)
+        text = render_chat(req.messages) if chat else req.prompts[0]
+        ids = self.tok.encode(text) if isinstance(text, str) else list(text)
+        hashes = block_hashes(ids, DEFAULT_BLOCK) if cfg.prefix_cache else []
+        cached = self.cache.match(hashes) * DEFAULT_BLOCK if cfg.prefix_cache else 0
+        n_prompt = len(ids)
+        cached = min(cached, n_prompt)
+        prefill = cfg.prefill_base_s + cfg.prefill_per_token_s * (n_prompt - cached)
+        if prefill > 0:
+            async with self._lock if cfg.serial_prefill else contextlib.nullcontext():
+                await asyncio.sleep(prefill)
+        if cfg.prefix_cache:
+            self.cache.insert(hashes)
+        use = protocol.usage(n_prompt, req.max_tokens, cached if cfg.prefix_cache else None)
+        if not req.stream:
+            if cfg.token_s > 0:
+                await asyncio.sleep(cfg.token_s * (req.max_tokens - 1))
             self.served += 1
-            return resp
-        finally:
-            self.in_flight -= 1
+            return web.json_response(
+                protocol.full_response(req, rid, [("x" * req.max_tokens, "length")], use)
+            )
+        resp = await protocol.sse_start(request)
+        for i in range(req.max_tokens):
+            if i and cfg.token_s > 0:
+                await asyncio.sleep(cfg.token_s)
+            if self._dead:
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            last = i == req.max_tokens - 1
+            await resp.write(
+                protocol.chunk(req, rid, "x", role=i == 0, finish_reason="length" if last else None)
+            )
+        if req.include_usage:
+            await resp.write(protocol.chunk(req, rid, "", usage_obj=use))
+        await resp.write(protocol.DONE)
+        self.served += 1
+        return resp
 
 
 async def serve_forever(
     config: StubConfig, *, host: str, port: int, duration_s: float | None
 ) -> None:
     """Run a stub until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
-    server = StubServer(config)
-    bound = await server.start(host, port)
-    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
-    try:
-        if duration_s is None:
-            await asyncio.Event().wait()
-        else:
-            await asyncio.sleep(duration_s)
-    finally:
-        await server.stop()
+    await protocol.serve_until(StubServer(config), host, port, duration_s)
 
 
 class _TrivialProtocol(asyncio.Protocol):

@@ -31,6 +31,7 @@ from torch import nn
 
 from parlab.errors import UsageError
 from parlab.runtime.context import RankContext
+from parlab.serve import protocol
 
 
 class TPComm:
@@ -140,12 +141,7 @@ def replica_main(
 
     async def main() -> dict[str, Any]:
         server = ReplicaServer(eng, name=f"parlab-{model}-tp{ctx.world_size}", heartbeat_s=1.0)
-        bound = await server.start(host, port)
-        print(f"parlab replica listening on http://{host}:{bound}", flush=True)
-        try:
-            await asyncio.sleep(duration_s)
-        finally:
-            await server.stop()
+        await protocol.serve_until(server, host, port, duration_s)
         return server.stats()
 
     try:

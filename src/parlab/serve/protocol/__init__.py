@@ -37,6 +37,7 @@ from parlab.serve.protocol.request import (
 )
 from parlab.serve.protocol.response import (
     DONE,
+    Site,
     bad_request_response,
     chunk,
     error_chunk,
@@ -46,6 +47,7 @@ from parlab.serve.protocol.response import (
     model_card,
     models_body,
     read_json,
+    serve_until,
     sse_start,
     start_site,
     usage,
@@ -57,6 +59,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "BadRequest",
     "GenRequest",
+    "Site",
     "bad_request_response",
     "chunk",
     "error_chunk",
@@ -67,6 +70,7 @@ __all__ = [
     "models_body",
     "parse_request",
     "read_json",
+    "serve_until",
     "sse_start",
     "start_site",
     "usage",

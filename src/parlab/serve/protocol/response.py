@@ -1,15 +1,16 @@
 """The OpenAI-compatible answers: JSON errors, stream chunks, the non-streaming body, the
-model list, and the aiohttp plumbing (the JSON body read, the site, the event stream)."""
+model list, and the aiohttp plumbing (the JSON body read, the server, the event stream)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 from aiohttp import web
 
-from parlab.serve.protocol.request import MAX_BODY_BYTES, BadRequest, GenRequest
+from parlab.serve.protocol.request import LOOPBACK, MAX_BODY_BYTES, BadRequest, GenRequest
 
 
 async def read_json(request: web.Request) -> Any:
@@ -171,6 +172,45 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     server = site._server  # the asyncio Server: the port actually bound
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
     return runner, int(bound)
+
+
+class Site:
+    """An HTTP server answering ``routes()`` (unknown paths: JSON errors): ``await
+    start(host, port)`` (0: a free port) and ``await stop()``."""
+
+    port = 0
+    _runner: web.AppRunner | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        raise NotImplementedError
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
+        app.add_routes(self.routes())
+        return app
+
+    async def start(self, host: str = LOOPBACK, port: int = 0) -> int:
+        self._runner, self.port = await start_site(self.app(), host, port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+async def serve_until(server: Site, host: str, port: int, duration_s: float | None) -> None:
+    """Run ``server`` until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
+    bound = await server.start(host, port)
+    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
+    try:
+        await (asyncio.Event().wait() if duration_s is None else asyncio.sleep(duration_s))
+    finally:
+        await server.stop()
 
 
 async def sse_start(request: web.Request, headers: dict[str, str] | None = None):
