@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -66,26 +66,12 @@ def stats_body(
 ) -> dict[str, Any]:
     """``GET /router/stats``: per replica its state and counters; the estimated cache hit
     rate; the policy's decision time and the time to forward, as percentiles."""
-    reps = []
-    for i, r in enumerate(replicas):
-        reps.append(
-            {
-                "url": r.url,
-                "alive": state.alive[i],
-                "load": state.load[i],
-                "routed": r.routed,
-                "completed": r.completed,
-                "failed": r.failed,
-                "retried_away": r.retried_away,
-                "prompt_tokens": r.prompt_tokens,
-                "est_cached_tokens": r.est_cached_tokens,
-                "taken_out": r.taken_out,
-                "client_gone": r.client_gone,
-                "client_errors": r.client_errors,
-                "cut": r.cut,
-                "info": r.info,
-            }
-        )
+    counters = [f.name for f in fields(ReplicaStats) if f.name not in ("url", "health_misses")]
+    reps = [
+        {"url": r.url, "alive": state.alive[i], "load": state.load[i]}
+        | {k: getattr(r, k) for k in counters}
+        for i, r in enumerate(replicas)
+    ]
     pt = sum(r.prompt_tokens for r in replicas)
     ct = sum(r.est_cached_tokens for r in replicas)
     return {

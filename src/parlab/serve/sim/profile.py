@@ -73,18 +73,9 @@ class ReplicaProfile:
         """A profile from ``profile_engine``'s or ``fit_profile``'s dictionary; fields it
         lacks keep their defaults, ``over`` sets any field."""
         keys = ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_seq_s")
-        extra = (
-            "prefill_per_cached_token_s",
-            "decode_per_token_s",
-            "loop_base_s",
-            "loop_per_seq_s",
-            "path_s",
-        )
-        return cls(
-            **{k: float(data[k]) for k in keys},
-            **{k: float(data[k]) for k in extra if k in data},
-            **over,
-        )
+        known = (*PROFILE_TERMS, "loop_base_s", "loop_per_seq_s", "path_s")
+        vals = {k: float(data[k]) for k in keys} | {k: float(data[k]) for k in known if k in data}
+        return cls(**vals, **over)
 
     def prefill_s(self, uncached: int, cached: int) -> float:
         """One admitted request's share of a step."""
@@ -97,13 +88,8 @@ class ReplicaProfile:
     def decode_step_s(self, batch: int, context: float) -> float:
         """A step's decoding part: ``batch`` running requests holding ``context`` tokens,
         plus the serving loop's (``loop_s``)."""
-        return self.engine_decode_s(batch, context) + self.loop_s(batch)
-
-    def engine_decode_s(self, batch: int, context: float) -> float:
-        """``decode_step_s`` without the serving loop's part."""
-        return (
-            self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_token_s * context
-        )
+        d = self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_token_s * context
+        return d + self.loop_s(batch)
 
     def step_s(self, e: dict[str, float]) -> float:
         """The engine's cost of a logged step (``step_features``), the serving loop left out."""
