@@ -1,19 +1,12 @@
-"""A lean HTTP/1.1 client for the load generator: keep-alive connections over asyncio streams.
+"""A lean HTTP/1.1 client over asyncio streams, for the load generator and the router.
 
-The load generator spends most of its CPU inside its HTTP client; aiohttp's
-costs ~250 us of CPU per streamed request, this one about a third of that, so
-one core can drive several thousand requests per second and the timestamps
-stay close to the wire. It does just what the benchmark needs: ``POST`` with
-a JSON body to ``http://host:port/path``; responses with ``Content-Length``,
-``Transfer-Encoding: chunked`` or read-to-close; the body handed over as it
-arrives, line by line, to the same SSE reader the aiohttp path uses
-(``bench.client._Stream``), so both clients time and judge chunks identically (a
-test keeps them equal). ``https`` targets use aiohttp.
-
-Connections: at most ``max_connections`` open, idle ones reused (LIFO); a
-connection the server closed while idle is detected on first use and the
-request is retried once on a fresh one (nothing was processed). Anything
-unexpected closes the connection instead of returning it.
+``POST`` of a JSON body to ``http://host:port/path`` on keep-alive connections (at most
+``max_connections``, idle ones reused LIFO); responses with ``Content-Length``,
+``Transfer-Encoding: chunked`` or read-to-close, the body handed over as it arrives. A
+connection the server closed while idle is found on first use and the request retried once
+on a fresh one (nothing was processed); anything unexpected closes the connection instead of
+returning it. It costs less CPU per streamed request than aiohttp, so the load generator's
+timestamps stay close to the wire; ``https`` targets use aiohttp.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """KV-cache transfer between two ranks: the wire cost of the prefill/decode split.
 
-In disaggregated serving a prefill instance hands a request's KV cache to a
-decode instance. Here rank 0 (prefill) sends, with ``dist.send``, the KV
-blocks of one request -- one contiguous tensor ``[layers, 2, kv_heads,
-tokens, head_dim]`` in the model's dtype (``tokens * kv_bytes_per_token``
-bytes) -- and rank 1 (decode) receives it with ``dist.recv``: NCCL
-point-to-point on GPUs (NVLink between the two H200s), gloo on CPU. Both
-ranks meet at a barrier, then the receiver times ``recv`` + device
-synchronise with ``time.perf_counter``; ``warmup`` transfers first, then the
-mean of ``iters``. The receiver checks every element (``wrong`` counts the
-mismatches). A least-squares fit ``time = base_s + bytes / bandwidth`` over
-the sizes is what the simulator's disaggregated mode takes.
+Rank 0 (prefill) sends one request's KV blocks with ``dist.send`` -- one contiguous tensor
+``[layers, 2, kv_heads, tokens, head_dim]`` in the model's dtype (``tokens *
+kv_bytes_per_token`` bytes) -- and rank 1 (decode) receives them with ``dist.recv`` (NCCL
+point-to-point on GPUs, gloo on the CPU). After a barrier the receiver times ``recv`` and a
+device synchronise with ``time.perf_counter``: ``warmup`` transfers, then the mean of
+``iters``; it checks every element (``wrong``). ``fit``'s ``time = base_s + bytes /
+bandwidth`` is what the simulator's disaggregated mode takes.
 
 Shape suffixes: L layers, K kv heads, T tokens, D head dim.
 """

@@ -1,27 +1,20 @@
 """Request-to-replica routing policies: pure logic, shared by the router and the simulator.
 
-A policy sees, per live replica, its load (requests routed to it and not yet
-finished) and, for the cache-aware policy, an approximate prefix tree of what
-it has cached (``BlockLRU`` of chained block hashes, ``prefix.py``). It
-returns the index of the replica to use. Nothing here does I/O.
+A policy sees each live replica's load (requests routed to it and not yet finished) and an
+approximate prefix tree of what it has cached (a ``BlockLRU`` of chained block hashes,
+``prefix.py``), and returns a replica's index. No I/O.
 
-- ``round_robin``: the next live replica in turn.
-- ``random``: uniform, from a seeded generator.
-- ``least_outstanding``: the fewest requests in flight (ties: at random).
-- ``power_of_two``: two distinct replicas at random, the less loaded one
-  (Mitzenmacher's power of two choices).
-- ``cache_aware``: SGLang's router (``sgl-router`` ``cache_aware`` policy):
-  if the load is uneven -- ``max - min > balance_abs`` *and*
-  ``max > min * balance_rel`` -- the shortest queue; otherwise the replica
-  whose tree matches the longest prefix of the prompt, if the matched
-  fraction exceeds ``cache_threshold``, else the least loaded one (SGLang
-  picks the smallest tree there; least loaded is what parlab's brief asks).
-  The chosen replica's tree then takes the prompt's blocks. Defaults follow
-  sgl-router: threshold 0.5, balance_abs 32, balance_rel 1.0001.
+- ``round_robin``: the next live replica in turn;
+- ``random``: uniform, from a seeded generator;
+- ``least_outstanding``: the fewest requests in flight (ties at random);
+- ``power_of_two``: the less loaded of two distinct random replicas (Mitzenmacher);
+- ``cache_aware``: sgl-router's: when the load is uneven (``max - min > balance_abs`` and
+  ``max > min * balance_rel``) the shortest queue; else the replica whose tree matches the
+  longest prefix of the prompt if the matched fraction exceeds ``cache_threshold``, else the
+  least loaded one (sgl-router picks the smallest tree there). Defaults are sgl-router's:
+  0.5, 32, 1.0001.
 
-Every policy also keeps the per-replica trees up to date (``observe``), so
-the router can estimate cache hits under any policy, not only the cache-aware
-one.
+Every policy keeps the trees up to date, so the router estimates cache hits under any policy.
 """
 
 from __future__ import annotations

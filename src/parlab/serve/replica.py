@@ -1,27 +1,19 @@
 """``parlab serve replica``: the reference replica, an OpenAI-compatible server over ``Engine``.
 
-One asyncio loop serves HTTP; one worker thread runs the engine's steps (``Engine.step``) so
-streaming never waits on a forward pass. New requests are handed to the engine between
-steps; each choice's tokens come back through its request's queue and are streamed as SSE
-chunks (``protocol/``), then a usage chunk (``prompt_tokens_details.cached_tokens`` from
-the prefix cache) and ``[DONE]``. A client that disconnects cancels its request.
+One asyncio loop serves HTTP; one worker thread runs the engine's steps (``Engine.step``).
+New requests reach the engine between steps; each choice's tokens come back through its
+request's queue and leave as SSE chunks (``protocol/``), then a usage chunk
+(``prompt_tokens_details.cached_tokens`` from the prefix cache) and ``[DONE]``. A client that
+disconnects cancels its request.
 
-Reliability:
-- the door: ``protocol.parse_request`` and ``choices.prompt_ids`` reject what the engine
-  cannot take (4xx naming the field; bodies over ``protocol.MAX_BODY_BYTES`` are 413);
-- a step that raises fails the requests it held (500 / an error chunk), its pages freed, and
-  the loop goes on (``step_errors`` counts them);
-- every request has a deadline (``request_timeout_s``: cancelled, 504 / an error chunk);
-- ``GET /health`` is 200 only while the loop lives and moves: 503 ``dead`` once the loop
-  task ended, 503 ``stalled`` when a step has run, or work has waited for one, longer than
-  ``stall_s``; its JSON gives the outstanding requests and the oldest one's age.
-
-Other endpoints: ``GET /v1/models`` and ``/v1/models/{id}`` (vLLM's ``root`` and
-``max_model_len``), ``GET /version`` (vLLM's; with ``engine``), ``POST /tokenize`` and ``/detokenize`` (vLLM's), ``POST /engine/reset``
-(empty the prefix cache and the log, when idle), ``GET /engine/log`` (every step: kind,
-batch, tokens, seconds, the serving loop's own ``wall`` and ``gap``), ``GET /engine/stats``
-and ``POST /engine/profile`` (``profiling.profile_engine``, when idle). Listens on 127.0.0.1
-unless given another host.
+Reliability: ``protocol.parse_request`` and ``choices.prompt_ids`` reject what the engine
+cannot take (4xx naming the field; 413 past ``protocol.MAX_BODY_BYTES``); a step that raises
+fails the requests it held (500 / an error chunk) and the loop goes on (``step_errors``);
+every request has a deadline (``request_timeout_s``: 504 / an error chunk); ``GET /health``
+is 503 ``dead`` once the loop task ended and ``stalled`` when a step has run, or work has
+waited for one, longer than ``stall_s``. The small endpoints (models, version, tokenize,
+stats, step log, profile, reset) are ``replica_endpoints.py``'s. Listens on 127.0.0.1 unless
+given another host.
 """
 
 from __future__ import annotations

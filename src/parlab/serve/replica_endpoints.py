@@ -1,6 +1,9 @@
-"""The replica's small endpoints -- health, models, version, tokenize, stats, log, profile,
-reset -- as a mixin of ``ReplicaServer`` (``replica.py``), which holds the engine loop and
-generation."""
+"""The replica's small endpoints, a mixin of ``ReplicaServer`` (``replica.py``): ``GET
+/health``, ``/v1/models`` and ``/v1/models/{id}`` (vLLM's ``root`` and ``max_model_len``),
+``/version`` (vLLM's, with ``engine``), ``POST /tokenize`` and ``/detokenize`` (vLLM's), ``GET
+/engine/stats``, ``GET /engine/log`` (every step: kind, batch, tokens, seconds, the serving
+loop's ``wall`` and ``gap``), ``POST /engine/profile`` (``profiling.profile_engine``) and
+``POST /engine/reset`` (the prefix cache and the log emptied), the last two when idle."""
 
 from __future__ import annotations
 
@@ -64,9 +67,6 @@ class ReplicaEndpoints:
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"engine": "parlab", "version": __version__})
 
-    def _card(self) -> dict:
-        return protocol.model_card(self.name, max_model_len=self.engine.config.max_len)
-
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
             protocol.models_body(self.name, max_model_len=self.engine.config.max_len)
@@ -76,7 +76,9 @@ class ReplicaEndpoints:
         mid = request.match_info["model_id"]
         if mid != self.name:
             return self._no_model(mid)
-        return web.json_response(self._card())
+        return web.json_response(
+            protocol.model_card(self.name, max_model_len=self.engine.config.max_len)
+        )
 
     def _no_model(self, mid: str) -> web.Response:
         return protocol.error_response(

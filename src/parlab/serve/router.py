@@ -1,43 +1,23 @@
 """``parlab serve router``: an HTTP proxy in front of N OpenAI-compatible replicas.
 
-Per request: read the JSON body, cut the prompt into 16-character blocks
-(``prefix.block_hashes``), let the policy (``policy.py``) pick a live
-replica, forward the body unchanged over a keep-alive connection
-(``httpc.py``) and stream the replica's bytes back as they come, adding an
-``x-parlab-replica`` header. A client that disconnects is counted as
-``client_gone`` (the replica is not blamed). What crosses the wire is
-the client's request and the replica's SSE stream, nothing else.
+Per request: the prompt cut into 16-character blocks (``prefix.block_hashes``), a live
+replica picked by the policy (``policy.py``), the body forwarded unchanged over a keep-alive
+connection (``httpc.py``) and the replica's bytes streamed back with an
+``x-parlab-replica`` header. Each request ends exactly once:
+- connection refused: the replica is taken out, the request goes to another (``retried``);
+- the replica dies mid-stream, or its health checks take it out while the request is in
+  flight there: an ``error`` chunk ends the stream without ``[DONE]`` (``failed``);
+- 4xx is the client's fault (``client_errors``, relayed as it is); 5xx counts in ``failed``;
+  a client that disconnects counts as ``client_gone``; no live replica: 503.
 
-Failures, each request ending exactly once:
-- the replica refuses the connection: it is marked dead at once and the
-  request goes to another live replica (nothing was processed, so this is
-  safe; counted as ``retried``);
-- the replica dies mid-stream: the client gets a ``data: {"error": ...}``
-  chunk and the stream ends without ``[DONE]`` -- a failure, counted once in
-  that replica's ``failed``; the replica is marked dead;
-- the replica is taken out by its health checks while requests are in flight there
-  (hung, not dead: its connections stay open): those requests are cut at once, failed
-  the same way, instead of waiting for ``request_timeout_s``;
-- the replica answers 4xx: the client's request was wrong, not the replica
-  (``client_errors``; the answer is relayed as it is); 5xx counts in ``failed``;
-- no live replica: 503.
-Health checks (``GET /health`` every ``health_interval_s``, a miss past
-``health_timeout_s`` or any status but 200: parlab's replica answers 503 when its engine
-loop is dead or stalled) take a replica out after ``health_failures`` misses in a row --
-about ``health_interval_s * health_failures`` after it stops answering, 1 s by default --
-and put it back on the first success (its prefix tree starts empty). A request it
-completes resets the count.
-
-Replicas can join a running router (``POST /router/replicas`` with ``{"url", "engine",
-"version", ...}``: ``parlab serve launch --router``); what they said of themselves is in
-the stats. Recorded (``GET /router/stats``): per replica its load now, requests routed,
-completed and failed, prompt tokens and estimated cached tokens (from the
-router's approximate prefix tree of that replica, under any policy); the
-routing overhead -- policy decision time and the time from receiving a
-request to sending it upstream -- as percentiles.
-
-Listens on 127.0.0.1 unless given another host; every upstream request has a
-timeout.
+Health checks (``GET /health`` every ``health_interval_s``; a miss is a status but 200 or no
+answer within ``health_timeout_s``) take a replica out after ``health_failures`` misses in a
+row and put it back, its prefix tree empty, on the first success; a completed request resets
+the count. Replicas can join a running router (``POST /router/replicas``, ``{"url", ...}``).
+``GET /router/stats``: per replica its load, requests routed, completed and failed, prompt
+tokens and estimated cached tokens (the router's approximate prefix tree of it, under any
+policy), and the routing overhead's percentiles. Listens on 127.0.0.1 unless given another
+host; every upstream request has a timeout.
 """
 
 from __future__ import annotations

@@ -103,7 +103,10 @@ def check_target(url: str, *, allow_remote: bool) -> None:
 def arrival_offsets(
     n: int, *, rate: float, burstiness: float, seed: int, timestamps: Sequence[float | None] = ()
 ) -> np.ndarray:
-    """Send-time offsets (seconds from the start) of ``n`` requests (vLLM's schedule)."""
+    """Send-time offsets (seconds from the start) of ``n`` requests, vLLM's ``get_request``:
+    gamma gaps of shape ``burstiness`` (1: Poisson, ``inf``: even) and mean ``1 / rate``,
+    scaled so the last leaves at ``n / rate``; all at once at an infinite rate; a trace's own
+    ``timestamps`` where given."""
     if timestamps:
         if any(t is None for t in timestamps):
             raise UsageError("--replay-timestamps needs a 'timestamp' on every dataset line")
