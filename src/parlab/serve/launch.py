@@ -109,36 +109,27 @@ def engine_command(spec: LaunchSpec, help_text: str = "") -> list[str]:
     argument)."""
     cmd = _program(spec)
     host, port = ["--host", spec.host], ["--port", str(spec.port)]
-    if spec.engine == "vllm":
-        cmd += ["serve", spec.model, *host, *port, "--tensor-parallel-size", str(spec.tp)]
-        if spec.dtype:
-            cmd += ["--dtype", spec.dtype]
-        if spec.max_len:
-            cmd += ["--max-model-len", str(spec.max_len)]
-        if spec.pd != "none":
-            kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-            cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    elif spec.engine == "sglang":
-        cmd += ["--model-path", spec.model, *host, *port, "--tp-size", str(spec.tp)]
-        if spec.dtype:
-            cmd += ["--dtype", spec.dtype]
-        if spec.max_len:
-            cmd += ["--context-length", str(spec.max_len)]
-        if spec.pd != "none":
-            cmd += ["--disaggregation-mode", spec.pd]
-    elif spec.engine == "transformers":
+    if spec.engine == "transformers":
         model = ["--force-model", spec.model] if "--force-model" in help_text else [spec.model]
         cmd += ["serve", *model, *host, *port, "--dtype", spec.dtype or "auto"]
-        if spec.device:
-            cmd += ["--device", spec.device]
-    else:
-        cmd += ["serve", "replica", "--model", spec.model, *host, *port, "--tp", str(spec.tp)]
-        if spec.dtype:
-            cmd += ["--dtype", spec.dtype]
-        if spec.max_len:
-            cmd += ["--max-len", str(spec.max_len)]
-        if spec.device:
-            cmd += ["--device", spec.device]
+        return [*cmd, *(["--device", spec.device] if spec.device else []), *spec.extra]
+    head, tp_flag, len_flag = {
+        "vllm": (["serve", spec.model], "--tensor-parallel-size", "--max-model-len"),
+        "sglang": (["--model-path", spec.model], "--tp-size", "--context-length"),
+        "parlab": (["serve", "replica", "--model", spec.model], "--tp", "--max-len"),
+    }[spec.engine]
+    cmd += [*head, *host, *port, tp_flag, str(spec.tp)]
+    if spec.dtype:
+        cmd += ["--dtype", spec.dtype]
+    if spec.max_len:
+        cmd += [len_flag, str(spec.max_len)]
+    if spec.engine == "vllm" and spec.pd != "none":
+        kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    elif spec.engine == "sglang" and spec.pd != "none":
+        cmd += ["--disaggregation-mode", spec.pd]
+    elif spec.engine == "parlab" and spec.device:
+        cmd += ["--device", spec.device]
     return [*cmd, *spec.extra]
 
 

@@ -201,19 +201,18 @@ class ReplicaServer(ReplicaEndpoints, protocol.Site):
         cfg = self.engine.config
         vocab = self.engine.model.spec.vocab_size
         prompts = prompt_ids(req, self.tok, vocab=vocab, max_len=cfg.max_len)
-        seqs = []
-        for p in prompts:
-            for j in range(req.n):
-                seqs.append(
-                    Sequence(
-                        prompt=p,
-                        max_tokens=req.max_tokens or cfg.max_len - len(p),
-                        temperature=req.temperature,
-                        top_p=req.top_p,
-                        seed=None if req.seed is None else req.seed + j,
-                        ignore_eos=req.ignore_eos,
-                    )
-                )
+        seqs = [
+            Sequence(
+                prompt=p,
+                max_tokens=req.max_tokens or cfg.max_len - len(p),
+                temperature=req.temperature,
+                top_p=req.top_p,
+                seed=None if req.seed is None else req.seed + j,
+                ignore_eos=req.ignore_eos,
+            )
+            for p in prompts
+            for j in range(req.n)
+        ]
         return seqs, prompts
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:

@@ -204,12 +204,10 @@ class Router(protocol.Site):
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         t_in = time.perf_counter()
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            limit = protocol.MAX_BODY_BYTES // 2**20
-            return protocol.error_response(f"the body is over the {limit} MiB limit", status=413)
-        try:
+            raw = await protocol.read_body(request)
             key, n_tokens = prompt_key(json.loads(raw))
+        except protocol.BadRequest as exc:
+            return protocol.bad_request_response(exc)
         except ValueError as exc:
             return protocol.error_response(f"the body is not a JSON request: {exc}"[:200])
         hashes = block_hashes(key, DEFAULT_BLOCK)

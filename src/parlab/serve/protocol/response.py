@@ -13,15 +13,19 @@ from aiohttp import web
 from parlab.serve.protocol.request import LOOPBACK, MAX_BODY_BYTES, BadRequest, GenRequest
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request's body; ``BadRequest`` (413) for one over ``MAX_BODY_BYTES``."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = MAX_BODY_BYTES // 2**20
+        raise BadRequest(f"the body is over the {limit} MiB limit", status=413) from None
+
+
 async def read_json(request: web.Request) -> Any:
     """The request's JSON body; ``BadRequest`` for a body over ``MAX_BODY_BYTES`` (413) or
     one that is not JSON (400)."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(
-            f"the body is over the {MAX_BODY_BYTES // 2**20} MiB limit", status=413
-        ) from None
+    raw = await read_body(request)
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
