@@ -1,19 +1,14 @@
-"""A stub OpenAI-compatible endpoint: no model, a timing model instead.
+"""A model-free OpenAI-compatible endpoint with a timing model, for the load generator's and
+the router's own overhead (every delay 0: a "trivial endpoint"), the router's failure
+handling and cache-locality experiments where only the shape of the cost matters. It streams
+``max_tokens`` one-character chunks and counts prompt tokens with parlab's tokenizer.
 
-Used where the model is irrelevant: the load generator's and the router's own
-overhead (with every delay 0 it answers at once, a "trivial endpoint"), the
-router's failure handling, and the cache-locality experiments where only the
-*shape* of the cost matters. It streams ``max_tokens`` one-character chunks and counts
-prompt tokens with parlab's tokenizer. ``serve_trivial`` is the
-barest endpoint of all: a raw asyncio protocol answering every POST with
-the same canned stream, for measuring the load generator itself.
-
-Timing model (all optional, default 0): a prefill of
-``prefill_base_s + prefill_per_token_s * uncached`` where ``uncached`` is the
-prompt length minus what its own prefix cache (a ``BlockLRU`` over 16-token
-blocks) already holds, prefills one at a time (``serial_prefill``) as one
-accelerator would; then ``token_s`` between chunks. It reports
-``usage.prompt_tokens_details.cached_tokens`` as vLLM does.
+Timing model (each term 0 by default): a prefill of ``prefill_base_s + prefill_per_token_s *
+uncached``, ``uncached`` being the prompt's tokens its own prefix cache (a ``BlockLRU`` of
+16-token blocks) lacks, one prefill at a time (``serial_prefill``), then ``token_s`` between
+chunks; ``usage.prompt_tokens_details.cached_tokens`` as vLLM reports it.
+``serve_trivial``: a raw asyncio protocol answering every POST with the same canned stream,
+for measuring the load generator itself.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """parlab's tokenizer: byte-level BPE trained with Hugging Face ``tokenizers`` on text parlab
-generates itself, so nothing is downloaded, ever.
+generates itself (nothing is downloaded).
 
-- ``corpus()``: the training text, generated from a seeded generator (English words from
-  ``WORDS`` in sentences, the load generator's random lowercase text, digits and
-  punctuation, chat-formatted turns);
-- ``train()``: byte-level BPE (GPT-2's pre-tokenizer and byte alphabet, so any text encodes)
-  of ``VOCAB_SIZE`` tokens, the ``SPECIAL`` tokens first; the result ships as
-  ``tokenizer.json`` beside this file, and a test keeps the file equal to a fresh
-  ``train()``;
-- ``Tokenizer``: encode/decode, the end-of-sequence ids (``<|endoftext|>`` and the chat's
-  end-of-turn ``<|end|>``), the chat template (``render_chat``: roles kept), the ids a
-  sampler may pick (``sampleable``: tokens whose bytes decode on their own to printable
-  text, so a streamed token is always whole text), and the one-token words the datasets
-  build prompts of exact token lengths from (``word_ids``);
-- ``export_hf(dir)``: the same tokenizer as a Hugging Face tokenizer folder
-  (``tokenizer.json``, ``tokenizer_config.json`` with the chat template in Jinja), which
-  ``transformers``, vLLM's and SGLang's benchmark clients load with ``--tokenizer DIR``.
+- ``corpus()``: the seeded training text (sentences of ``WORDS``, random lowercase text,
+  numbers, chat turns);
+- ``train()``: byte-level BPE (GPT-2's pre-tokenizer and byte alphabet) of ``VOCAB_SIZE``
+  tokens, ``SPECIAL`` first; shipped as ``tokenizer.json`` beside this file, which a test
+  keeps equal to a fresh ``train()``;
+- ``Tokenizer``: encode/decode, the stop ids (``<|endoftext|>``, ``<|end|>``), the ids a
+  sampler may pick (``sampleable``: each whole printable text) and the one-token words
+  prompts of exact token lengths are built from (``word_ids``);
+- ``export_hf(dir)``: a Hugging Face tokenizer folder (the chat template in Jinja), for
+  ``transformers`` and vLLM's and SGLang's clients (``--tokenizer DIR``).
 
 Chat template (``render_chat``), one turn per message, then the assistant's header::
 

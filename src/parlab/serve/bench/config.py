@@ -35,10 +35,8 @@ class BenchConfig:
     max_concurrency: int | None = None
     """Most requests in flight at once (None: no limit)."""
     max_connections: int = 256
-    """Keep-alive connections to open at most when ``max_concurrency`` is unset; further
-    requests wait for a free one (the wait counts in their TTFT, as for any client). Without
-    a cap a client that falls behind opens a connection per queued request and falls
-    further behind."""
+    """Most keep-alive connections when ``max_concurrency`` is unset; further requests wait
+    for a free one (the wait counts in their TTFT)."""
     replay_timestamps: bool = False
     """Send at the dataset's ``timestamp`` offsets instead of a rate."""
     stream: bool = True

@@ -58,15 +58,12 @@ class ReplicaProfile:
     cache_blocks: int = 4096
     """Prefix-cache capacity, blocks (0: no prefix cache)."""
     loop_base_s: float = 0.0
-    """The serving loop's cost per step beyond the engine's (the hand-off to the engine
-    thread and back, streaming the new tokens), fixed part."""
+    """The serving loop's cost per step beyond the engine's (``fit_loop``), fixed part."""
     loop_per_seq_s: float = 0.0
-    """The same, per request that gets a token in the step. Both from ``fit_loop`` on a
-    short probe of the replica's own serving loop; 0: the engine alone."""
+    """The same, per request that gets a token in the step."""
     path_s: float = 0.0
-    """A request's way from the client through the router to the engine and its first
-    token's way back, seconds: added to every request's TTFT and end-to-end latency (the
-    serving project's probe); 0: the replica alone."""
+    """A request's way through the router and its first token's way back, seconds: added to
+    every TTFT and end-to-end latency; 0: the replica alone."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **over: Any) -> ReplicaProfile:
@@ -120,11 +117,9 @@ def nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_loop(log: list[dict[str, float]], engine: ReplicaProfile) -> dict[str, Any]:
-    """The serving loop's cost per step (``ReplicaProfile.loop_base_s`` and
-    ``loop_per_seq_s``) from the step log of a replica that served real requests (its
-    ``wall`` and ``gap``, as the serving loop saw them) and the engine's own costs in
-    ``engine`` (its idle profile): least squares, non-negative, of ``wall + gap -`` the
-    step's engine cost against the requests that got a token."""
+    """The serving loop's ``loop_base_s`` and ``loop_per_seq_s``: non-negative least squares
+    of each served step's ``wall + gap`` less its engine cost in ``engine`` (the idle
+    profile) against the requests that got a token."""
     rows = [
         (e["batch"], e["wall"] + e.get("gap", 0.0) - engine.step_s(e)) for e in log if "wall" in e
     ]
@@ -141,11 +136,9 @@ def fit_loop(log: list[dict[str, float]], engine: ReplicaProfile) -> dict[str, A
 
 
 def fit_profile(log: list[dict[str, float]]) -> dict[str, Any]:
-    """Step costs from an engine's step log (``GET /engine/log``): least squares with
-    non-negative costs of each step's seconds -- its wall time as the serving loop saw it
-    plus the gap before it, where logged, else its compute time -- against
-    ``step_features``. The profile of a replica *under the run's own conditions* (its
-    serving loop included, where logged)."""
+    """Step costs from an engine's step log (``GET /engine/log``): non-negative least squares
+    of each step's seconds (``wall + gap`` where logged, else ``s``) against
+    ``step_features``."""
     if not any(e.get("prefill", 0) for e in log) or not any(e.get("decode", 0) for e in log):
         raise ValueError("the step log needs steps with prompt tokens and with decoding ones")
 
