@@ -25,7 +25,7 @@ class HttpError(Exception):
 class Response:
     """Status, headers (lower-case names) and the body, read incrementally."""
 
-    __slots__ = ("_chunked", "_conn", "_left", "_reusable", "headers", "status")
+    __slots__ = ("_chunked", "_conn", "_left", "headers", "reusable", "status")
 
     def __init__(self, conn: Connection, status: int, headers: dict[str, str]) -> None:
         self._conn = conn
@@ -35,7 +35,7 @@ class Response:
         self._chunked = "chunked" in te
         cl = headers.get("content-length")
         self._left = int(cl) if cl is not None and not self._chunked else None
-        self._reusable = headers.get("connection", "").lower() != "close" and (
+        self.reusable = headers.get("connection", "").lower() != "close" and (
             self._chunked or self._left is not None
         )
 
@@ -65,10 +65,6 @@ class Response:
 
     async def body(self) -> bytes:
         return b"".join([p async for p in self.pieces()])
-
-    @property
-    def reusable(self) -> bool:
-        return self._reusable
 
 
 class Connection:

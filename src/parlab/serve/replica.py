@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import sys
 import time
@@ -108,8 +109,8 @@ class ReplicaServer(ReplicaEndpoints, protocol.Site):
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/completions", self._completions),
-            web.post("/v1/chat/completions", self._chat),
+            web.post("/v1/completions", functools.partial(self._generate, chat=False)),
+            web.post("/v1/chat/completions", functools.partial(self._generate, chat=True)),
             web.get("/v1/models", self._models),
             web.get("/v1/models/{model_id:.+}", self._model),
             web.get("/health", self._health),
@@ -191,12 +192,6 @@ class ReplicaServer(ReplicaEndpoints, protocol.Site):
                 queue.put_nowait((index, None, "error"))
 
     # -- generation --------------------------------------------------------------------------
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
-
     def _sequences(self, req: protocol.GenRequest) -> tuple[list[Sequence], list[list[int]]]:
         cfg = self.engine.config
         vocab = self.engine.model.spec.vocab_size

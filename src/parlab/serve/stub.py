@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -62,8 +63,8 @@ class StubServer(protocol.Site):
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/completions", self._completions),
-            web.post("/v1/chat/completions", self._chat),
+            web.post("/v1/completions", functools.partial(self._generate, chat=False)),
+            web.post("/v1/chat/completions", functools.partial(self._generate, chat=True)),
             web.get("/v1/models", self._models),
             web.get("/v1/models/{model_id:.+}", self._model),
             web.get("/health", self._health),
@@ -89,12 +90,6 @@ class StubServer(protocol.Site):
         if request.match_info["model_id"] != self.config.name:
             return protocol.error_response("no such model", status=404, param="model")
         return web.json_response(protocol.model_card(self.config.name))
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
