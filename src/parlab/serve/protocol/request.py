@@ -222,17 +222,12 @@ def parse_request(body: Any, *, chat: bool) -> GenRequest:
         messages, prompts = (), _prompts(body["prompt"])
         max_tokens = _int(body, "max_tokens", 1, 1 << 30, 16)
     stop = body.get("stop")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str) and stop:
-        stops = (stop,)
-    elif (
-        isinstance(stop, list)
-        and len(stop) <= MAX_STOP
-        and all(isinstance(s, str) and s for s in stop)
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP
+        or not all(isinstance(s, str) and s for s in stops)
     ):
-        stops = tuple(stop)
-    else:
         raise BadRequest(
             f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
             param="stop",
@@ -259,6 +254,6 @@ def parse_request(body: Any, *, chat: bool) -> GenRequest:
         top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_lo=True),
         seed=_int(body, "seed", *INT64, None),
         n=_int(body, "n", 1, MAX_N, 1) or 1,
-        stop=stops,
+        stop=tuple(stops),
         ignore_eos=_bool(body, "ignore_eos", False),
     )

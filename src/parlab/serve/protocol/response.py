@@ -129,17 +129,8 @@ def full_response(
     """The non-streaming answer: ``choices`` as ``(text, finish_reason)`` in index order."""
     out = []
     for i, (text, reason) in enumerate(choices):
-        if req.chat:
-            out.append(
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": reason,
-                    "logprobs": None,
-                }
-            )
-        else:
-            out.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+        body = {"message": {"role": "assistant", "content": text}} if req.chat else {"text": text}
+        out.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
     return {
         "id": rid,
         "object": "chat.completion" if req.chat else "text_completion",
