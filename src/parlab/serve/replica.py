@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import functools
 import itertools
 import sys
 import time
@@ -109,11 +108,7 @@ class ReplicaServer(ReplicaEndpoints, protocol.Site):
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/completions", functools.partial(self._generate, chat=False)),
-            web.post("/v1/chat/completions", functools.partial(self._generate, chat=True)),
-            web.get("/v1/models", self._models),
-            web.get("/v1/models/{model_id:.+}", self._model),
-            web.get("/health", self._health),
+            *protocol.api_routes(self._generate, self._models, self._model, self._health),
             web.get("/version", self._version),
             web.post("/tokenize", self._tokenize),
             web.post("/detokenize", self._detokenize),

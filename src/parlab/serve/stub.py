@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -63,11 +62,7 @@ class StubServer(protocol.Site):
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/completions", functools.partial(self._generate, chat=False)),
-            web.post("/v1/chat/completions", functools.partial(self._generate, chat=True)),
-            web.get("/v1/models", self._models),
-            web.get("/v1/models/{model_id:.+}", self._model),
-            web.get("/health", self._health),
+            *protocol.api_routes(self._generate, self._models, self._model, self._health),
             web.post("/engine/reset", self._reset),
         ]
 

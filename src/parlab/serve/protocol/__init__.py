@@ -38,6 +38,7 @@ from parlab.serve.protocol.request import (
 from parlab.serve.protocol.response import (
     DONE,
     Site,
+    api_routes,
     bad_request_response,
     chunk,
     error_chunk,
@@ -61,6 +62,7 @@ __all__ = [
     "BadRequest",
     "GenRequest",
     "Site",
+    "api_routes",
     "bad_request_response",
     "chunk",
     "error_chunk",

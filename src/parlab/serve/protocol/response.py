@@ -4,6 +4,7 @@ model list, and the aiohttp plumbing (the JSON body read, the server, the event 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from typing import Any
@@ -167,6 +168,18 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     server = site._server  # the asyncio Server: the port actually bound
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
     return runner, int(bound)
+
+
+def api_routes(generate: Any, models: Any, model: Any, health: Any) -> list[web.RouteDef]:
+    """The OpenAI-compatible routes: ``generate(request, chat=...)`` serves both generation
+    endpoints, ``models`` the list, ``model`` one entry, ``health`` ``GET /health``."""
+    return [
+        web.post("/v1/completions", functools.partial(generate, chat=False)),
+        web.post("/v1/chat/completions", functools.partial(generate, chat=True)),
+        web.get("/v1/models", models),
+        web.get("/v1/models/{model_id:.+}", model),
+        web.get("/health", health),
+    ]
 
 
 class Site:
