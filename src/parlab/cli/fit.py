@@ -30,6 +30,7 @@ from parlab.cli.analytic import (
 from parlab.cli.common import (
     COUNT,
     RANKS,
+    JsonDocument,
     ResultsOption,
     console,
     print_json,
@@ -230,7 +231,7 @@ def fit_cmd(
         8, "--gpus-per-node", click_type=RANKS, help="TP stays within a node."
     ),
     top: int = typer.Option(8, "--top", click_type=COUNT, help="Candidates shown."),
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
     results: Path | None = ResultsOption,
 ) -> None:
     """T0: whether a model fits on one GPU, its memory breakdown, and the splits that would fit,
