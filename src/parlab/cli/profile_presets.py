@@ -14,6 +14,7 @@ from parlab.cli.common import (
     Choice,
     NnodesOption,
     NodeRankOption,
+    Nproc,
     RdzvBackendOption,
     RdzvEndpointOption,
     RdzvIdOption,
@@ -108,9 +109,6 @@ BatchOption = typer.Option(
     2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
 )
 SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
-NprocOption = typer.Option(
-    None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
-)
 BackendOption = typer.Option(
     "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
 )
@@ -122,7 +120,7 @@ def ddp_buckets_cmd(
     model: str = ModelOption,
     batch: int = BatchOption,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -151,7 +149,7 @@ def ddp_cmd(
     model: str = ModelOption,
     batch: int = BatchOption,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -191,7 +189,7 @@ def fsdp_cmd(
     model: str = ModelOption,
     batch: int = BatchOption,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -223,7 +221,7 @@ def tp_cmd(
     model: str = ModelOption,
     batch: int = BatchOption,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
