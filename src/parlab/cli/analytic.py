@@ -25,6 +25,7 @@ from parlab.cli.common import (
     Choice,
     JsonDocument,
     JsonPrint,
+    MicroBatch,
     ResultsOption,
     console,
     print_json,
@@ -117,9 +118,7 @@ def ledger_cmd(
     seq: int | None = typer.Option(
         None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    micro_batch: int = typer.Option(
-        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-    ),
+    micro_batch: MicroBatch = 1,
     micro_batches: int = typer.Option(
         1, "--micro-batches", click_type=COUNT, help="Micro-batches per step (PP, or accumulation)."
     ),

@@ -195,6 +195,10 @@ TimeoutOption = typer.Option(
 
 
 Backend = Annotated[str, typer.Option(click_type=Choice(("auto", "nccl", "gloo")))]
+MicroBatch = Annotated[
+    int,
+    typer.Option("--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."),
+]
 Nproc = Annotated[
     int | None,
     typer.Option(click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."),

@@ -31,6 +31,7 @@ from parlab.cli.common import (
     COUNT,
     RANKS,
     JsonDocument,
+    MicroBatch,
     ResultsOption,
     console,
     print_json,
@@ -218,9 +219,7 @@ def fit_cmd(
     seq: int | None = typer.Option(
         None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    micro_batch: int = typer.Option(
-        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-    ),
+    micro_batch: MicroBatch = 1,
     dtype: str = DtypeOption,
     optimizer: str = OptimizerOption,
     recompute: str = RecomputeOption,

@@ -12,6 +12,7 @@ from parlab.cli.common import (
     COUNT,
     POSITIVE,
     Choice,
+    MicroBatch,
     NnodesOption,
     NodeRankOption,
     Nproc,
@@ -105,9 +106,6 @@ def _check_shape(model: str, batch: int, seq: int) -> None:
 
 
 ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
-BatchOption = typer.Option(
-    2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-)
 SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
 BackendOption = typer.Option(
     "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
@@ -118,7 +116,7 @@ BackendOption = typer.Option(
 def ddp_buckets_cmd(
     buckets: str = typer.Option("1,5,25", help="bucket_cap_mb values, comma-separated."),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
     backend: str = BackendOption,
@@ -147,7 +145,7 @@ def ddp_buckets_cmd(
 def ddp_cmd(
     bucket_mb: float = typer.Option(25.0, click_type=POSITIVE, help="DDP bucket_cap_mb."),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
     backend: str = BackendOption,
@@ -187,7 +185,7 @@ def fsdp_cmd(
         help="FSDP2 settings to compare, comma-separated: " + ", ".join(FSDP_CONFIGS) + ".",
     ),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
     backend: str = BackendOption,
@@ -219,7 +217,7 @@ def fsdp_cmd(
 @profile_app.command("tp")
 def tp_cmd(
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
     backend: str = BackendOption,

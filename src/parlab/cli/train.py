@@ -14,6 +14,7 @@ from parlab.cli.common import (
     COUNT0,
     POSITIVE,
     Choice,
+    MicroBatch,
     NnodesOption,
     NodeRankOption,
     Nproc,
@@ -135,10 +136,6 @@ Warmup = Annotated[
     typer.Option(
         click_type=COUNT, help="Untimed steps first (one metered step follows the timed ones)."
     ),
-]
-MicroBatch = Annotated[
-    int,
-    typer.Option("--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."),
 ]
 GlobalBatch = Annotated[
     int | None,
