@@ -1,24 +1,12 @@
-"""``parlab collectives``: the T1 sweep, its alpha-beta fit, and the T1 explain table.
+"""``parlab collectives``: the T1 sweep (default), its alpha-beta fit (``--fit``) and the T1
+explain table (``--explain``).
 
-The sweep mode runs in ``collectives_sweep.py``; the fit and explain modes are here.
-
-Three modes of one command:
-
-- sweep (default): nccl-tests' options (``-b -e -f -d -w -n``), ``--op``,
-  ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``, ``--via``; prints the
-  nccl-tests-style table and writes a ``real-nccl`` / ``cpu-mechanism``
-  document with a busbw plot beside it. Ctrl-C writes what was measured.
-  The ranks run without torch's flight recorder (``TORCH_FR_BUFFER_SIZE=0``)
-  and, under ``--graph``, without NCCL's graph mixing
-  (``NCCL_GRAPH_MIXING_SUPPORT=0``), unless the environment sets them
-  (``parlab.comm.sweep.rank_env``); the document's notes say which ran.
-  ``--via nccl`` (GPUs) issues the ops through NCCL directly (ctypes,
-  ``parlab.comm.nccl_direct``) instead of torch's c10d: NCCL's own time per
-  op, c10d's cost per call being the difference from ``--via torch``.
-- ``--fit SWEEP.json``: fits alpha and beta per op and writes the calibration
-  document the planner loads (``parlab.comm.calibration.load_calibration``).
-- ``--explain MODEL --layout dp=8,tp=2``: per strategy in the layout, the
-  collective, mesh axis, payload, frequency per step and predicted time.
+The sweep runs in ``collectives_sweep.py``: nccl-tests' table, a ``real-nccl`` /
+``cpu-mechanism`` document and a busbw plot; the ranks' environment is
+``parlab.comm.sweep.rank_env``'s, and ``--via nccl`` issues the ops through
+``parlab.comm.nccl_direct``. ``--fit`` writes the calibration document the planner loads
+(``parlab.comm.calibration.load_calibration``); ``--explain`` gives, per strategy of the
+layout, the collective, mesh axis, payload, frequency per step and predicted time.
 """
 
 from __future__ import annotations
