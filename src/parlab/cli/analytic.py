@@ -23,6 +23,9 @@ from parlab.cli.common import (
     COUNT,
     RANKS,
     Choice,
+    JsonDocument,
+    JsonPrint,
+    MicroBatch,
     ResultsOption,
     console,
     print_json,
@@ -115,9 +118,7 @@ def ledger_cmd(
     seq: int | None = typer.Option(
         None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    micro_batch: int = typer.Option(
-        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-    ),
+    micro_batch: MicroBatch = 1,
     micro_batches: int = typer.Option(
         1, "--micro-batches", click_type=COUNT, help="Micro-batches per step (PP, or accumulation)."
     ),
@@ -145,7 +146,7 @@ def ledger_cmd(
         help="[COUNTx]GPU: say whether the layout fits on these GPUs, and by how much "
         "(H100, or 16xH100 where the layout has 16 ranks).",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
     results: Path | None = ResultsOption,
 ) -> None:
     """T2: one layout's per-rank memory by item, whether it fits on a GPU, and what it puts on
@@ -277,7 +278,7 @@ def print_wire(wire: list) -> None:
 
 
 @app.command("models")
-def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def models_cmd(as_json: JsonPrint = False) -> None:
     """The model catalog: published architectures and training presets, with their counts."""
     from parlab.models import list_specs
 

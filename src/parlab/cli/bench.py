@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -65,7 +65,12 @@ def _dataset(
     if kind == "jsonl":
         if path is None:
             raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
-        return datasets.jsonl(path, num_prompts=num_prompts)
+        ds = datasets.jsonl(path, num_prompts=num_prompts)
+        for line, why in ds.bad_lines[:20]:
+            err_console.print(f"{path}:{line}: skipped: {why}")
+        if len(ds.bad_lines) > 20:
+            err_console.print(f"... {len(ds.bad_lines) - 20} more bad lines")
+        return ds
     raise UsageError(f"--dataset-name {kind!r} is not one of random, shared-prefix, jsonl")
 
 
@@ -78,67 +83,112 @@ def _slo(items: list[str] | None):  # type: ignore[no-untyped-def]
         raise UsageError(f"--goodput: {exc}") from None
 
 
+BaseUrl = Annotated[str, typer.Option(help="Server or router URL.")]
+Api = Annotated[str, typer.Option(help="completions or chat.")]
+Model = Annotated[str | None, typer.Option(help="Model name (default: the server's first).")]
+DatasetName = Annotated[
+    str, typer.Option("--dataset-name", help="random (vLLM's), shared-prefix or jsonl.")
+]
+DatasetPath = Annotated[Path | None, typer.Option(help="JSONL trace (--dataset-name jsonl).")]
+NumPrompts = Annotated[int, typer.Option(help="Requests to send (at most, for jsonl).")]
+InputLen = Annotated[
+    int,
+    typer.Option("--random-input-len", "--input-len", help="Prompt length, tokens (random)."),
+]
+OutputLen = Annotated[
+    int,
+    typer.Option("--random-output-len", "--output-len", help="Tokens to generate per request."),
+]
+RangeRatio = Annotated[
+    float,
+    typer.Option("--random-range-ratio", help="Lengths drawn within this ratio of the given ones."),
+]
+NumGroups = Annotated[int, typer.Option(help="Shared-prefix groups.")]
+PrefixLen = Annotated[int, typer.Option(help="Shared-prefix length, tokens.")]
+QuestionLen = Annotated[int, typer.Option(help="Unique part after the shared prefix, tokens.")]
+RequestRate = Annotated[
+    float,
+    typer.Option(help="Requests/s (inf: all at once); vLLM's schedule: the last leaves at n/rate."),
+]
+Burstiness = Annotated[
+    float, typer.Option(help="Gamma shape of arrival gaps (1: Poisson, inf: even spacing).")
+]
+MaxConcurrency = Annotated[int | None, typer.Option(help="Most requests in flight.")]
+ReplayTimestamps = Annotated[bool, typer.Option(help="Send at the trace's timestamps.")]
+Stream = Annotated[bool, typer.Option(help="Stream (SSE).")]
+IgnoreEos = Annotated[
+    bool,
+    typer.Option(
+        help="Send ignore_eos (every request runs to its length); off for servers "
+        "that reject it (transformers serve).",
+    ),
+]
+Seed = Annotated[int, typer.Option(help="Seed of dataset and arrivals.")]
+Percentiles = Annotated[str, typer.Option(help="Percentiles to report, comma-separated.")]
+Goodput = Annotated[
+    list[str] | None,
+    typer.Option(help="SLOs KEY:MS (ttft, tpot, e2el), as vLLM: --goodput ttft:500 tpot:50."),
+]
+RequestTimeout = Annotated[float, typer.Option(help="Per-request timeout, s.")]
+MaxDuration = Annotated[float, typer.Option(help="Whole-run time limit, s.")]
+AllowRemote = Annotated[bool, typer.Option(help="Allow a non-loopback target.")]
+Role = Annotated[str, typer.Option(help="Document role: baseline or candidate.")]
+SaveResult = Annotated[
+    Path | None,
+    typer.Option(
+        help="Also write vLLM's result JSON here (always written beside the document as "
+        "RUN_ID.vllm.jsonl, one line).",
+    ),
+]
+Progress = Annotated[bool, typer.Option(help="Progress bar on stderr.")]
+Client = Annotated[str, typer.Option(help="HTTP client: auto, fast or aiohttp.")]
+Layout = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="KEY=VALUE describing the server side for the document (world_size=2, tp=2)."
+    ),
+]
+Note = Annotated[list[str] | None, typer.Option(help="A note for the document.")]
+JsonSummary = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+
+
 @bench_app.command(
     "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}
 )
 def bench_serve_cmd(
     ctx: typer.Context,
-    base_url: str = typer.Option("http://127.0.0.1:8000", help="Server or router URL."),
-    api: str = typer.Option("completions", help="completions or chat."),
-    model: str | None = typer.Option(None, help="Model name (default: the server's first)."),
-    dataset: str = typer.Option(
-        "random", "--dataset-name", help="random (vLLM's), shared-prefix or jsonl."
-    ),
-    dataset_path: Path | None = typer.Option(None, help="JSONL trace (--dataset-name jsonl)."),
-    num_prompts: int = typer.Option(100, help="Requests to send (at most, for jsonl)."),
-    input_len: int = typer.Option(
-        128, "--random-input-len", "--input-len", help="Prompt length, tokens (random)."
-    ),
-    output_len: int = typer.Option(
-        32, "--random-output-len", "--output-len", help="Tokens to generate per request."
-    ),
-    range_ratio: float = typer.Option(
-        0.0, "--random-range-ratio", help="Lengths drawn within this ratio of the given ones."
-    ),
-    num_groups: int = typer.Option(4, help="Shared-prefix groups."),
-    prefix_len: int = typer.Option(512, help="Shared-prefix length, tokens."),
-    question_len: int = typer.Option(32, help="Unique part after the shared prefix, tokens."),
-    request_rate: float = typer.Option(
-        math.inf, help="Requests/s (inf: all at once); vLLM's schedule: the last leaves at n/rate."
-    ),
-    burstiness: float = typer.Option(
-        1.0, help="Gamma shape of arrival gaps (1: Poisson, inf: even spacing)."
-    ),
-    max_concurrency: int | None = typer.Option(None, help="Most requests in flight."),
-    replay_timestamps: bool = typer.Option(False, help="Send at the trace's timestamps."),
-    stream: bool = typer.Option(True, help="Stream (SSE)."),
-    ignore_eos: bool = typer.Option(
-        True,
-        help="Send ignore_eos (every request runs to its length); off for servers "
-        "that reject it (transformers serve).",
-    ),
-    seed: int = typer.Option(0, help="Seed of dataset and arrivals."),
-    percentiles: str = typer.Option("90,99", help="Percentiles to report, comma-separated."),
-    goodput: list[str] | None = typer.Option(
-        None, help="SLOs KEY:MS (ttft, tpot, e2el), as vLLM: --goodput ttft:500 tpot:50."
-    ),
-    request_timeout: float = typer.Option(60.0, help="Per-request timeout, s."),
-    max_duration: float = typer.Option(600.0, help="Whole-run time limit, s."),
-    allow_remote: bool = typer.Option(False, help="Allow a non-loopback target."),
-    role: str = typer.Option("baseline", help="Document role: baseline or candidate."),
-    save_result: Path | None = typer.Option(
-        None,
-        help="Also write vLLM's result JSON here (always written beside the document as "
-        "RUN_ID.vllm.jsonl, one line).",
-    ),
-    progress: bool = typer.Option(True, help="Progress bar on stderr."),
-    client: str = typer.Option("auto", help="HTTP client: auto, fast or aiohttp."),
-    layout: list[str] | None = typer.Option(
-        None, help="KEY=VALUE describing the server side for the document (world_size=2, tp=2)."
-    ),
-    note: list[str] | None = typer.Option(None, help="A note for the document."),
+    base_url: BaseUrl = "http://127.0.0.1:8000",
+    api: Api = "completions",
+    model: Model = None,
+    dataset: DatasetName = "random",
+    dataset_path: DatasetPath = None,
+    num_prompts: NumPrompts = 100,
+    input_len: InputLen = 128,
+    output_len: OutputLen = 32,
+    range_ratio: RangeRatio = 0.0,
+    num_groups: NumGroups = 4,
+    prefix_len: PrefixLen = 512,
+    question_len: QuestionLen = 32,
+    request_rate: RequestRate = math.inf,
+    burstiness: Burstiness = 1.0,
+    max_concurrency: MaxConcurrency = None,
+    replay_timestamps: ReplayTimestamps = False,
+    stream: Stream = True,
+    ignore_eos: IgnoreEos = True,
+    seed: Seed = 0,
+    percentiles: Percentiles = "90,99",
+    goodput: Goodput = None,
+    request_timeout: RequestTimeout = 60.0,
+    max_duration: MaxDuration = 600.0,
+    allow_remote: AllowRemote = False,
+    role: Role = "baseline",
+    save_result: SaveResult = None,
+    progress: Progress = True,
+    client: Client = "auto",
+    layout: Layout = None,
+    note: Note = None,
     results: Path | None = ResultsOption,
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: JsonSummary = False,
 ) -> None:
     """Load generator: vLLM/SGLang-defined TTFT, TPOT, ITL, E2E, throughput, goodput."""
     from parlab.serve import bench
@@ -178,10 +228,6 @@ def bench_serve_cmd(
         seed,
         range_ratio,
     )
-    for line, why in ds.bad_lines[:20]:
-        err_console.print(f"{dataset_path}:{line}: skipped: {why}")
-    if len(ds.bad_lines) > 20:
-        err_console.print(f"... {len(ds.bad_lines) - 20} more bad lines")
     res = bench.run(cfg, ds)
     _record(res, cfg, ds, results_dir(results), role=role, layout=lay, notes=list(note or []),
             save_result=save_result, as_json=as_json)  # fmt: skip

@@ -1,29 +1,18 @@
-"""``parlab collectives``: the T1 sweep, its alpha-beta fit, and the T1 explain table.
+"""``parlab collectives``: the T1 sweep (default), its alpha-beta fit (``--fit``) and the T1
+explain table (``--explain``).
 
-The sweep mode runs in ``collectives_sweep.py``; the fit and explain modes are here.
-
-Three modes of one command:
-
-- sweep (default): nccl-tests' options (``-b -e -f -d -w -n``), ``--op``,
-  ``--inplace/--out-of-place``, ``--mesh/--axis``, ``--graph``, ``--via``; prints the
-  nccl-tests-style table and writes a ``real-nccl`` / ``cpu-mechanism``
-  document with a busbw plot beside it. Ctrl-C writes what was measured.
-  The ranks run without torch's flight recorder (``TORCH_FR_BUFFER_SIZE=0``)
-  and, under ``--graph``, without NCCL's graph mixing
-  (``NCCL_GRAPH_MIXING_SUPPORT=0``), unless the environment sets them
-  (``parlab.comm.sweep.rank_env``); the document's notes say which ran.
-  ``--via nccl`` (GPUs) issues the ops through NCCL directly (ctypes,
-  ``parlab.comm.nccl_direct``) instead of torch's c10d: NCCL's own time per
-  op, c10d's cost per call being the difference from ``--via torch``.
-- ``--fit SWEEP.json``: fits alpha and beta per op and writes the calibration
-  document the planner loads (``parlab.comm.calibration.load_calibration``).
-- ``--explain MODEL --layout dp=8,tp=2``: per strategy in the layout, the
-  collective, mesh axis, payload, frequency per step and predicted time.
+The sweep runs in ``collectives_sweep.py``: nccl-tests' table, a ``real-nccl`` /
+``cpu-mechanism`` document and a busbw plot; the ranks' environment is
+``parlab.comm.sweep.rank_env``'s, and ``--via nccl`` issues the ops through
+``parlab.comm.nccl_direct``. ``--fit`` writes the calibration document the planner loads
+(``parlab.comm.calibration.load_calibration``); ``--explain`` gives, per strategy of the
+layout, the collective, mesh axis, payload, frequency per step and predicted time.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -32,9 +21,12 @@ from parlab.cli import app
 from parlab.cli.collectives_sweep import sweep
 from parlab.cli.common import (
     COUNT,
+    Backend,
     Choice,
+    JsonDocument,
     NnodesOption,
     NodeRankOption,
+    Nproc,
     RdzvBackendOption,
     RdzvEndpointOption,
     RdzvIdOption,
@@ -54,104 +46,151 @@ from parlab.ledger import STRATEGIES
 from parlab.runtime.launch import on_nodes
 from parlab.units import parse_cluster
 
-
-@app.command("collectives")
-def collectives_cmd(
-    op: str = typer.Option(
-        "all",
+Op = Annotated[
+    str,
+    typer.Option(
         "--op",
         help="Ops, comma-separated (all_reduce, all_gather, reduce_scatter, "
         "all_to_all, all_to_all_uneven, broadcast, reduce, send_recv, barrier) or 'all'.",
     ),
-    minbytes: str = typer.Option("8", "-b", "--minbytes", help="Smallest size (8, 64KiB, 1M)."),
-    maxbytes: str | None = typer.Option(
-        None,
+]
+MinBytes = Annotated[str, typer.Option("-b", "--minbytes", help="Smallest size (8, 64KiB, 1M).")]
+MaxBytes = Annotated[
+    str | None,
+    typer.Option(
         "-e",
         "--maxbytes",
         help="Largest size (default 32MiB on GPUs as nccl-tests, 1MiB on CPU).",
     ),
-    stepfactor: int = typer.Option(
-        2, "-f", "--stepfactor", click_type=COUNT, help="Multiply the size by this."
-    ),
-    dtype: str = typer.Option(
-        "fp32", "-d", "--tensor-dtype", click_type=tensor_dtype_choice(), help="Element type."
-    ),
-    warmup: int = typer.Option(
-        5, "-w", "--warmup-iters", click_type=COUNT, help="Untimed iterations per size."
-    ),
-    iters: int = typer.Option(
-        20, "-n", "--iters", click_type=COUNT, help="Timed iterations per size."
-    ),
-    inplace: bool = typer.Option(
-        False, "--inplace/--out-of-place", help="In-place all_gather / reduce_scatter buffers."
-    ),
-    mesh: str | None = typer.Option(None, "--mesh", help="Mesh degrees, e.g. dp=2,tp=4."),
-    axis: str | None = typer.Option(
-        None, "--axis", help="Measure the groups along this mesh axis."
-    ),
-    graph: bool = typer.Option(
-        False,
+]
+StepFactor = Annotated[
+    int, typer.Option("-f", "--stepfactor", click_type=COUNT, help="Multiply the size by this.")
+]
+TensorDtype = Annotated[
+    str,
+    typer.Option("-d", "--tensor-dtype", click_type=tensor_dtype_choice(), help="Element type."),
+]
+Warmup = Annotated[
+    int,
+    typer.Option("-w", "--warmup-iters", click_type=COUNT, help="Untimed iterations per size."),
+]
+Iters = Annotated[
+    int, typer.Option("-n", "--iters", click_type=COUNT, help="Timed iterations per size.")
+]
+Inplace = Annotated[
+    bool,
+    typer.Option("--inplace/--out-of-place", help="In-place all_gather / reduce_scatter buffers."),
+]
+Mesh = Annotated[str | None, typer.Option("--mesh", help="Mesh degrees, e.g. dp=2,tp=4.")]
+Axis = Annotated[
+    str | None, typer.Option("--axis", help="Measure the groups along this mesh axis.")
+]
+Graph = Annotated[
+    bool,
+    typer.Option(
         "--graph",
         help="Time CUDA-graph replays of the loop (GPUs; NCCL_GRAPH_MIXING_SUPPORT=0 unless set).",
     ),
-    via: str = typer.Option(
-        "torch",
+]
+Via = Annotated[
+    str,
+    typer.Option(
         "--via",
         click_type=Choice(("torch", "nccl")),
         help="Who issues the ops: torch (c10d, what training calls) or nccl (NCCL itself "
         "through ctypes; GPUs; no barrier). The difference is c10d's cost per call.",
     ),
-    nproc: int | None = typer.Option(
-        None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
+]
+Fit = Annotated[
+    Path | None,
+    typer.Option(
+        "--fit", help="Fit alpha-beta to this sweep document (or the newest in a folder)."
     ),
-    backend: str = typer.Option("auto", click_type=Choice(("auto", "nccl", "gloo"))),
-    timeout: float | None = TimeoutOption,
-    fit: Path | None = typer.Option(
-        None, "--fit", help="Fit alpha-beta to this sweep document (or the newest in a folder)."
-    ),
-    explain: str | None = typer.Option(None, "--explain", help="T1 table for this model."),
-    layout: str | None = typer.Option(None, "--layout", help="With --explain: dp=8,tp=2 ..."),
-    strategy: str | None = typer.Option(
-        None,
+]
+Explain = Annotated[str | None, typer.Option("--explain", help="T1 table for this model.")]
+Layout = Annotated[str | None, typer.Option("--layout", help="With --explain: dp=8,tp=2 ...")]
+Strategy = Annotated[
+    str | None,
+    typer.Option(
         "--strategy",
         click_type=Choice(STRATEGIES),
         help="With --explain: the data-parallel strategy (default ddp).",
     ),
-    micro_batch: int = typer.Option(
-        1, "--micro-batch", click_type=COUNT, help="With --explain: sequences per rank."
-    ),
-    seq: int | None = typer.Option(
-        None, "--seq", click_type=COUNT, help="With --explain: sequence length."
-    ),
-    micro_batches: int = typer.Option(
-        1,
+]
+MicroBatch = Annotated[
+    int,
+    typer.Option("--micro-batch", click_type=COUNT, help="With --explain: sequences per rank."),
+]
+Seq = Annotated[
+    int | None,
+    typer.Option("--seq", click_type=COUNT, help="With --explain: sequence length."),
+]
+MicroBatches = Annotated[
+    int,
+    typer.Option(
         "--micro-batches",
         click_type=COUNT,
         help="With --explain: micro-batches per step (accumulation, PP).",
     ),
-    sp: bool = typer.Option(False, "--sp", help="With --explain: sequence parallelism on tp."),
-    shard_size: int | None = typer.Option(
-        None,
+]
+Sp = Annotated[bool, typer.Option("--sp", help="With --explain: sequence parallelism on tp.")]
+ShardSize = Annotated[
+    int | None,
+    typer.Option(
         "--shard-size",
         click_type=COUNT,
         help="With --explain --strategy fsdp-hybrid: ranks per shard group.",
     ),
-    calibration: Path | None = typer.Option(
-        None, "--calibration", help="With --explain: calibration document or results folder."
-    ),
-    gpus: str | None = typer.Option(
-        None,
+]
+Calibration = Annotated[
+    Path | None,
+    typer.Option("--calibration", help="With --explain: calibration document or results folder."),
+]
+Gpus = Annotated[
+    str | None,
+    typer.Option(
         "--gpus",
         help="With --explain and no calibration: [COUNTx]GPU from the catalog (default: this "
         "machine's).",
     ),
+]
+
+
+@app.command("collectives")
+def collectives_cmd(
+    op: Op = "all",
+    minbytes: MinBytes = "8",
+    maxbytes: MaxBytes = None,
+    stepfactor: StepFactor = 2,
+    dtype: TensorDtype = "fp32",
+    warmup: Warmup = 5,
+    iters: Iters = 20,
+    inplace: Inplace = False,
+    mesh: Mesh = None,
+    axis: Axis = None,
+    graph: Graph = False,
+    via: Via = "torch",
+    nproc: Nproc = None,
+    backend: Backend = "auto",
+    timeout: float | None = TimeoutOption,
+    fit: Fit = None,
+    explain: Explain = None,
+    layout: Layout = None,
+    strategy: Strategy = None,
+    micro_batch: MicroBatch = 1,
+    seq: Seq = None,
+    micro_batches: MicroBatches = 1,
+    sp: Sp = False,
+    shard_size: ShardSize = None,
+    calibration: Calibration = None,
+    gpus: Gpus = None,
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,
     rdzv_backend: str = RdzvBackendOption,
     rdzv_id: str = RdzvIdOption,
     results: Path | None = ResultsOption,
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
 ) -> None:
     """T1: measure collectives (nccl-tests style), fit alpha-beta, or explain a layout's traffic."""
     if fit is not None and explain is not None:
@@ -175,8 +214,7 @@ def collectives_cmd(
             shard_size=shard_size,
         )
         return
-    job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
-    with on_nodes(job):
+    with on_nodes(nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)):
         sweep(
             op=op,
             minbytes=minbytes,
@@ -191,7 +229,6 @@ def collectives_cmd(
             graph=graph,
             via=via,
             nproc=nproc,
-            job=job,
             backend=backend,
             timeout=timeout,
             results=results,

@@ -19,7 +19,7 @@ from parlab.cli.common import (
     size,
     with_nodes,
 )
-from parlab.runtime.launch import Nodes
+from parlab.runtime.launch import current_nodes
 from parlab.units import format_bytes
 
 
@@ -50,7 +50,6 @@ def _spec(
     graph: bool,
     via: str,
     nproc: int | None,
-    job: Nodes,
     backend: str,
     timeout: float | None,
 ) -> Any:
@@ -78,7 +77,7 @@ def _spec(
         via=via,
         mesh=parse_mesh(mesh),
         axis=axis.strip().lower() if axis else None,
-        nproc=per_node * job.nnodes,
+        nproc=per_node * current_nodes().nnodes,
         backend=backend,
         timeout_s=timeout or default_timeout_s(per_node, backend),
     )

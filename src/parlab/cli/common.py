@@ -11,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import click
 import typer
@@ -194,6 +194,17 @@ TimeoutOption = typer.Option(
 )
 
 
+Backend = Annotated[str, typer.Option(click_type=Choice(("auto", "nccl", "gloo")))]
+MicroBatch = Annotated[
+    int,
+    typer.Option("--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."),
+]
+Nproc = Annotated[
+    int | None,
+    typer.Option(click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."),
+]
+
+
 def nodes(
     nnodes: int,
     node_rank: int | None,
@@ -254,6 +265,10 @@ def write(doc: Document, results: Path, *, quiet: bool = False) -> Path:
     if not quiet:
         say_error(f"wrote {path} ({doc.evidence_level}, {doc.role})")
     return path
+
+
+JsonDocument = Annotated[bool, typer.Option("--json", help="Print the document as JSON.")]
+JsonPrint = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def print_json(data: Any) -> None:

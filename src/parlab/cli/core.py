@@ -14,6 +14,7 @@ from parlab.cli import app
 from parlab.cli.common import (
     COUNT,
     Choice,
+    JsonDocument,
     NnodesOption,
     NodeRankOption,
     RdzvBackendOption,
@@ -195,7 +196,7 @@ def env_cmd(
     rdzv_endpoint: str | None = RdzvEndpointOption,
     rdzv_backend: str = RdzvBackendOption,
     rdzv_id: str = RdzvIdOption,
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
 ) -> None:
     """Environment precheck: versions, GPUs, interconnect, NCCL/TORCH variables, a checked all-reduce."""
     from parlab.errors import UsageError

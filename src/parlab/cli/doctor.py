@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from parlab.cli import app
-from parlab.cli.common import console, print_json
+from parlab.cli.common import JsonPrint, console, print_json
 from parlab.errors import UsageError
 
 
@@ -75,7 +75,7 @@ def doctor_cmd(
     ),
     list_: bool = typer.Option(False, "--list", help="List the case collection."),
     case: list[str] | None = typer.Option(None, "--case", help="Check only this case (repeat)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonPrint = False,
 ) -> None:
     """Why is multi-GPU not faster? Check a results folder against the case collection."""
     from parlab.doctor import diagnose

@@ -30,6 +30,8 @@ from parlab.cli.analytic import (
 from parlab.cli.common import (
     COUNT,
     RANKS,
+    JsonDocument,
+    MicroBatch,
     ResultsOption,
     console,
     print_json,
@@ -217,9 +219,7 @@ def fit_cmd(
     seq: int | None = typer.Option(
         None, "--seq", click_type=COUNT, help="Sequence length (default: min(max_seq, 4096))."
     ),
-    micro_batch: int = typer.Option(
-        1, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-    ),
+    micro_batch: MicroBatch = 1,
     dtype: str = DtypeOption,
     optimizer: str = OptimizerOption,
     recompute: str = RecomputeOption,
@@ -230,7 +230,7 @@ def fit_cmd(
         8, "--gpus-per-node", click_type=RANKS, help="TP stays within a node."
     ),
     top: int = typer.Option(8, "--top", click_type=COUNT, help="Candidates shown."),
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
     results: Path | None = ResultsOption,
 ) -> None:
     """T0: whether a model fits on one GPU, its memory breakdown, and the splits that would fit,

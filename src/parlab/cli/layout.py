@@ -25,6 +25,7 @@ from parlab.cli.common import (
     print_json,
     results_dir,
 )
+from parlab.cli.project import project_app
 from parlab.runtime.launch import on_nodes
 
 
@@ -159,55 +160,45 @@ def layout_cmd(
         print_layout(d)
 
 
-def register_project_command() -> None:
-    """Add ``model-internal`` to the ``parlab project`` sub-app, when that sub-app exists."""
-    try:
-        from parlab.cli.project import project_app  # type: ignore[attr-defined]
-    except ImportError:
-        return
+@project_app.command("model-internal")
+def model_internal_cmd(
+    results: Path | None = ResultsOption,
+    preset: str = typer.Option(
+        "cpu", help="cpu (tiny model, gloo ranks) or gpu (1.3B model, NCCL ranks)."
+    ),
+    nproc: int = typer.Option(2, help="Ranks (2 for the TP2/PP2/CP2 comparison set)."),
+    only: list[str] | None = typer.Option(
+        None, help="Run only these runs (tp2-sp, tp2, pp2-gpipe, pp2-1f1b, cp2-ring, ...)."
+    ),
+    seq: int | None = typer.Option(None, help="Override the sequence length."),
+    steps: int | None = typer.Option(None, help="Override the measured steps per run."),
+    timeout: float = typer.Option(
+        600.0, click_type=SECONDS, help="Process-group timeout, seconds."
+    ),
+    budget: float | None = typer.Option(
+        None,
+        click_type=SECONDS,
+        help="Wall-time cap for all launches (runs left out: failures).",
+    ),
+    nnodes: int = NnodesOption,
+    node_rank: int | None = NodeRankOption,
+    rdzv_endpoint: str | None = RdzvEndpointOption,
+    rdzv_backend: str = RdzvBackendOption,
+    rdzv_id: str = RdzvIdOption,
+) -> None:
+    """TP2 (+SP), PP2 (GPipe, 1F1B, interleaved), CP2 (32k/64k on GPU) and torch's own TP/PP,
+    each against one rank at the same global batch: documents and a report."""
+    from parlab.projects.model_internal import run_project  # lazy: torch
 
-    @project_app.command("model-internal")
-    def model_internal_cmd(
-        results: Path | None = ResultsOption,
-        preset: str = typer.Option(
-            "cpu", help="cpu (tiny model, gloo ranks) or gpu (1.3B model, NCCL ranks)."
-        ),
-        nproc: int = typer.Option(2, help="Ranks (2 for the TP2/PP2/CP2 comparison set)."),
-        only: list[str] | None = typer.Option(
-            None, help="Run only these runs (tp2-sp, tp2, pp2-gpipe, pp2-1f1b, cp2-ring, ...)."
-        ),
-        seq: int | None = typer.Option(None, help="Override the sequence length."),
-        steps: int | None = typer.Option(None, help="Override the measured steps per run."),
-        timeout: float = typer.Option(
-            600.0, click_type=SECONDS, help="Process-group timeout, seconds."
-        ),
-        budget: float | None = typer.Option(
-            None,
-            click_type=SECONDS,
-            help="Wall-time cap for all launches (runs left out: failures).",
-        ),
-        nnodes: int = NnodesOption,
-        node_rank: int | None = NodeRankOption,
-        rdzv_endpoint: str | None = RdzvEndpointOption,
-        rdzv_backend: str = RdzvBackendOption,
-        rdzv_id: str = RdzvIdOption,
-    ) -> None:
-        """TP2 (+SP), PP2 (GPipe, 1F1B, interleaved), CP2 (32k/64k on GPU) and torch's own TP/PP,
-        each against one rank at the same global batch: documents and a report."""
-        from parlab.projects.model_internal import run_project
-
-        with on_nodes(nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)):
-            run_project(
-                results_dir(results),
-                console=console,
-                preset=preset,
-                nproc=nproc,
-                only=only,
-                seq=seq,
-                steps=steps,
-                timeout_s=timeout,
-                budget_s=budget,
-            )
-
-
-register_project_command()
+    with on_nodes(nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)):
+        run_project(
+            results_dir(results),
+            console=console,
+            preset=preset,
+            nproc=nproc,
+            only=only,
+            seq=seq,
+            steps=steps,
+            timeout_s=timeout,
+            budget_s=budget,
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -13,6 +13,7 @@ from parlab.cli.common import (
     COUNT0,
     NONNEGATIVE,
     POSITIVE,
+    Backend,
     Choice,
     NnodesOption,
     NodeRankOption,
@@ -40,88 +41,131 @@ MOE_DTYPES = {"auto": "auto", "fp32": "fp32", "bf16-all": "bf16"}
 """``--dtype`` -> the MoE runner's name (the whole layer, its optimizer states too, in it)."""
 
 
-@project_app.command("moe")
-def moe_cmd(
-    ep: int = typer.Option(
-        2, "--ep", click_type=COUNT, help="Expert-parallel degree: the ranks of the job."
-    ),
-    experts: int = typer.Option(
-        8, "--experts", click_type=COUNT, help="Routed experts E (a multiple of --ep)."
-    ),
-    topk: int = typer.Option(
-        2, "--topk", click_type=COUNT, help="Experts per token k (at most E)."
-    ),
-    capacity_factor: float = typer.Option(
-        1.25,
+Ep = Annotated[
+    int,
+    typer.Option("--ep", click_type=COUNT, help="Expert-parallel degree: the ranks of the job."),
+]
+Experts = Annotated[
+    int, typer.Option("--experts", click_type=COUNT, help="Routed experts E (a multiple of --ep).")
+]
+Topk = Annotated[
+    int, typer.Option("--topk", click_type=COUNT, help="Experts per token k (at most E).")
+]
+CapacityFactor = Annotated[
+    float,
+    typer.Option(
         "--capacity-factor",
         click_type=POSITIVE,
         help="Capacity = ceil(k*T/E x factor) per expert per rank.",
     ),
-    drop: str = typer.Option(
-        "position",
+]
+Drop = Annotated[
+    str,
+    typer.Option(
         click_type=Choice(("position", "probability", "none")),
         help="Overflow policy (none: dropless).",
     ),
-    gating: str = typer.Option(
-        "softmax", click_type=Choice(("softmax", "sigmoid")), help="Gating (sigmoid: DeepSeek-V3)."
+]
+Gating = Annotated[
+    str,
+    typer.Option(click_type=Choice(("softmax", "sigmoid")), help="Gating (sigmoid: DeepSeek-V3)."),
+]
+Skew = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--skew", help="Skewed workload(s) zipf:S (repeat or comma-separate; default zipf:1.2)."
     ),
-    skew: list[str] | None = typer.Option(
-        None,
-        "--skew",
-        help="Skewed workload(s) zipf:S (repeat or comma-separate; default zipf:1.2).",
-    ),
-    hot: str = typer.Option(
-        "contiguous",
+]
+Hot = Annotated[
+    str,
+    typer.Option(
         click_type=Choice(("contiguous", "spread")),
         help="Where Zipf's hot experts sit: contiguous (all on rank 0) or spread (round-robin).",
     ),
-    sweep: str = typer.Option(
-        "0.5,0.75,1,1.25,1.5,2", help="Capacity factors of the overflow sweep (comma-separated)."
-    ),
-    hidden: int = typer.Option(256, click_type=COUNT, help="Hidden size H."),
-    ffn_hidden: int = typer.Option(
-        512, "--ffn-hidden", click_type=COUNT, help="Expert FFN size F."
-    ),
-    tokens: int = typer.Option(2048, click_type=COUNT, help="Tokens per rank per forward."),
-    train_steps: int = typer.Option(
-        8,
+]
+Sweep = Annotated[
+    str, typer.Option(help="Capacity factors of the overflow sweep (comma-separated).")
+]
+Hidden = Annotated[int, typer.Option(click_type=COUNT, help="Hidden size H.")]
+FfnHidden = Annotated[
+    int, typer.Option("--ffn-hidden", click_type=COUNT, help="Expert FFN size F.")
+]
+Tokens = Annotated[int, typer.Option(click_type=COUNT, help="Tokens per rank per forward.")]
+TrainSteps = Annotated[
+    int,
+    typer.Option(
         "--train-steps",
         click_type=COUNT0,
         help="Learned-routing training steps per balancing mode (0: skip).",
     ),
-    balance: str = typer.Option(
-        "none,aux,bias", help="Balancing modes of the learned-routing workload: none, aux, bias."
-    ),
-    aux_coeff: float = typer.Option(
-        0.01, "--aux-coeff", click_type=NONNEGATIVE, help="Auxiliary-loss coefficient."
-    ),
-    bias_rate: float = typer.Option(
-        0.01, "--bias-rate", click_type=NONNEGATIVE, help="Aux-loss-free bias update rate."
-    ),
-    dtype: str = typer.Option(
-        "auto",
+]
+Balance = Annotated[
+    str, typer.Option(help="Balancing modes of the learned-routing workload: none, aux, bias.")
+]
+AuxCoeff = Annotated[
+    float, typer.Option("--aux-coeff", click_type=NONNEGATIVE, help="Auxiliary-loss coefficient.")
+]
+BiasRate = Annotated[
+    float,
+    typer.Option("--bias-rate", click_type=NONNEGATIVE, help="Aux-loss-free bias update rate."),
+]
+MoeDtype = Annotated[
+    str,
+    typer.Option(
         click_type=recipe_choice(MOE_DTYPES),
         help="Precision recipe (docs/cli.md): fp32, bf16-all, or auto (bf16-all on GPUs, fp32 "
         "on CPU ranks).",
     ),
-    warmup: int = typer.Option(2, click_type=COUNT0, help="Untimed forwards per workload."),
-    iters: int = typer.Option(
-        5, click_type=COUNT, help="Timed forwards per workload (the median is reported)."
-    ),
-    naive: bool = typer.Option(True, "--naive/--no-naive", help="Also time the all-gather path."),
-    seed: int = typer.Option(
-        0, click_type=COUNT0, help="Seed of weights, tokens and routing draws."
-    ),
-    backend: str = typer.Option("auto", click_type=Choice(("auto", "nccl", "gloo"))),
-    timeout: float | None = TimeoutOption,
-    calibration: Path | None = typer.Option(
-        None,
+]
+Warmup = Annotated[int, typer.Option(click_type=COUNT0, help="Untimed forwards per workload.")]
+Iters = Annotated[
+    int,
+    typer.Option(click_type=COUNT, help="Timed forwards per workload (the median is reported)."),
+]
+Naive = Annotated[bool, typer.Option("--naive/--no-naive", help="Also time the all-gather path.")]
+Seed = Annotated[
+    int, typer.Option(click_type=COUNT0, help="Seed of weights, tokens and routing draws.")
+]
+Calibration = Annotated[
+    Path | None,
+    typer.Option(
         help="A `parlab collectives` document to compare with (default: the newest one in the "
         "results folder, if any).",
     ),
-    plan: bool = typer.Option(
-        False, "--plan", help="Print each workload's dispatch plan and stop (nothing launched)."
-    ),
+]
+PlanOnly = Annotated[
+    bool,
+    typer.Option("--plan", help="Print each workload's dispatch plan and stop (nothing launched)."),
+]
+
+
+@project_app.command("moe")
+def moe_cmd(
+    ep: Ep = 2,
+    experts: Experts = 8,
+    topk: Topk = 2,
+    capacity_factor: CapacityFactor = 1.25,
+    drop: Drop = "position",
+    gating: Gating = "softmax",
+    skew: Skew = None,
+    hot: Hot = "contiguous",
+    sweep: Sweep = "0.5,0.75,1,1.25,1.5,2",
+    hidden: Hidden = 256,
+    ffn_hidden: FfnHidden = 512,
+    tokens: Tokens = 2048,
+    train_steps: TrainSteps = 8,
+    balance: Balance = "none,aux,bias",
+    aux_coeff: AuxCoeff = 0.01,
+    bias_rate: BiasRate = 0.01,
+    dtype: MoeDtype = "auto",
+    warmup: Warmup = 2,
+    iters: Iters = 5,
+    naive: Naive = True,
+    seed: Seed = 0,
+    backend: Backend = "auto",
+    timeout: float | None = TimeoutOption,
+    calibration: Calibration = None,
+    plan: PlanOnly = False,
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,

@@ -30,6 +30,7 @@ from parlab.cli import app
 from parlab.cli.common import (
     COUNT,
     SECONDS,
+    JsonDocument,
     NnodesOption,
     NodeRankOption,
     RdzvBackendOption,
@@ -127,7 +128,7 @@ def analyze_cmd(
     timeline_step: int | None = typer.Option(
         None, help="Step the timeline PNG draws (default: the step of median length)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    as_json: JsonDocument = False,
 ) -> None:
     """Analyse a folder of per-rank Chrome traces (one per rank, any torch.profiler output)."""
     from parlab.profile.report import profile_folder

@@ -12,8 +12,10 @@ from parlab.cli.common import (
     COUNT,
     POSITIVE,
     Choice,
+    MicroBatch,
     NnodesOption,
     NodeRankOption,
+    Nproc,
     RdzvBackendOption,
     RdzvEndpointOption,
     RdzvIdOption,
@@ -104,13 +106,7 @@ def _check_shape(model: str, batch: int, seq: int) -> None:
 
 
 ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
-BatchOption = typer.Option(
-    2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-)
 SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
-NprocOption = typer.Option(
-    None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
-)
 BackendOption = typer.Option(
     "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
 )
@@ -120,9 +116,9 @@ BackendOption = typer.Option(
 def ddp_buckets_cmd(
     buckets: str = typer.Option("1,5,25", help="bucket_cap_mb values, comma-separated."),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -149,9 +145,9 @@ def ddp_buckets_cmd(
 def ddp_cmd(
     bucket_mb: float = typer.Option(25.0, click_type=POSITIVE, help="DDP bucket_cap_mb."),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -189,9 +185,9 @@ def fsdp_cmd(
         help="FSDP2 settings to compare, comma-separated: " + ", ".join(FSDP_CONFIGS) + ".",
     ),
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
@@ -221,9 +217,9 @@ def fsdp_cmd(
 @profile_app.command("tp")
 def tp_cmd(
     model: str = ModelOption,
-    batch: int = BatchOption,
+    batch: MicroBatch = 2,
     seq: int = SeqOption,
-    nproc: int | None = NprocOption,
+    nproc: Nproc = None,
     backend: str = BackendOption,
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -36,47 +36,77 @@ serve_app = typer.Typer(
 app.add_typer(serve_app, name="serve")
 
 
-@serve_app.command("replica")
-def replica_cmd(
-    model: str = typer.Option("tiny", help="Reference model (parlab.models catalog name)."),
-    engine: str = typer.Option(
-        "model",
+Host = Annotated[str, typer.Option(help="Address to listen on (loopback by default).")]
+Port = Annotated[int, typer.Option(click_type=PORT, help="Port (0: a free one, printed).")]
+Duration = Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
+RequestTimeout = Annotated[float, typer.Option(help="Per-request deadline, s.")]
+ReplicaModel = Annotated[str, typer.Option(help="Reference model (parlab.models catalog name).")]
+ReplicaEngine = Annotated[
+    str,
+    typer.Option(
         help="model (the reference model), stub (no model, timing model) or trivial "
         "(canned answers of --stub-output-len chunks).",
     ),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8000, click_type=PORT, help="Port (0: a free one, printed)."),
-    device: str = typer.Option("cpu", help="cpu or cuda:N."),
-    dtype: str = typer.Option(
-        "fp32", "--tensor-dtype", click_type=tensor_dtype_choice(SERVING_DTYPES), help="Weights."
-    ),
-    max_batch: int = typer.Option(16, help="KV slots (requests decoding at once)."),
-    max_len: int = typer.Option(2048, help="Longest prompt + output, tokens."),
-    prefix_cache: bool = typer.Option(True, help="Reuse KV of cached prompt prefixes."),
-    cache_blocks: int = typer.Option(4096, help="Prefix-cache capacity, 16-token blocks."),
-    seed: int = typer.Option(0, help="Weight seed."),
-    threads: int = typer.Option(1, help="CPU threads for torch."),
-    duration: float | None = typer.Option(None, help="Stop after this many seconds."),
-    stub_token_s: float = typer.Option(0.0, help="Stub: seconds between tokens."),
-    stub_prefill_per_token_s: float = typer.Option(0.0, help="Stub: prefill s per token."),
-    tp: int = typer.Option(1, help="Tensor-parallel ranks (one GPU each; gloo ranks on CPU)."),
-    stub_output_len: int = typer.Option(2, help="Trivial: chunks per answer."),
-    cuda_graphs: bool | None = typer.Option(
-        None,
+]
+Device = Annotated[str, typer.Option(help="cpu or cuda:N.")]
+WeightsDtype = Annotated[
+    str,
+    typer.Option("--tensor-dtype", click_type=tensor_dtype_choice(SERVING_DTYPES), help="Weights."),
+]
+MaxBatch = Annotated[int, typer.Option(help="KV slots (requests decoding at once).")]
+MaxLen = Annotated[int, typer.Option(help="Longest prompt + output, tokens.")]
+PrefixCache = Annotated[bool, typer.Option(help="Reuse KV of cached prompt prefixes.")]
+CacheBlocks = Annotated[int, typer.Option(help="Prefix-cache capacity, 16-token blocks.")]
+WeightSeed = Annotated[int, typer.Option(help="Weight seed.")]
+Threads = Annotated[int, typer.Option(help="CPU threads for torch.")]
+StubTokenS = Annotated[float, typer.Option(help="Stub: seconds between tokens.")]
+StubPrefillS = Annotated[float, typer.Option(help="Stub: prefill s per token.")]
+ReplicaTp = Annotated[
+    int, typer.Option(help="Tensor-parallel ranks (one GPU each; gloo ranks on CPU).")
+]
+StubOutputLen = Annotated[int, typer.Option(help="Trivial: chunks per answer.")]
+CudaGraphs = Annotated[
+    bool | None,
+    typer.Option(
         "--cuda-graphs/--no-cuda-graphs",
         help="Decode steps as captured CUDA graphs, one per batch bucket (default: on for a "
         "CUDA --device with --tp 1 and no MoE; --cuda-graphs requires them).",
     ),
-    max_step_tokens: int = typer.Option(
-        2048, help="Tokens one step computes: decode tokens, then prompt chunks."
-    ),
+]
+MaxStepTokens = Annotated[
+    int, typer.Option(help="Tokens one step computes: decode tokens, then prompt chunks.")
+]
+Attention = Annotated[str, typer.Option(help="Paged attention: auto, triton or torch.")]
+
+
+@serve_app.command("replica")
+def replica_cmd(
+    model: ReplicaModel = "tiny",
+    engine: ReplicaEngine = "model",
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    device: Device = "cpu",
+    dtype: WeightsDtype = "fp32",
+    max_batch: MaxBatch = 16,
+    max_len: MaxLen = 2048,
+    prefix_cache: PrefixCache = True,
+    cache_blocks: CacheBlocks = 4096,
+    seed: WeightSeed = 0,
+    threads: Threads = 1,
+    duration: Duration = None,
+    stub_token_s: StubTokenS = 0.0,
+    stub_prefill_per_token_s: StubPrefillS = 0.0,
+    tp: ReplicaTp = 1,
+    stub_output_len: StubOutputLen = 2,
+    cuda_graphs: CudaGraphs = None,
+    max_step_tokens: MaxStepTokens = 2048,
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,
     rdzv_backend: str = RdzvBackendOption,
     rdzv_id: str = RdzvIdOption,
-    attention: str = typer.Option("auto", help="Paged attention: auto, triton or torch."),
-    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
+    attention: Attention = "auto",
+    request_timeout: RequestTimeout = 300.0,
 ) -> None:
     """The reference replica (OpenAI API, continuous batching, prefix cache) or a stub."""
     dtype = TORCH_NAMES[dtype]
@@ -282,17 +312,17 @@ def router_cmd(
         "cache_aware",
         help="round_robin, random, least_outstanding, power_of_two or cache_aware.",
     ),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8000, click_type=PORT, help="Port (0: a free one, printed)."),
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
     cache_threshold: float = typer.Option(0.5, help="cache_aware: matched fraction to follow."),
     balance_abs: int = typer.Option(32, help="cache_aware: load gap counted as uneven."),
     balance_rel: float = typer.Option(1.0001, help="cache_aware: load ratio counted as uneven."),
     health_interval: float = typer.Option(0.5, help="Seconds between health checks."),
     health_failures: int = typer.Option(2, help="Missed checks in a row that take a replica out."),
     health_timeout: float = typer.Option(1.0, help="A health check slower than this is a miss."),
-    request_timeout: float = typer.Option(300.0, help="Per-request deadline, s."),
+    request_timeout: RequestTimeout = 300.0,
     allow_remote: bool = typer.Option(False, help="Allow non-loopback replicas."),
-    duration: float | None = typer.Option(None, help="Stop after this many seconds."),
+    duration: Duration = None,
     seed: int = typer.Option(0, help="Seed of random policies."),
 ) -> None:
     """HTTP router in front of replicas; prints its stats (JSON) when it stops."""

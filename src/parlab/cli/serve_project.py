@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from parlab.cli.common import (
+    JsonPrint,
     ResultsOption,
     console,
     err_console,
@@ -79,7 +80,7 @@ def sim_cmd(
     kv_bytes_per_token: int = typer.Option(196608, help="Disaggregated: KV bytes per token."),
     kv_bandwidth: float = typer.Option(3e11, help="Disaggregated: transfer bytes/s."),
     kv_base: float = typer.Option(5e-5, help="Disaggregated: transfer latency, s."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonPrint = False,
 ) -> None:
     """Discrete-event simulation of replicas, routing and arrivals (analytic; nothing written)."""
     import time

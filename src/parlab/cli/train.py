@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -13,8 +14,10 @@ from parlab.cli.common import (
     COUNT0,
     POSITIVE,
     Choice,
+    MicroBatch,
     NnodesOption,
     NodeRankOption,
+    Nproc,
     RdzvBackendOption,
     RdzvEndpointOption,
     RdzvIdOption,
@@ -112,84 +115,130 @@ def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
     )
 
 
-@app.command("train")
-def train_cmd(
-    strategy: str = typer.Option(
-        ...,
+TrainStrategy = Annotated[
+    str,
+    typer.Option(
         click_type=Choice(STRATEGY_CHOICES),
         help="torch's ddp, fsdp, fsdp-hybrid; parlab's zero1|2|3 (and *-naive, ddp-bucket); "
         "deepspeed-zero1|2|3 where DeepSpeed is installed.",
     ),
-    model: str = typer.Option("tiny", help="Model preset (tiny, small, 1.3b, 8b, ...)."),
-    nproc: int = typer.Option(
-        2, click_type=COUNT, help="Ranks on this node: GPUs, or gloo CPU processes without GPUs."
+]
+Model = Annotated[str, typer.Option(help="Model preset (tiny, small, 1.3b, 8b, ...).")]
+TrainNproc = Annotated[
+    int,
+    typer.Option(
+        click_type=COUNT, help="Ranks on this node: GPUs, or gloo CPU processes without GPUs."
     ),
-    steps: int = typer.Option(5, click_type=COUNT, help="Timed steps."),
-    warmup: int = typer.Option(
-        2, click_type=COUNT, help="Untimed steps first (one metered step follows the timed ones)."
+]
+Steps = Annotated[int, typer.Option(click_type=COUNT, help="Timed steps.")]
+Warmup = Annotated[
+    int,
+    typer.Option(
+        click_type=COUNT, help="Untimed steps first (one metered step follows the timed ones)."
     ),
-    micro_batch: int = typer.Option(
-        2, "--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."
-    ),
-    global_batch: int | None = typer.Option(
-        None,
+]
+GlobalBatch = Annotated[
+    int | None,
+    typer.Option(
         "--global-batch",
         click_type=COUNT,
         help="Sequences per step over all ranks (the world size must divide it).",
     ),
-    seq: int = typer.Option(128, click_type=COUNT, help="Tokens per sequence."),
-    dtype: str = typer.Option(
-        "fp32",
+]
+Seq = Annotated[int, typer.Option(click_type=COUNT, help="Tokens per sequence.")]
+TrainDtype = Annotated[
+    str,
+    typer.Option(
         click_type=recipe_choice(("fp32", "bf16-compute", "bf16-params")),
         help="Precision recipe (docs/cli.md): fp32; bf16-compute (bf16 compute, fp32 states); "
         "bf16-params (zero1, zero2: bf16 params and grads, fp32 master shards; deepspeed-zero*: "
         "DeepSpeed's bf16).",
     ),
-    recompute: str = typer.Option(
-        "none", click_type=Choice(("none", "selective", "full")), help="Activation checkpointing."
+]
+Recompute = Annotated[
+    str,
+    typer.Option(
+        click_type=Choice(("none", "selective", "full")), help="Activation checkpointing."
     ),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile each block."),
-    optimizer: str = typer.Option(
-        "adamw", click_type=Choice(("adamw", "sgd")), help="adamw (fused on CUDA) or sgd."
-    ),
-    lr: float = typer.Option(1e-3, click_type=POSITIVE, help="Learning rate."),
-    reshard: bool = typer.Option(
-        True, "--reshard/--no-reshard", help="FSDP: free gathered params after forward."
-    ),
-    hybrid_shard: int | None = typer.Option(
-        None,
+]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile each block.")]
+Optimizer = Annotated[
+    str, typer.Option(click_type=Choice(("adamw", "sgd")), help="adamw (fused on CUDA) or sgd.")
+]
+Lr = Annotated[float, typer.Option(click_type=POSITIVE, help="Learning rate.")]
+Reshard = Annotated[
+    bool, typer.Option("--reshard/--no-reshard", help="FSDP: free gathered params after forward.")
+]
+HybridShard = Annotated[
+    int | None,
+    typer.Option(
         "--hybrid-shard",
         click_type=COUNT,
         help="fsdp-hybrid: ranks per shard group (default nproc/2).",
     ),
-    memory_cap: str | None = typer.Option(
-        None, "--memory-cap", help="Per-rank memory limit (e.g. 2MiB): past it the run is an OOM."
+]
+MemoryCap = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-cap", help="Per-rank memory limit (e.g. 2MiB): past it the run is an OOM."
     ),
-    data: str | None = typer.Option(None, help="A local text file to train on (byte tokens)."),
-    seed: int = typer.Option(0, click_type=COUNT0, help="Seed of weights and data."),
-    timeout: float | None = TimeoutOption,
-    numa_binding: str | None = typer.Option(
-        None,
+]
+Data = Annotated[str | None, typer.Option(help="A local text file to train on (byte tokens).")]
+Seed = Annotated[int, typer.Option(click_type=COUNT0, help="Seed of weights and data.")]
+NumaBinding = Annotated[
+    str | None,
+    typer.Option(
         "--numa-binding",
         click_type=Choice(NUMA_BINDINGS),
         help="GPU runs: bind each rank to the CPUs near its GPU (torchrun's --numa-binding). "
         "CPU ranks are never bound.",
     ),
-    manual_gc: int = typer.Option(
-        50,
+]
+ManualGc = Annotated[
+    int,
+    typer.Option(
         "--manual-gc",
         click_type=COUNT0,
         help="N: Python's automatic garbage collection off while training, a young-generation "
         "collection every N steps instead (torchtitan's gc_freq, default 50); 0: automatic "
         "(its full collections pause the host mid-step).",
     ),
-    roofline: Path | None = typer.Option(
-        None,
+]
+Roofline = Annotated[
+    Path | None,
+    typer.Option(
         "--roofline",
         help="A results folder: record the step time the lab predicts from it (parlab plan "
         "--roofline's model, as benchmarks/plan_accuracy.py applies it) in the document, made "
         "before the run starts.",
     ),
+]
+
+
+@app.command("train")
+def train_cmd(
+    strategy: TrainStrategy,
+    model: Model = "tiny",
+    nproc: TrainNproc = 2,
+    steps: Steps = 5,
+    warmup: Warmup = 2,
+    micro_batch: MicroBatch = 2,
+    global_batch: GlobalBatch = None,
+    seq: Seq = 128,
+    dtype: TrainDtype = "fp32",
+    recompute: Recompute = "none",
+    compile_: Compile = False,
+    optimizer: Optimizer = "adamw",
+    lr: Lr = 1e-3,
+    reshard: Reshard = True,
+    hybrid_shard: HybridShard = None,
+    memory_cap: MemoryCap = None,
+    data: Data = None,
+    seed: Seed = 0,
+    timeout: float | None = TimeoutOption,
+    numa_binding: NumaBinding = None,
+    manual_gc: ManualGc = 50,
+    roofline: Roofline = None,
     nnodes: int = NnodesOption,
     node_rank: int | None = NodeRankOption,
     rdzv_endpoint: str | None = RdzvEndpointOption,
@@ -247,9 +296,7 @@ def check_roofline(roofline: Path | None) -> None:
 def training_state_cmd(
     results: Path | None = ResultsOption,
     model: str | None = typer.Option(None, help="Model (default: 1.3b on GPUs, tiny on CPU)."),
-    nproc: int | None = typer.Option(
-        None, click_type=COUNT, help="Ranks on this node (default: every GPU, or 2 on CPU)."
-    ),
+    nproc: Nproc = None,
     steps: int | None = typer.Option(None, click_type=COUNT, help="Timed steps per run."),
     seq: int | None = typer.Option(None, click_type=COUNT, help="Tokens per sequence."),
     only: list[str] | None = typer.Option(None, help="Only these strategies (repeat)."),

@@ -122,11 +122,6 @@ def collective_time(op: str, nbytes: float, n: int, link: Link, algorithm: str =
     return ka * alpha + kb * nbytes * link.beta_s_per_byte
 
 
-def best_time(op: str, nbytes: float, n: int, link: Link) -> tuple[float, str]:
-    """The faster of ring and tree, and which it was."""
-    return min((collective_time(op, nbytes, n, link, a), a) for a in ALGORITHMS)
-
-
 def busbw(op: str, nbytes: float, n: int, seconds: float) -> float:
     """nccl-tests' bus bandwidth (bytes/s) of one ``op`` of ``nbytes`` that took ``seconds``."""
     from parlab.comm.ops import busbw_factor

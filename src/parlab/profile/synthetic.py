@@ -43,6 +43,29 @@ _DEFAULT_GPU = {
 }
 
 
+def _event(
+    cat: str,
+    name: str,
+    ts: float,
+    dur: float,
+    args: dict[str, Any],
+    *,
+    pid: int = 100,
+    tid: int = 100,
+) -> dict[str, Any]:
+    """One complete (``"ph": "X"``) event, its keys in Kineto's order."""
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
 def trace_doc(
     events: list[dict[str, Any]],
     *,
@@ -83,45 +106,17 @@ def gpu_events(
     corr = 1
     for k, spans in enumerate(steps):
         base = t0 + k * step_us
-        out.append(
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": f"ProfilerStep#{k + 1}",
-                "pid": 100,
-                "tid": 100,
-                "ts": base,
-                "dur": step_us,
-                "args": {},
-            }
-        )
+        out.append(_event("user_annotation", f"ProfilerStep#{k + 1}", base, step_us, {}))
         for i, sp in enumerate(spans):
             launch = base + 1.0 + i * 0.01
             out.append(
-                {
-                    "ph": "X",
-                    "cat": "cuda_runtime",
-                    "name": "cudaLaunchKernel",
-                    "pid": 100,
-                    "tid": 100,
-                    "ts": launch,
-                    "dur": 0.005,
-                    "args": {"correlation": corr},
-                }
+                _event("cuda_runtime", "cudaLaunchKernel", launch, 0.005, {"correlation": corr})
             )
             cat = "gpu_memcpy" if sp.kind == "memory" else "kernel"
-            out.append(
-                {
-                    "ph": "X",
-                    "cat": cat,
-                    "name": sp.name or _DEFAULT_GPU[sp.kind],
-                    "pid": 0,
-                    "tid": sp.stream,
-                    "ts": base + lag_us + sp.start,
-                    "dur": sp.dur,
-                    "args": {"correlation": corr, "stream": sp.stream, "device": 0, **sp.args},
-                }
-            )
+            args = {"correlation": corr, "stream": sp.stream, "device": 0, **sp.args}
+            name = sp.name or _DEFAULT_GPU[sp.kind]
+            ts = base + lag_us + sp.start
+            out.append(_event(cat, name, ts, sp.dur, args, pid=0, tid=sp.stream))
             corr += 1
     return out
 
@@ -134,32 +129,13 @@ def cpu_events(
     out: list[dict[str, Any]] = []
     for k, spans in enumerate(steps):
         base = t0 + k * step_us
-        out.append(
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": f"ProfilerStep#{k + 1}",
-                "pid": 100,
-                "tid": 100,
-                "ts": base,
-                "dur": step_us,
-                "args": {},
-            }
-        )
+        out.append(_event("user_annotation", f"ProfilerStep#{k + 1}", base, step_us, {}))
         for sp in spans:
             comm = sp.kind == "comm"
-            out.append(
-                {
-                    "ph": "X",
-                    "cat": "user_annotation" if comm else "cpu_op",
-                    "name": sp.name or ("gloo:all_reduce" if comm else "aten::mm"),
-                    "pid": 100,
-                    "tid": 101 if comm else 100,
-                    "ts": base + sp.start,
-                    "dur": sp.dur,
-                    "args": dict(sp.args),
-                }
-            )
+            cat = "user_annotation" if comm else "cpu_op"
+            name = sp.name or ("gloo:all_reduce" if comm else "aten::mm")
+            tid = 101 if comm else 100
+            out.append(_event(cat, name, base + sp.start, sp.dur, dict(sp.args), tid=tid))
     return out
 
 
