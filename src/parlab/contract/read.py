@@ -160,7 +160,11 @@ def read_results(
     Reads the ``*.json`` files of the folder's project subfolders (``PAR-TRAINING-STATE/``,
     ...) and nothing else (``nested``: those of results folders inside it too); opens regular
     files only, each at most ``MAX_DOCUMENT_BYTES``, and removes the hidden temp files an
-    interrupted write left there more than ``STALE_TEMP_S`` ago."""
+    interrupted write left there more than ``STALE_TEMP_S`` ago.
+
+    The garbage collector, where it runs, collects once, pauses while the folder is read, then
+    freezes what is alive (``gc.freeze``: the documents, which hold no cycles, are never scanned
+    again; 10,000 documents cost a scan of 0.4 s each time a full collection ran)."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UsageError(
@@ -185,8 +189,8 @@ def read_results(
         entries.sort(key=lambda e: (e.doc.created, e.doc.run_id))
     finally:
         if collecting:
-            gc.freeze()  # the documents read out of the collector's generations: they hold no
-            gc.enable()  # cycles, and a scan of them all (0.4 s per 10,000) finds nothing
+            gc.freeze()
+            gc.enable()
     return entries, skipped
 
 
