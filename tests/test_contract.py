@@ -154,13 +154,17 @@ def test_reading_leaves_the_collector_running_as_it_was(tmp_path: Path) -> None:
     was = gc.isenabled()
     try:
         gc.enable()
+        gc.unfreeze()
         entries, skipped = contract.read_results(tmp_path)
-        assert gc.isenabled() and gc.get_freeze_count() > 0  # the documents read are frozen
+        assert gc.isenabled() and gc.get_freeze_count() == 0
         assert [e.path for e in entries] == [good]
         assert [s.path.name for s in skipped] == ["folder.json"]
+        contract.read_results(tmp_path, freeze=True)
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # what is alive, frozen
+        gc.unfreeze()
         gc.disable()
-        contract.read_results(tmp_path)
-        assert not gc.isenabled()
+        contract.read_results(tmp_path, freeze=True)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()

@@ -152,7 +152,7 @@ def _clean_stale_temp(folder: Path, skipped: list[Skipped]) -> None:
 
 
 def read_results(
-    results_dir: str | Path, *, nested: bool = False
+    results_dir: str | Path, *, nested: bool = False, freeze: bool = False
 ) -> tuple[list[Entry], list[Skipped]]:
     """The documents of a results folder (sorted by creation) and the files skipped, each
     with its reason.
@@ -162,9 +162,11 @@ def read_results(
     files only, each at most ``MAX_DOCUMENT_BYTES``, and removes the hidden temp files an
     interrupted write left there more than ``STALE_TEMP_S`` ago.
 
-    The garbage collector, where it runs, collects once, pauses while the folder is read, then
-    freezes what is alive (``gc.freeze``: the documents, which hold no cycles, are never scanned
-    again; 10,000 documents cost a scan of 0.4 s each time a full collection ran)."""
+    The garbage collector pauses while the folder is read (parsed JSON holds no cycles: it would
+    only rescan what is kept). ``freeze``: it resumes with what is alive frozen (``gc.freeze``),
+    for a caller that holds the documents to its end and then calls ``gc.unfreeze``
+    (``build_report``): 10,000 documents are otherwise scanned, 0.4 s a time, by the collections
+    that move them to the oldest generation."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UsageError(
@@ -174,9 +176,7 @@ def read_results(
     entries: list[Entry] = []
     skipped: list[Skipped] = []
     collecting = gc.isenabled()
-    if collecting:
-        gc.collect()  # what is garbage now is collected before the freeze below
-    gc.disable()  # parsed JSON holds no cycles: the collector would only rescan what is kept
+    gc.disable()
     try:
         for folder in _results_folders(root, nested):
             _clean_stale_temp(folder, skipped)
@@ -189,7 +189,8 @@ def read_results(
         entries.sort(key=lambda e: (e.doc.created, e.doc.run_id))
     finally:
         if collecting:
-            gc.freeze()
+            if freeze:
+                gc.freeze()
             gc.enable()
     return entries, skipped
 
