@@ -31,6 +31,7 @@ Run: ``.venv/bin/python benchmarks/report_speed.py [--results results] [--synthe
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -89,7 +90,7 @@ def parse_only(root: Path) -> tuple[float, float]:
 def build(root: Path, out: Path) -> dict[str, tuple[float, float] | int]:
     """One build, phase by phase ((wall, cpu) seconds), and the page's size (bytes)."""
     clock = Clock()
-    entries, skipped = read_results(root)
+    entries, skipped = read_results(root, freeze=True)  # as build_report reads
     read = clock.lap()
     rep = build_blocks(entries, skipped, root=root, out_dir=out, generated=now_iso())
     compose = clock.lap()
@@ -103,6 +104,7 @@ def build(root: Path, out: Path) -> dict[str, tuple[float, float] | int]:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
     write = clock.lap()
+    gc.unfreeze()  # as build_report ends
     phases = (read, compose, render, write)
     total = (sum(p[0] for p in phases), sum(p[1] for p in phases))
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -144,6 +145,29 @@ def test_results_folder_skips_foreign_and_corrupt(tmp_path: Path) -> None:
     assert "corrupt JSON" in reasons["truncated.json"]
     assert "not a distributed-benchmark/v1" in reasons["foreign.json"]
     assert "role" in reasons["wrong.json"]
+
+
+def test_reading_leaves_the_collector_running_as_it_was(tmp_path: Path) -> None:
+    good = contract.write_result(make_doc(), tmp_path)
+    (good.parent / ".hidden.json").write_text("{")
+    (good.parent / "folder.json").mkdir()
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        gc.unfreeze()
+        entries, skipped = contract.read_results(tmp_path)
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        assert [e.path for e in entries] == [good]
+        assert [s.path.name for s in skipped] == ["folder.json"]
+        contract.read_results(tmp_path, freeze=True)
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # what is alive, frozen
+        gc.unfreeze()
+        gc.disable()
+        contract.read_results(tmp_path, freeze=True)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
 
 
 def test_missing_results_folder_is_a_usage_error(tmp_path: Path) -> None:

@@ -88,11 +88,19 @@ def validate(data: Mapping[str, Any]) -> None:
 def _cache_file() -> Path | None:
     """Where the digests of documents that passed the schema live; None when disabled or
     without ``jsonschema``."""
-    base = os.environ.get("PARLAB_CACHE_DIR")
-    if base == "off" or _validator() is None:
+    env = os.environ
+    if _validator() is None:
+        return None
+    return _cache_path(env.get("PARLAB_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_path(base: str | None, xdg: str | None, home: str | None) -> Path | None:
+    """``_cache_file`` for these variables (worked out once per reader, not once per file)."""
+    if base == "off":
         return None
     if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        xdg = xdg or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "parlab")
     return Path(base) / f"schema-passed-{_schema_digest()}.txt"
 

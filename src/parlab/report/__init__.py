@@ -13,10 +13,11 @@ with no readable document is bad input (``UsageError``): nothing is written.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
-from parlab.contract import atomic_write_text, now_iso, read_results
+from parlab.contract import Entry, Skipped, atomic_write_text, now_iso, read_results
 from parlab.errors import UsageError
 
 
@@ -40,12 +41,22 @@ class ReportOutcome:
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> ReportOutcome:
     """Render ``results_dir`` into ``out_dir`` (default ``<results_dir>/report``)."""
+    root = Path(results_dir)
+    entries, skipped = read_results(root, freeze=True)
+    try:
+        return _build(root, entries, skipped, out_dir)
+    finally:
+        gc.unfreeze()  # the documents back to the collector (read_results froze them)
+
+
+def _build(
+    root: Path, entries: list[Entry], skipped: list[Skipped], out_dir: str | Path | None
+) -> ReportOutcome:
+    """``build_report`` once the folder is read."""
     from parlab.report.html import to_html
     from parlab.report.markdown import write_markdown
     from parlab.report.render import build_blocks
 
-    root = Path(results_dir)
-    entries, skipped = read_results(root)
     if not entries:
         why = (
             f"{len(skipped)} JSON file(s), none a readable document (first: {skipped[0].path}: "

@@ -74,7 +74,7 @@ def asset_table(entries: Sequence[Entry], root: Path, out_dir: Path) -> Table:
                 Badge(d.evidence_level),
                 _status(d),
                 f"{h[0]} = {fmt_metric(h[1])}" if h else "-",
-                Link(d.run_id, f"{up}/{Path(str(e.path)[cut:]).as_posix()}"),
+                Link(d.run_id, f"{up}/{str(e.path)[cut:].replace(os.sep, '/')}"),
                 d.created,
             )
         )
