@@ -3,7 +3,7 @@ committed ``results/``; < 3 s for a folder of 10,000 documents).
 
 What is measured: ``parlab.report.build_report`` on two folders, phase by phase --
 ``read`` (``contract.read_results``: every JSON file parsed, checked against the shipped
-schema where ``jsonschema`` is installed, and built into documents), ``compose`` (the
+schema where ``jsonschema_rs`` is installed, and built into documents), ``compose`` (the
 answers, the like-for-like grouping and the SVG figures), ``render`` (HTML and Markdown) and
 ``write`` -- and the size of ``report.html``:
 
@@ -12,18 +12,13 @@ answers, the like-for-like grouping and the SVG figures), ``render`` (HTML and M
    cloned round-robin under fresh run ids, so sizes, projects and workloads are the real mix
    (many repeats of each job, which the report must fold into spreads).
 
-Each folder is built cold (an empty schema cache: every document checked against the schema,
-as on the first build) and warm (the cache filled by an earlier build: the rebuild a person
-makes after adding runs, which checks only the new files; ``contract.validation`` says how the
-cache works).
-
 How it is timed: wall and CPU time (``time.perf_counter``, ``time.process_time``) of each
 phase in this process, best of ``--repeat`` runs by CPU time, the first run (which also pays
 the imports) left out. The verdict uses CPU time: this machine is shared with other jobs, and
 on an idle one the wall time is the CPU time. The JSON parse alone (``json.loads`` of every
 file, no schema, no documents) is timed too: it is the floor the ``read`` phase cannot go
 under. A third row reads the synthetic folder as the GPU machines' image does (no
-``jsonschema``; the dataclass checks only). Nothing is launched; no torch.
+schema checker; the dataclass checks only). Nothing is launched; no torch.
 
 Run: ``.venv/bin/python benchmarks/report_speed.py [--results results] [--synthetic 10000]``.
 """
@@ -118,16 +113,10 @@ def build(root: Path, out: Path) -> dict[str, tuple[float, float] | int]:
     }
 
 
-def measure(name: str, root: Path, repeat: int, cache: str) -> None:
-    """One table row: ``cache`` is ``cold`` (a fresh, empty schema cache per build), ``warm``
-    (one cache, filled by the first build) or ``off`` (no cache)."""
+def measure(name: str, root: Path, repeat: int) -> None:
+    """One table row: the best of ``repeat`` builds of ``root``."""
     with tempfile.TemporaryDirectory() as tmp:
-        warm_dir = Path(tmp) / "cache-warm"
-        runs = []
-        for i in range(repeat):
-            where = {"cold": Path(tmp) / f"cache-cold-{i}", "warm": warm_dir}.get(cache)
-            os.environ["PARLAB_CACHE_DIR"] = str(where) if where else "off"
-            runs.append(build(root, Path(tmp) / f"r{i}"))
+        runs = [build(root, Path(tmp) / f"r{i}") for i in range(repeat)]
     best = min(runs[1:] or runs, key=lambda r: r["total"][1])  # type: ignore[index]
     floor = parse_only(root)
     total = best["total"]
@@ -152,10 +141,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     try:
-        version("jsonschema")
-        schema = f"jsonschema {version('jsonschema')}"
+        schema = f"jsonschema-rs {version('jsonschema-rs')}"
     except PackageNotFoundError:
-        schema = "no jsonschema (dataclass checks only)"
+        schema = "no jsonschema-rs (dataclass checks only)"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores "
@@ -167,18 +155,16 @@ def main() -> None:
         f"{'parse':>7}{'MiB':>7}  target < {TARGET_S:g} s"
     )
     print("-" * 104)
-    for cache in ("cold", "warm"):
-        measure(f"results, {cache}", Path(args.results), args.repeat, cache)
+    measure("results", Path(args.results), args.repeat)
     if args.synthetic:
         tmp = Path(tempfile.mkdtemp(prefix="parlab-report-speed-"))
         try:
             synthesize(Path(args.results), tmp, args.synthetic)
-            for cache in ("cold", "warm"):
-                measure(f"synthetic {args.synthetic}, {cache}", tmp, args.repeat, cache)
+            measure(f"synthetic {args.synthetic}", tmp, args.repeat)
             real = validation._validator
             validation._validator = lambda: None  # what the GPU machines' image does: no schema
             try:
-                measure("synthetic, no schema", tmp, args.repeat, "off")
+                measure("synthetic, no schema", tmp, args.repeat)
             finally:
                 validation._validator = real
         finally:
@@ -186,7 +172,7 @@ def main() -> None:
     print(
         "wall/CPU seconds per phase; read = parse + schema check + documents (contract."
         "read_results); parse = CPU seconds of json.loads alone, the floor of read; 'no "
-        "schema' reads as the GPU machines do, without jsonschema"
+        "schema' reads as the GPU machines do, without a schema checker"
     )
 
 

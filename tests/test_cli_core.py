@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -29,7 +29,7 @@ def test_env_without_gpus_succeeds_and_writes_a_valid_document(
     assert "sanity all-reduce over 2 gloo ranks: correct (0 wrong values)" in out
     [path] = (tmp_path / "PAR-ENV").glob("*.json")
     data = json.loads(path.read_text())
-    jsonschema.validate(data, contract.schema())
+    jsonschema_rs.validate(contract.schema(), data)
     assert data["evidence_level"] == "env-precheck"
     assert data["metrics"]["sanity_allreduce_ok"]["value"] == 1.0
     assert data["environment"]["hardware"]["gpu_count"] == 0

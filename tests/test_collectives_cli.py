@@ -6,7 +6,7 @@ import _thread
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -37,7 +37,7 @@ def test_sweep_writes_a_valid_document_table_and_plot(
 ) -> None:
     [path] = [p for p in (sweep_dir / "PAR-COLLECTIVES").glob("collectives-2*.json")]
     data = json.loads(path.read_text())
-    jsonschema.validate(data, contract.schema())
+    jsonschema_rs.validate(contract.schema(), data)
     assert (data["project"], data["task"], data["evidence_level"]) == (
         "PAR-COLLECTIVES",
         "T1",
@@ -84,7 +84,7 @@ def test_fit_writes_a_calibration_the_planner_loads(
     assert cal.predict("all_reduce", 1 << 20) >= cal.predict("all_reduce", 8) > 0
     assert cal.predict("reduce_scatter", 1024) is None  # not measured, not guessed
     [path] = (out / "PAR-COLLECTIVES").glob("*.json")
-    jsonschema.validate(json.loads(path.read_text()), contract.schema())
+    jsonschema_rs.validate(contract.schema(), json.loads(path.read_text()))
     assert load_calibration(path).run_id == cal.run_id
     # a folder: its newest sweep
     assert run_cli(["collectives", "--fit", str(sweep_dir), "--results", str(out / "2")]) == 0
@@ -121,7 +121,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert doc.status == "ok" and doc.workload["partial"] is True
     assert any(n.startswith("partial: interrupted") for n in doc.notes)
     path = write_sweep(doc, tmp_path)
-    jsonschema.validate(json.loads(path.read_text()), contract.schema())
+    jsonschema_rs.validate(contract.schema(), json.loads(path.read_text()))
 
 
 @pytest.mark.parametrize(

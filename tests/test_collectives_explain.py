@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -88,7 +88,7 @@ def test_calibration_predicts_at_other_group_sizes(tmp_path: Path) -> None:
     sweep = contract.read_document(synthetic_sweep(tmp_path / "sweep"))
     cal_doc = calibration_document(sweep, command="t")
     path = contract.write_result(cal_doc, tmp_path / "cal")
-    jsonschema.validate(json.loads(path.read_text()), contract.schema())
+    jsonschema_rs.validate(contract.schema(), json.loads(path.read_text()))
     cal = load_calibration(tmp_path / "cal")
     assert cal.link_bw == 478e9 and cal.evidence_level == "real-nccl"
     ar = cal.ops["all_reduce"]

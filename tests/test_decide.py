@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -188,7 +188,7 @@ def test_decide_picks_the_faster_ok_candidate_and_rejects_the_rest_with_reasons(
     assert d.metrics["chosen.repeats"].value == 1
     # written, schema-valid, read back the same
     data = json.loads(out.path.read_text())
-    jsonschema.validate(data, contract.schema())
+    jsonschema_rs.validate(contract.schema(), data)
     assert contract.read_document(out.path).decision == d.decision
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -49,7 +49,7 @@ def test_rank_function_documents_and_report(tmp_path: Path) -> None:
     art = render_report(docs, tmp_path / "PAR-MOE-EXPERT", "moe-test")
     for d in docs:
         path = contract.write_result(d, tmp_path)
-        jsonschema.validate(json.loads(path.read_text()), contract.schema())
+        jsonschema_rs.validate(contract.schema(), json.loads(path.read_text()))
     uniform, skewed, sweep, train = docs
     # the plan computed beforehand, with no process group, is the one the run exchanged
     plans = dispatch_plans(cfg)

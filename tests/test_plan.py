@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema_rs
 import pytest
 
 from parlab import contract
@@ -210,7 +210,7 @@ def test_cli_writes_an_analytic_decision_document(
     assert out.splitlines()[1].startswith("Fits: ddp dp8")  # the answers come first
     [path] = (tmp_path / "PAR-TRAINING-STATE").glob("plan-*.json")
     data = json.loads(path.read_text())
-    jsonschema.validate(data, contract.schema())
+    jsonschema_rs.validate(contract.schema(), data)
     assert data["evidence_level"] == "analytic" and data["role"] == "decision"
     assert data["decision"]["chosen"] == "ddp dp8 mb1x8 rc:none"
     assert data["layout"]["mesh"]["dp"] == 8 and data["layout"]["strategy"] == "ddp"

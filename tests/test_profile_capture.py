@@ -91,7 +91,7 @@ def test_ddp_all_reduce_payload_is_the_gradient(ddp_traces: list[dict[str, Any]]
 
 def test_document_and_artifacts(ddp_traces: list[dict[str, Any]], tmp_path: Path) -> None:
     o = profile_folder(ddp_traces[0]["dir"], results=tmp_path, command="parlab profile analyze x")
-    doc = read_document(o.path)  # validates against the schema where jsonschema is installed
+    doc = read_document(o.path)  # validates against the schema where jsonschema_rs is installed
     assert doc.task == "T5" and doc.evidence_level == "cpu-mechanism"
     assert doc.project == "PAR-TRAINING-STATE"
     m = doc.metrics

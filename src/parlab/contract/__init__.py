@@ -2,7 +2,7 @@
 
 Every command that measures, predicts or decides writes one ``Document``
 through ``write_result``: it is checked (dataclass invariants always, the
-shipped JSON Schema too where ``jsonschema`` is installed), then written
+shipped JSON Schema too where ``jsonschema_rs`` is installed), then written
 atomically -- temp file in the same folder, fsync, rename -- under
 ``<results>/<project>/<run_id>.json``, so no half-written document can ever
 exist. ``read_results`` reads a folder back, reporting foreign or corrupt

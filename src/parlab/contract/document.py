@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from parlab.contract.validation import SCHEMA_ID, validate, validate_bytes
+from parlab.contract.validation import SCHEMA_ID, validate
 
 PROJECTS = (
     "PAR-TRAINING-STATE",
@@ -181,15 +181,11 @@ class Document:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], raw: bytes | None = None) -> Document:
-        """Build a document from parsed JSON; ``ValueError`` if it is not one. ``raw``: the
-        bytes ``data`` was parsed from, whose schema verdict the reader's cache may know."""
+    def from_json(cls, data: Mapping[str, Any]) -> Document:
+        """Build a document from parsed JSON; ``ValueError`` if it is not one."""
         if data.get("schema") != SCHEMA_ID:
             raise ValueError(f"not a {SCHEMA_ID} document (schema={data.get('schema')!r})")
-        if raw is None:
-            validate(data)
-        else:
-            validate_bytes(raw, data)
+        validate(data)
         failure = data.get("failure")
         decision = data.get("decision")
         return cls(

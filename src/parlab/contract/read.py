@@ -114,7 +114,7 @@ def read_document(path: str | Path) -> Document:
     if _too_deep(raw):
         raise NotADocument(f"{path}: JSON nested more than {MAX_NESTING} deep: not a document")
     try:
-        return Document.from_json(data, raw)
+        return Document.from_json(data)
     except ValueError as exc:
         raise NotADocument(f"{path}: {exc}") from None
     except (TypeError, KeyError, AttributeError, RecursionError) as exc:
