@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -111,6 +111,33 @@ def split_dim(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return x.chunk(n, dim=dim)[dist.get_rank(group)].contiguous()
 
 
+class _Conjugate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fwd: Any, bwd: Any) -> torch.Tensor:
+        ctx.bwd = bwd
+        return fwd(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.bwd(g), None, None
+
+
+def conjugate(
+    x: torch.Tensor,
+    fwd: Callable[[torch.Tensor], torch.Tensor],
+    bwd: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``fwd(x)`` forward, ``bwd(grad)`` backward: a collective and its adjoint, differentiable."""
+    return _Conjugate.apply(x, fwd, bwd)
+
+
+def _pair(x: torch.Tensor, group: Any, fwd: Any, bwd: Any, dim: int = 0) -> torch.Tensor:
+    """``fwd(x, dim, group)`` forward, ``bwd(grad, dim, group)`` backward; at tp 1 the identity."""
+    if _size(group) == 1:
+        return x
+    return conjugate(x, lambda t: fwd(t, dim, group), lambda g: bwd(g, dim, group))
+
+
 def _identity(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return x.view_as(x)
 
@@ -119,47 +146,29 @@ def _all_reduce(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return all_reduce(x.clone(), group)
 
 
-class _Conjugate(torch.autograd.Function):
-    """``fwd(x, dim, group)`` forward, ``bwd(grad, dim, group)`` backward (``dim`` -1: last)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fwd: Any, bwd: Any, dim: int, group: Any) -> Any:
-        ctx.bwd, ctx.dim, ctx.group = bwd, dim, group
-        return fwd(x, dim if dim >= 0 else x.dim() - 1, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        dim = ctx.dim if ctx.dim >= 0 else g.dim() - 1
-        return ctx.bwd(g, dim, ctx.group), None, None, None, None
-
-
-def _apply(x: torch.Tensor, fwd: Any, bwd: Any, dim: int, group: Any) -> torch.Tensor:
-    return _Conjugate.apply(x, fwd, bwd, dim, group) if _size(group) > 1 else x
-
-
 def copy_to_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """f: identity forward, all-reduce of the gradient backward."""
-    return _apply(x, _identity, _all_reduce, 0, group)
+    return _pair(x, group, _identity, _all_reduce)
 
 
 def reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """g: all-reduce forward, identity backward."""
-    return _apply(x, _all_reduce, _identity, 0, group)
+    return _pair(x, group, _all_reduce, _identity)
 
 
 def gather_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """SP entry: all-gather the sequence forward, reduce-scatter backward."""
-    return _apply(x, all_gather_dim, reduce_scatter_dim, dim, group)
+    return _pair(x, group, all_gather_dim, reduce_scatter_dim, dim)
 
 
 def reduce_scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """SP exit: reduce-scatter the sequence forward, all-gather backward."""
-    return _apply(x, reduce_scatter_dim, all_gather_dim, dim, group)
+    return _pair(x, group, reduce_scatter_dim, all_gather_dim, dim)
 
 
 def scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """Keep this rank's slice of the sequence forward, all-gather backward."""
-    return _apply(x, split_dim, all_gather_dim, dim, group)
+    return _pair(x, group, split_dim, all_gather_dim, dim)
 
 
 def gather_seq_replicated(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
@@ -169,12 +178,12 @@ def gather_seq_replicated(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Te
     pipeline send: every TP rank of the next stage gets the same gradient back),
     so the gradient must not be summed over the group.
     """
-    return _apply(x, all_gather_dim, split_dim, dim, group)
+    return _pair(x, group, all_gather_dim, split_dim, dim)
 
 
 def gather_last(x: torch.Tensor, group: Any) -> torch.Tensor:
     """All-gather the last dimension forward (vocab-sharded logits), slice backward."""
-    return _apply(x, all_gather_dim, split_dim, -1, group)
+    return _pair(x, group, all_gather_dim, split_dim, x.dim() - 1)
 
 
 def grad_all_reduce(w: torch.Tensor, group: Any) -> torch.Tensor:
