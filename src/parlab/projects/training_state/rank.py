@@ -36,8 +36,6 @@ from parlab.runtime.context import RankContext
 from parlab.runtime.loop import LoopPlan, TrainStep, next_token_loss, run_steps
 from parlab.topology import Topology
 
-"""The host probe's (untimed, timed) steps."""
-
 
 def _make_optimizer(cfg: dict[str, Any], device: torch.device) -> Any:
     def make(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
