@@ -152,9 +152,7 @@ def moe_skew(out: Path) -> tuple[Path, Path]:
     args = (f"--ep 2 --experts 8 --topk 2 --drop none --skew zipf:1.5 --hidden {hidden} "
             f"--ffn-hidden {ffn} --tokens {tokens} --train-steps 0 --warmup 1 --iters 3 "
             "--no-naive")  # fmt: skip
-    res = run_moe_project(
-        cfg, results=case, command=f"parlab project moe {args} --results {case}", quiet=True
-    )
+    res = run_moe_project(cfg, results=case, command=f"parlab project moe {args} --results {case}")
     if not res.ok:
         f = res.documents[0].failure
         raise RuntimeError(f"moe run failed: {f.message if f else '?'}")

@@ -148,13 +148,18 @@ class Attention(nn.Module):
         if self.use_rope:
             assert rope_SD2 is not None
             q, k = apply_rope(q, rope_SD2), apply_rope(k, rope_SD2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # B N S D
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = self.attend(*(t.transpose(1, 2) for t in (q, k, v)))
         return self.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+    def attend(
+        self, q_BNSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor
+    ) -> torch.Tensor:
+        """Causal SDPA, the K/V heads repeated to the query heads."""
+        rep = q_BNSD.shape[1] // k_BKSD.shape[1]
+        if rep > 1:
+            k_BKSD = k_BKSD.repeat_interleave(rep, dim=1)
+            v_BKSD = v_BKSD.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q_BNSD, k_BKSD, v_BKSD, is_causal=True)
 
 
 class MLAttention(nn.Module):

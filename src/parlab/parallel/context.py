@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 
 from parlab.errors import UsageError
-from parlab.models.reference import Attention, apply_rope
+from parlab.models.reference import Attention
 from parlab.parallel.context_comm import gather_kv, ring_shift_start
 
 VARIANTS = ("ring", "allgather")
@@ -273,18 +273,11 @@ class ContextParallelAttention(Attention):
     cp_group: Any
     variant: str
 
-    def forward(self, x_BSH: torch.Tensor, rope_SD2: torch.Tensor | None) -> torch.Tensor:
-        B, S, _ = x_BSH.shape
-        q = self.wq(x_BSH).view(B, S, -1, self.head_dim)
-        k = self.wk(x_BSH).view(B, S, -1, self.head_dim)
-        v = self.wv(x_BSH).view(B, S, -1, self.head_dim)
-        if self.use_rope:
-            assert rope_SD2 is not None
-            q, k = apply_rope(q, rope_SD2), apply_rope(k, rope_SD2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    def attend(
+        self, q_BNSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor
+    ) -> torch.Tensor:
         fn = ring_attention if self.variant == "ring" else allgather_attention
-        o = fn(q, k, v, self.cp_group)
-        return self.wo(o.transpose(1, 2).reshape(B, S, -1))
+        return fn(q_BNSD, k_BKSD, v_BKSD, self.cp_group)
 
 
 def apply_context_parallel(model: nn.Module, cp_group: Any, *, variant: str = "ring") -> nn.Module:

@@ -48,7 +48,31 @@ def unique_params(model: nn.Module) -> list[nn.Parameter]:
     return out
 
 
-class _Replicated:
+class Wrapper:
+    """A strategy that wraps ``module`` and steps a plain ``optimizer`` over ``params``."""
+
+    module: nn.Module
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def finish_backward(self) -> None:
+        """Nothing: the wrapper's reductions have finished by the end of backward."""
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
+        return {
+            "params": list(self.params),
+            "grads": [p.grad for p in self.params],
+            "optimizer": optimizer_tensors(self.optimizer),
+        }
+
+
+class _Replicated(Wrapper):
     """What the DDP forms share: the model, the group, and a plain optimizer."""
 
     def __init__(self, model: nn.Module, group: Any, make_optimizer: OptimizerFactory) -> None:
@@ -58,25 +82,12 @@ class _Replicated:
         self.params = unique_params(model)
         self.optimizer = make_optimizer(self.params)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    def step(self) -> None:
-        self.optimizer.step()
-
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name (a copy)."""
         return {n: p.detach().clone() for n, p in self.module.named_parameters()}
-
-    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
-        return {
-            "params": list(self.params),
-            "grads": [p.grad for p in self.params],
-            "optimizer": optimizer_tensors(self.optimizer),
-        }
 
 
 class DataParallelNaive(_Replicated):

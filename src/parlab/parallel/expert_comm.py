@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parlab.parallel.tensor_comm import conjugate
+
 # torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old ones.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -144,40 +146,15 @@ def all_to_all_rows(
     return out
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any):  # type: ignore[override]
-        ctx.splits = (out_splits, in_splits)
-        ctx.group = group
-        return all_to_all_rows(x, out_splits, in_splits, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
-        out_splits, in_splits = ctx.splits
-        return all_to_all_rows(grad, in_splits, out_splits, ctx.group), None, None, None
-
-
 def all_to_all(
     x_NH: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any
 ) -> torch.Tensor:
     """Differentiable uneven ``all_to_all_single``; backward swaps the splits."""
-    return _AllToAll.apply(x_NH, out_splits, in_splits, group)
-
-
-class _AllGather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any):  # type: ignore[override]
-        ctx.group = group
-        n = group_size(group)
-        if n == 1:
-            return x.clone()
-        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        _all_gather_tensor(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
-        return _reduce_scatter(grad, ctx.group), None
+    return conjugate(
+        x_NH,
+        lambda x: all_to_all_rows(x, out_splits, in_splits, group),
+        lambda g: all_to_all_rows(g, in_splits, out_splits, group),
+    )
 
 
 def _reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -189,29 +166,18 @@ def _reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any):  # type: ignore[override]
-        ctx.group = group
-        return _reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
-        return _AllGather.apply(grad, ctx.group), None
-
-
 def all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Differentiable all-gather along dim 0 (backward: reduce-scatter, sum)."""
-    return _AllGather.apply(x, group)
+    return conjugate(x, lambda t: all_gather_nograd(t, group), lambda g: _reduce_scatter(g, group))
 
 
 def reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Differentiable reduce-scatter (sum) along dim 0 (backward: all-gather)."""
-    return _ReduceScatter.apply(x, group)
+    return conjugate(x, lambda t: _reduce_scatter(t, group), lambda g: all_gather_nograd(g, group))
 
 
 def all_gather_nograd(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """Plain all-gather along dim 0 of a tensor that needs no gradient (indices, masks)."""
+    """Plain all-gather along dim 0 (indices, masks: any dtype; ``all_gather`` differentiates)."""
     n = group_size(group)
     if n == 1:
         return x.clone()

@@ -33,11 +33,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from parlab.errors import UsageError
-from parlab.parallel.data import OptimizerFactory, unique_params
-from parlab.runtime.meters import optimizer_tensors
+from parlab.parallel.data import OptimizerFactory, Wrapper, unique_params
 
 
-class TorchDDP:
+class TorchDDP(Wrapper):
     """torch's ``DistributedDataParallel`` behind parlab's mechanism interface."""
 
     def __init__(
@@ -59,25 +58,14 @@ class TorchDDP:
         self.params = unique_params(model)
         self.optimizer = make_optimizer(self.params)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    def finish_backward(self) -> None:
-        """Nothing: DDP's reducer waits for its all-reduces at the end of backward."""
-
     def release_first_buckets(self) -> None:
-        """Call once, after the first step: let NCCL drop its hold on the first buckets.
+        """Call once, after the first step: let NCCL drop its hold on the first step's buckets.
 
-        Before the second forward DDP rebuilds its buckets in the order the gradients
-        arrived, while ProcessGroupNCCL still holds the tensors of the first step's
-        all-reduces (DDP waits on their futures, never on the ``Work``); the watchdog drops
-        that hold only after it has polled them complete, and whether that happens before
-        the second step's peak is a race (one extra gradient copy at the 1.3B, none at GPT-2
-        1.5B: ``scripts/gpu/accuracy.sh``). Waiting for the GPU, giving the watchdog time
-        to poll (it sleeps 100 ms between polls) and issuing one small collective frees
-        them here, so every run's peak is the steady state's (measured on 2xH200: the
-        ``flush`` variant of ``scripts/gpu/accuracy.sh``). Costs 0.5 s once, outside the
-        timed steps. Nothing to do on gloo, which keeps no such hold.
+        DDP rebuilds its buckets before the second forward while ProcessGroupNCCL still holds
+        the first step's all-reduce tensors until its watchdog (polling every 100 ms) sees them
+        complete: whether they go before the second step's peak is a race. A GPU sync, 0.5 s
+        and one small collective settle it, once, outside the timed steps, so the peak is the
+        steady state's (``scripts/gpu/accuracy.sh``). Nothing to do on gloo.
         """
         dev = next(iter(self.params)).device
         if dev.type != "cuda":
@@ -87,24 +75,14 @@ class TorchDDP:
         torch.distributed.all_reduce(torch.zeros(1, device=dev), group=self.module.process_group)
         torch.cuda.synchronize(dev)
 
-    def step(self) -> None:
-        self.optimizer.step()
-
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=False)  # keep the bucket views
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().clone() for n, p in self.module.module.named_parameters()}
 
-    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
-        return {
-            "params": list(self.params),
-            "grads": [p.grad for p in self.params],
-            "optimizer": optimizer_tensors(self.optimizer),
-        }
 
-
-class TorchFSDP:
+class TorchFSDP(Wrapper):
     """FSDP2 (``fully_shard`` per block, then the root) behind parlab's mechanism interface."""
 
     def __init__(
@@ -126,28 +104,12 @@ class TorchFSDP:
         self.params = unique_params(model)
         self.optimizer = make_optimizer(self.params)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    def finish_backward(self) -> None:
-        """Nothing: FSDP waits for its reduce-scatters at the end of backward."""
-
-    def step(self) -> None:
-        self.optimizer.step()
-
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {
             n: p.full_tensor().detach().float().clone() for n, p in self.module.named_parameters()
-        }
-
-    def state_items(self) -> dict[str, list[torch.Tensor | None]]:
-        return {
-            "params": list(self.params),
-            "grads": [p.grad for p in self.params],
-            "optimizer": optimizer_tensors(self.optimizer),
         }
 
 

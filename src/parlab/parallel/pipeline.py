@@ -276,14 +276,8 @@ def run_schedule(
 
     Rank ``r`` of ``group`` holds stages ``r, r+p, ...``; ``microbatches`` are the
     first stage's inputs, ``targets`` the last stage's. The summed loss is scaled
-    by ``1/m`` so gradients equal those of the mean loss over the whole batch.
-
-    Ranks walk the schedule's slots (``lockstep``) together: at slot ``t`` a rank
-    first posts one batch with the messages of the actions that end at ``t`` --
-    its own sends and the receives of its neighbours' -- so both sides of every
-    message sit in the same slot's batch (deadlock-free under NCCL grouping),
-    then runs the action that starts at ``t``. Only receives are waited for;
-    sends complete in the background.
+    by ``1/m`` so gradients equal those of the mean loss over the whole batch. The ranks walk
+    the slots of ``lockstep`` together, as the module docstring says.
     """
     walker = _Walker(
         schedule, stages, microbatches=microbatches, targets=targets, loss_fn=loss_fn,

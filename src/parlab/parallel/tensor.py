@@ -68,12 +68,9 @@ class ColumnParallelLinear(nn.Module):
         if out_features % size:
             raise UsageError(f"{out_features} output features do not split over tp {size}")
         n = out_features // size
-        self.weight = nn.Parameter(weight.detach()[rank * n : (rank + 1) * n].clone())
-        self.bias = (
-            nn.Parameter(bias.detach()[rank * n : (rank + 1) * n].clone())
-            if bias is not None
-            else None
-        )
+        rows = slice(rank * n, (rank + 1) * n)
+        self.weight = nn.Parameter(weight.detach()[rows].clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach()[rows].clone())
         self.group = group
         self.input_op = input_op
         self.gather_output = gather_output
@@ -219,15 +216,6 @@ class TPEntry(nn.Module):
         return comm.copy_to_tp(self.norm(x), self.group)
 
 
-def _set_local_heads(attn: nn.Module, size: int) -> None:
-    for name in ("n_heads", "heads", "n_local_heads", "num_heads"):
-        if isinstance(getattr(attn, name, None), int):
-            setattr(attn, name, getattr(attn, name) // size)
-    for name in ("n_kv_heads", "kv_heads", "n_local_kv_heads", "num_kv_heads"):
-        if isinstance(getattr(attn, name, None), int):
-            setattr(attn, name, getattr(attn, name) // size)
-
-
 def apply_tensor_parallel(
     model: nn.Module,
     tp_group: Any,
@@ -241,31 +229,20 @@ def apply_tensor_parallel(
     the residual stream between blocks is ``(B, S/t, H)``. With ``loss_parallel``
     the model returns vocab-sharded logits: use ``tp_cross_entropy``.
     """
-    _, size = _rank_size(tp_group)
     sp = sequence_parallel
     layers = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
     for block in layers:
         attn, ffn = block.attention, block.feed_forward
         if ffn is None or not hasattr(attn, "wq"):
             raise UsageError("tensor parallelism here covers dense GQA/MHA blocks (no MoE, no MLA)")
-        for name in ("wq", "wk", "wv"):
-            lin = getattr(attn, name)
-            setattr(
-                attn,
-                name,
-                ColumnParallelLinear(lin.weight, tp_group, bias=lin.bias, input_op="none"),
-            )
         out = "reduce_scatter_seq" if sp else "reduce"
-        attn.wo = RowParallelLinear(attn.wo.weight, tp_group, bias=attn.wo.bias, output_op=out)
-        _set_local_heads(attn, size)
-        for name in ("w1", "w3"):
-            lin = getattr(ffn, name)
-            setattr(
-                ffn,
-                name,
-                ColumnParallelLinear(lin.weight, tp_group, bias=lin.bias, input_op="none"),
-            )
-        ffn.w2 = RowParallelLinear(ffn.w2.weight, tp_group, bias=ffn.w2.bias, output_op=out)
+        for mod, column, row in ((attn, ("wq", "wk", "wv"), "wo"), (ffn, ("w1", "w3"), "w2")):
+            for name in column:
+                lin = getattr(mod, name)
+                col = ColumnParallelLinear(lin.weight, tp_group, bias=lin.bias, input_op="none")
+                setattr(mod, name, col)
+            lin = getattr(mod, row)
+            setattr(mod, row, RowParallelLinear(lin.weight, tp_group, bias=lin.bias, output_op=out))
         block.attention_norm = TPEntry(block.attention_norm, tp_group, sequence_parallel=sp)
         block.ffn_norm = TPEntry(block.ffn_norm, tp_group, sequence_parallel=sp)
     if model.tok_embeddings is not None:
@@ -317,9 +294,14 @@ def apply_torch_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
     row-wise; no SP, embeddings, norms and output left whole, the logits replicated."""
     plan: dict[str, Any] = {}
     for i in range(len(model.layers)):  # type: ignore[arg-type]
-        for n in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
+        for n in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "feed_forward.w1",
+            "feed_forward.w3",
+        ):
             plan[f"layers.{i}.{n}"] = ColwiseParallel()
-        plan[f"layers.{i}.feed_forward.w3"] = ColwiseParallel()
-        plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
-        plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
+        for n in ("attention.wo", "feed_forward.w2"):
+            plan[f"layers.{i}.{n}"] = RowwiseParallel()
     parallelize_module(model, tp_mesh, plan)

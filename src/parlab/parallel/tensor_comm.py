@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -111,105 +111,64 @@ def split_dim(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return x.chunk(n, dim=dim)[dist.get_rank(group)].contiguous()
 
 
-class _CopyToTP(torch.autograd.Function):
+class _Conjugate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return all_reduce(g.clone(), ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        return all_reduce(x.clone(), group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return g, None
-
-
-class _GatherSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_dim(x, dim, group)
+    def forward(ctx: Any, x: torch.Tensor, fwd: Any, bwd: Any) -> torch.Tensor:
+        ctx.bwd = bwd
+        return fwd(x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return reduce_scatter_dim(g, ctx.dim, ctx.group), None, None
+        return ctx.bwd(g), None, None
 
 
-class _ReduceScatterSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return reduce_scatter_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return all_gather_dim(g, ctx.dim, ctx.group), None, None
+def conjugate(
+    x: torch.Tensor,
+    fwd: Callable[[torch.Tensor], torch.Tensor],
+    bwd: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``fwd(x)`` forward, ``bwd(grad)`` backward: a collective and its adjoint, differentiable."""
+    return _Conjugate.apply(x, fwd, bwd)
 
 
-class _ScatterSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return split_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return all_gather_dim(g, ctx.dim, ctx.group), None, None
+def _pair(x: torch.Tensor, group: Any, fwd: Any, bwd: Any, dim: int = 0) -> torch.Tensor:
+    """``fwd(x, dim, group)`` forward, ``bwd(grad, dim, group)`` backward; at tp 1 the identity."""
+    if _size(group) == 1:
+        return x
+    return conjugate(x, lambda t: fwd(t, dim, group), lambda g: bwd(g, dim, group))
 
 
-class _GatherSeqKeepGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return split_dim(g, ctx.dim, ctx.group), None, None
+def _identity(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+    return x.view_as(x)
 
 
-class _GatherLast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return all_gather_dim(x, x.dim() - 1, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return split_dim(g, g.dim() - 1, ctx.group), None
+def _all_reduce(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+    return all_reduce(x.clone(), group)
 
 
 def copy_to_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """f: identity forward, all-reduce of the gradient backward."""
-    return _CopyToTP.apply(x, group) if _size(group) > 1 else x
+    return _pair(x, group, _identity, _all_reduce)
 
 
 def reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """g: all-reduce forward, identity backward."""
-    return _ReduceFromTP.apply(x, group) if _size(group) > 1 else x
+    return _pair(x, group, _all_reduce, _identity)
 
 
 def gather_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """SP entry: all-gather the sequence forward, reduce-scatter backward."""
-    return _GatherSeq.apply(x, dim, group) if _size(group) > 1 else x
+    return _pair(x, group, all_gather_dim, reduce_scatter_dim, dim)
 
 
 def reduce_scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """SP exit: reduce-scatter the sequence forward, all-gather backward."""
-    return _ReduceScatterSeq.apply(x, dim, group) if _size(group) > 1 else x
+    return _pair(x, group, reduce_scatter_dim, all_gather_dim, dim)
 
 
 def scatter_seq(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
     """Keep this rank's slice of the sequence forward, all-gather backward."""
-    return _ScatterSeq.apply(x, dim, group) if _size(group) > 1 else x
+    return _pair(x, group, split_dim, all_gather_dim, dim)
 
 
 def gather_seq_replicated(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Tensor:
@@ -219,12 +178,12 @@ def gather_seq_replicated(x: torch.Tensor, group: Any, dim: int = 1) -> torch.Te
     pipeline send: every TP rank of the next stage gets the same gradient back),
     so the gradient must not be summed over the group.
     """
-    return _GatherSeqKeepGrad.apply(x, dim, group) if _size(group) > 1 else x
+    return _pair(x, group, all_gather_dim, split_dim, dim)
 
 
 def gather_last(x: torch.Tensor, group: Any) -> torch.Tensor:
     """All-gather the last dimension forward (vocab-sharded logits), slice backward."""
-    return _GatherLast.apply(x, group) if _size(group) > 1 else x
+    return _pair(x, group, all_gather_dim, split_dim, x.dim() - 1)
 
 
 def grad_all_reduce(w: torch.Tensor, group: Any) -> torch.Tensor:

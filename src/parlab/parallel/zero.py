@@ -127,10 +127,7 @@ class ZeroDataParallel:
             for u in self.units:
                 for p in u.params:
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
-        if stage == 3:
-            self._install_gather_hooks(units)
-        elif not naive:
-            self._install_wait_hooks(units)
+            self._install_forward_hooks(units)
 
     # ----- forward ------------------------------------------------------------------------------
 
@@ -140,26 +137,21 @@ class ZeroDataParallel:
                 self._gather(i)
         return self.module(*args, **kwargs)
 
-    def _install_gather_hooks(self, units: list[tuple[str, list[nn.Module]]]) -> None:
-        if self.naive:
-            return
+    def _install_forward_hooks(self, units: list[tuple[str, list[nn.Module]]]) -> None:
+        """ZeRO-3: gather unit ``i`` before its forward (prefetching ``i + 1``), release it
+        after; ZeRO-1/2: unit ``i``'s forward first waits for its post-step all-gather."""
         names = [u.name for u in self.units]
         for name, modules in units:
             if name not in names:
                 continue
             i = names.index(name)
+            if self.stage < 3:
+                modules[0].register_forward_pre_hook(lambda _m, _a, i=i: self._wait_unit(i))
+                continue
             modules[0].register_forward_pre_hook(
                 lambda _m, _a, i=i: self._gather(i, prefetch=i + 1)
             )
             modules[-1].register_forward_hook(lambda _m, _a, out, i=i: self._after_forward(i, out))
-
-    def _install_wait_hooks(self, units: list[tuple[str, list[nn.Module]]]) -> None:
-        """ZeRO-1/2: unit ``i``'s forward first waits for its post-step all-gather."""
-        names = [u.name for u in self.units]
-        for name, modules in units:
-            if name in names:
-                i = names.index(name)
-                modules[0].register_forward_pre_hook(lambda _m, _a, i=i: self._wait_unit(i))
 
     def _wait_unit(self, i: int) -> None:
         work = self._param_work.pop(i, None)
@@ -217,10 +209,14 @@ class ZeroDataParallel:
         i = self._unit_of[id(p)]
         self._ready[i] += 1
         if self._ready[i] == len(self.units[i].params):
-            if self.stage == 1:
-                self._reduce_unit_in_place(i)
-            else:
-                self._reduce_unit(i, async_op=True)
+            self._reduce(i)
+
+    def _reduce(self, i: int) -> None:
+        """Start reducing unit ``i``'s gradients (ZeRO-1 in place, ZeRO-2/3 into a shard)."""
+        if self.stage == 1:
+            self._reduce_unit_in_place(i)
+        else:
+            self._reduce_unit(i)
 
     def _reduce_unit_in_place(self, i: int) -> None:
         """ZeRO-1: reduce-scatter unit ``i``'s flat gradient into its own chunk (async)."""
@@ -244,7 +240,7 @@ class ZeroDataParallel:
             p.grad = None
         return flat
 
-    def _reduce_unit(self, i: int, *, async_op: bool) -> None:
+    def _reduce_unit(self, i: int) -> None:
         """Reduce-scatter unit ``i``'s gradients (ZeRO-2/3); free them (and ZeRO-3's params).
 
         At most ``MAX_IN_FLIGHT`` reduce-scatters are outstanding: the oldest is waited
@@ -254,7 +250,7 @@ class ZeroDataParallel:
             self._wait_oldest()
         flat = self._unit_grad(i).div_(self.world)
         out = torch.empty(self.units[i].shard_numel, dtype=flat.dtype, device=flat.device)
-        work = reduce_scatter_(out, flat, self.group, async_op=async_op)
+        work = reduce_scatter_(out, flat, self.group, async_op=True)
         self._pending.append((i, work, out, flat))
         self._reduced.add(i)
         if self.stage == 3:
@@ -293,10 +289,7 @@ class ZeroDataParallel:
             return
         for i in range(len(self.units)):  # units with unused parameters, in order
             if i not in self._reduced:
-                if self.stage == 1:
-                    self._reduce_unit_in_place(i)
-                else:
-                    self._reduce_unit(i, async_op=True)
+                self._reduce(i)
         while self._pending:
             self._wait_oldest()
         self._reduced.clear()

@@ -285,16 +285,13 @@ def _wait(
     first_error: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
-        if now - start > deadline:
-            killed_at = time.time()
-            kill_tree(proc, spec_path)
-            return True, killed_at
         if first_error is None and any(out_dir.glob("error-rank*.json")):
             first_error = now
-        if first_error is not None and now - first_error > ERROR_GRACE_S:
+        timed_out = now - start > deadline
+        if timed_out or (first_error is not None and now - first_error > ERROR_GRACE_S):
             killed_at = time.time()
             kill_tree(proc, spec_path)
-            return False, killed_at
+            return timed_out, killed_at
         time.sleep(0.1)
     return False, float("inf")
 

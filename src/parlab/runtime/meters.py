@@ -25,6 +25,7 @@ step, not on the timed steps.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 import weakref
 from collections.abc import Iterable
@@ -336,9 +337,7 @@ def slowest_rank_steps(results: list[dict[str, Any]], key: str = "step_times") -
 
 
 def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    return statistics.median(xs)
 
 
 def device_name(device: torch.device) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,13 +82,7 @@ class Nodes:
         return args
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "nnodes": self.nnodes,
-            "node_rank": self.node_rank,
-            "rdzv_endpoint": self.rdzv_endpoint,
-            "rdzv_backend": self.rdzv_backend,
-            "rdzv_id": self.rdzv_id,
-        }
+        return dataclasses.asdict(self)
 
 
 ONE_NODE = Nodes()

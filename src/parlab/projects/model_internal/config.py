@@ -83,7 +83,7 @@ class RunConfig:
 def comparison_set(
     preset: str, *, seq: int | None = None, steps: int | None = None
 ) -> list[tuple[RunConfig, RunConfig]]:
-    """(baseline on one rank, candidate) pairs: TP2+SP, TP2, PP2 GPipe and 1F1B, CP2 ring at
+    """(baseline on one rank, candidate on two) pairs: TP2+SP, TP2, PP2 GPipe and 1F1B, CP2 ring at
     the base sequence and at twice it (GPU: 32k and 64k)."""
     if preset == "gpu":
         base = {"model": "1.3b", "dtype": "bf16", "steps": steps or 3, "warmup": 2}
@@ -113,28 +113,27 @@ def comparison_set(
         # one rank accumulates the same micro-batches (torch's own schedules: as 1F1B would)
         one = sched if sched in SCHEDULES else "1f1b"
         return dataclasses.replace(single, schedule=one), RunConfig(
-            name=name, role="candidate", schedule=sched, **both, **cand
+            name=name, nproc=2, role="candidate", schedule=sched, **both, **cand
         )
 
     # in priority order: a set cut short by its time budget keeps the first ones
     return [
-        pair("tp2-sp", tp_kw, nproc=2, tp=2, sp=True),
-        pair("pp2-gpipe", pp_kw, nproc=2, pp=2, schedule="gpipe"),
-        pair("pp2-1f1b", pp_kw, nproc=2, pp=2, schedule="1f1b"),
-        pair("cp2-ring", cp_kw, nproc=2, cp=2),
-        pair("tp2", tp_kw, nproc=2, tp=2),
+        pair("tp2-sp", tp_kw, tp=2, sp=True),
+        pair("pp2-gpipe", pp_kw, pp=2, schedule="gpipe"),
+        pair("pp2-1f1b", pp_kw, pp=2, schedule="1f1b"),
+        pair("cp2-ring", cp_kw, cp=2),
+        pair("tp2", tp_kw, tp=2),
         # torch's own implementations, the references issue 6 quotes
-        pair("tp2-dtensor", tp_kw, nproc=2, tp=2, impl="torch"),
-        pair("pp2-1f1b-torch", pp_kw, nproc=2, pp=2, schedule="1f1b", impl="torch"),
-        pair("pp2-interleaved", pp_kw, nproc=2, pp=2, schedule="interleaved-1f1b", vpp=2),
+        pair("tp2-dtensor", tp_kw, tp=2, impl="torch"),
+        pair("pp2-1f1b-torch", pp_kw, pp=2, schedule="1f1b", impl="torch"),
+        pair("pp2-interleaved", pp_kw, pp=2, schedule="interleaved-1f1b", vpp=2),
         # torch's zero-bubble V schedule: what the bubble costs parlab's 1F1B family
-        pair("pp2-zbv-torch", pp_kw, nproc=2, pp=2, schedule="zbv", vpp=2, impl="torch"),
+        pair("pp2-zbv-torch", pp_kw, pp=2, schedule="zbv", vpp=2, impl="torch"),
         # compiled blocks: the per-micro-batch compute the bubble multiplies
-        pair("pp2-1f1b-compiled", pp_kw, nproc=2, pp=2, schedule="1f1b", compile=True),
+        pair("pp2-1f1b-compiled", pp_kw, pp=2, schedule="1f1b", compile=True),
         pair(
             "pp2-interleaved-compiled",
             pp_kw,
-            nproc=2,
             pp=2,
             schedule="interleaved-1f1b",
             vpp=2,
@@ -142,23 +141,11 @@ def comparison_set(
         ),
         # twice the sequence: one rank may run out of memory (a failure document), CP2 not;
         # its one-rank run goes last of all
-        pair("cp2-ring-long", long_kw, nproc=2, cp=2),
+        pair("cp2-ring-long", long_kw, cp=2),
     ]
 
 
-NAMES = (
-    "tp2-sp",
-    "pp2-gpipe",
-    "pp2-1f1b",
-    "cp2-ring",
-    "tp2",
-    "tp2-dtensor",
-    "pp2-1f1b-torch",
-    "pp2-interleaved",
-    "pp2-zbv-torch",
-    "pp2-1f1b-compiled",
-    "pp2-interleaved-compiled",
-    "cp2-ring-long",
-)
+NAMES = tuple(cand.name for _, cand in comparison_set("cpu"))
+"""The runs of the set, in its order (the same in both presets)."""
 BASELINE_LAST = ("cp2-ring-long",)
 """Runs whose one-rank baseline runs after them (it may run out of memory)."""

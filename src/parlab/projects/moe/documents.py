@@ -119,14 +119,10 @@ def _exchanges(ranks: list[dict[str, Any]], i: int) -> dict[str, Metric]:
     expert compute and its slowest rank, the layer's time by phase."""
     n = len(ranks)
     w0 = ranks[0]["workloads"][i]
-    d_bytes, c_bytes = (
-        _per_rank(ranks, i, "bytes", "dispatch"),
-        _per_rank(ranks, i, "bytes", "combine"),
-    )
-    d_time, c_time = (
-        _per_rank(ranks, i, "phases", "dispatch"),
-        _per_rank(ranks, i, "phases", "combine"),
-    )
+    d_bytes = _per_rank(ranks, i, "bytes", "dispatch")
+    c_bytes = _per_rank(ranks, i, "bytes", "combine")
+    d_time = _per_rank(ranks, i, "phases", "dispatch")
+    c_time = _per_rank(ranks, i, "phases", "combine")
     comp = _per_rank(ranks, i, "phases", "experts")
     phase_max = {p: max(_per_rank(ranks, i, "phases", p)) for p in w0["phases"]}
     mean_comp = statistics.fmean(comp)

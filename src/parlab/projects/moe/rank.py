@@ -86,13 +86,7 @@ def _reference_a2a(
                 times.append(timer.seconds["a2a"])
         t = _max_over(group, _median(times), device)
         b = rows * esize
-        out.append(
-            {
-                "bytes": b,
-                "seconds": t,
-                "busbw": busbw("all_to_all", b, n, t),
-            }
-        )
+        out.append({"bytes": b, "seconds": t, "busbw": busbw("all_to_all", b, n, t)})
     return out
 
 

@@ -60,7 +60,6 @@ def run_moe_project(
     results: Path,
     command: str,
     calibration: Path | None = None,
-    quiet: bool = False,
 ) -> MoEOutcome:
     """Launch the ranks, write the documents and the report; see the module docstring."""
     launch_cfg = LaunchConfig(nproc=cfg.ep, backend=cfg.backend, timeout_s=cfg.timeout_s)

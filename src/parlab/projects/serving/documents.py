@@ -1,13 +1,12 @@
-"""The serving project's ``distributed-benchmark/v1`` documents, written atomically
-(``contract.write_result``)."""
+"""The serving project's ``distributed-benchmark/v1`` documents (``run`` writes them atomically,
+``contract.write_result``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
-from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso, write_result
+from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
 from parlab.projects.serving.config import PROJECT, Preset
 
 
@@ -15,10 +14,6 @@ def env() -> dict[str, Any]:
     from parlab.hardware.env import snapshot
 
     return snapshot(probe_links=False)
-
-
-def write(doc: Document, root: Path) -> Path:
-    return write_result(doc, root)
 
 
 def with_metrics(doc: Document, **changes: Any) -> Document:

@@ -31,7 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
-from parlab.contract import Document
+from parlab.contract import Document, write_result
 from parlab.dtypes import TENSOR_DTYPE_OF
 from parlab.errors import UsageError
 from parlab.projects.serving import documents, rank
@@ -200,7 +200,7 @@ def run_project(
         else:
             failed += 1
     for d in docs + extra:
-        documents.write(d, root)
+        write_result(d, root)
     con.print(f"report: {write_report(root, docs, extra)}")
     return failed
 

@@ -36,8 +36,6 @@ from parlab.runtime.context import RankContext
 from parlab.runtime.loop import LoopPlan, TrainStep, next_token_loss, run_steps
 from parlab.topology import Topology
 
-"""The host probe's (untimed, timed) steps."""
-
 
 def _make_optimizer(cfg: dict[str, Any], device: torch.device) -> Any:
     def make(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -113,20 +111,48 @@ def autocast_for(cfg: dict[str, Any], device: torch.device) -> Any:
 
 
 class StrategyStep(TrainStep):
-    """One step of the reference model under a strategy, on this rank's slice of the batch.
+    """One step of the reference model under a strategy, on this rank's slice of the batch,
+    with the run's own bookkeeping: manual garbage collection, the metered step's state bytes,
+    torch DDP's first buckets released, the profiler's step.
 
     The logits stay alive through backward, and until the next step's forward and loss are
     made, as the ledger counts them (``logits_held``); so do the batch and the loss, as a loop
     variable's would."""
 
     def __init__(
-        self, ctx: RankContext, strat: Any, dataset: Any, global_batch: int, autocast: Any
+        self,
+        ctx: RankContext,
+        strat: Any,
+        dataset: Any,
+        global_batch: int,
+        autocast: Any,
+        *,
+        plan: LoopPlan,
+        gc_every: int,
+        mem: meters.MemoryMeter,
+        comm: CommMeter,
+        prof: Any,
     ) -> None:
         self.ctx, self.strat, self.dataset = ctx, strat, dataset
         self.global_batch, self.autocast = global_batch, autocast
+        self.plan, self.mem, self.comm, self.prof = plan, mem, comm, prof
+        self.gc_every = gc_every
         self.logits: torch.Tensor | None = None
         self.batch: Any = None
         self.loss: torch.Tensor | None = None
+        self.state: dict[str, int] = {}
+        self.retries_before: int | None = None
+        self.metered = False
+
+    def begin(self, i: int, *, metered: bool) -> None:
+        if self.gc_every and i and i % self.gc_every == 0:
+            gc.collect(1)
+        if i == self.plan.warmup:
+            self.retries_before = self.mem.alloc_retries()
+        self.metered = metered
+        if metered and hasattr(self.strat, "meter_next_step"):
+            self.strat.meter_next_step()  # DeepSpeed: hold the gradients it frees in its step
+        self.comm.step = i
 
     def data(self, i: int) -> Any:
         """This rank's slice, held until the next step's is drawn (a loop variable's life)."""
@@ -153,48 +179,11 @@ class StrategyStep(TrainStep):
 
     def optimizer(self) -> None:
         self.strat.step()
+        if self.metered:
+            self.state = meters.state_bytes(self.strat.state_items())
 
     def zero_grad(self) -> None:
         self.strat.zero_grad()
-
-    def end(self, i: int, loss: torch.Tensor) -> torch.Tensor:
-        return loss.detach()
-
-
-class MeteredRun(StrategyStep):
-    """A run's own steps: manual garbage collection, the metered step's state bytes, torch
-    DDP's first buckets released, the profiler's step."""
-
-    def __init__(
-        self,
-        *args: Any,
-        plan: LoopPlan,
-        gc_every: int,
-        mem: meters.MemoryMeter,
-        comm: CommMeter,
-        prof: Any,
-    ) -> None:
-        super().__init__(*args)
-        self.plan, self.mem, self.comm, self.prof = plan, mem, comm, prof
-        self.gc_every = gc_every
-        self.state: dict[str, int] = {}
-        self.retries_before: int | None = None
-        self.metered = False
-
-    def begin(self, i: int, *, metered: bool) -> None:
-        if self.gc_every and i and i % self.gc_every == 0:
-            gc.collect(1)
-        if i == self.plan.warmup:
-            self.retries_before = self.mem.alloc_retries()
-        self.metered = metered
-        if metered and hasattr(self.strat, "meter_next_step"):
-            self.strat.meter_next_step()  # DeepSpeed: hold the gradients it frees in its step
-        self.comm.step = i
-
-    def optimizer(self) -> None:
-        self.strat.step()
-        if self.metered:
-            self.state = meters.state_bytes(self.strat.state_items())
 
     def end(self, i: int, loss: torch.Tensor) -> torch.Tensor:
         if i == 0 and hasattr(self.strat, "release_first_buckets"):
@@ -233,7 +222,7 @@ def train_rank(ctx: RankContext, return_params: bool = False, **cfg: Any) -> dic
             gc.collect()
             gc.disable()
         gc_every = int(cfg.get("manual_gc") or 0)
-        run = MeteredRun(
+        run = StrategyStep(
             ctx, strat, dataset, global_batch, autocast,
             plan=plan, gc_every=gc_every, mem=mem, comm=comm, prof=prof,
         )  # fmt: skip

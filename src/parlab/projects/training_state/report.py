@@ -84,10 +84,8 @@ def _state(ok: list[Document]) -> Table:
     rows = []
     for d in ok:
         for item in STATE_ITEMS + MASTER_ITEMS:
-            measured, predicted = (
-                d.metric(f"state_bytes.{item}"),
-                _predicted(d, f"state_bytes.{item}"),
-            )
+            measured = d.metric(f"state_bytes.{item}")
+            predicted = _predicted(d, f"state_bytes.{item}")
             if measured is None and predicted is None:  # the master items of a run that keeps none
                 continue
             err = fmt_error(prediction_error(predicted, measured))
