@@ -9,7 +9,8 @@ to torch where Triton is missing).
   8,192 tokens of the 1.3B preset). Each head's row is loaded and stored whole (contiguous,
   vectorized), each element's pair partner read beside it: the former split into even and
   odd elements, loaded and stored at a stride of two, took 590 us a layer of such a step
-  (14.2 of its 54.7 ms of kernels; ``serve_engine_step.py --profile-prefill``).
+  (14.2 of its 54.7 ms of kernels), this one 169 us (``serve_engine_step.py
+  --profile-prefill`` on an H200; ``benchmarks/results/serve_engine_step.txt``).
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
   share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
