@@ -24,7 +24,10 @@ What it measures, for one model preset (random weights, seeded) on one device:
   ``steps``;
 - **offline load** (``--offline N,P,O``): N requests of P prompt tokens and O output tokens
   submitted at once, ``Engine.generate`` to the end; output tokens over wall time, and that
-  time split between the steps that held prompt chunks and the decode-only steps.
+  time split between the steps that held prompt chunks and the decode-only steps;
+- **profile** (``--profile-prefill``, with ``--offline``): the same load again, halfway
+  through its prefill one step (decode rows and prompt chunks) under ``torch.profiler``:
+  its kernels by device time, their sum by kind, and each matrix product's shape and rate.
 
 Evidence: ``serving-benchmark`` on a GPU (the engine and transformers on the same device and
 weights); on the CPU (``--model tiny``) a dry run of the same code, ``cpu-mechanism``.
@@ -186,6 +189,55 @@ def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, floa
     return t, 2 * batch * context * r.K * r.D * kc.element_size() / t
 
 
+def profile_prefill(eng: Engine, n: int, p: int, o: int, rows: int = 20) -> None:
+    """Print one mixed step of the offline load under ``torch.profiler`` (the docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seqs = [
+        Sequence(prompt=q, max_tokens=o, ignore_eos=True)
+        for q in prompts(n, p, eng.tokenizer.vocab_size, 5)
+    ]
+    for s in seqs:
+        eng.add(s)
+    for _ in range(max(1, n * p // eng.config.max_step_tokens // 2)):
+        eng.step()
+    cuda = eng.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(eng.device)
+    with profile(activities=acts, record_shapes=True) as prof:
+        eng.step()
+        sync(eng.device)
+    e = eng.log[-1]
+    for s in seqs:
+        eng.cancel(s)
+    while eng.has_work():
+        eng.step()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(f"# profile: one step of {e['decode']} decode rows and {e['prefill']} prompt tokens, "
+          f"{e['s'] * 1e3:.2f} ms")  # fmt: skip
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70))
+    kinds = {  # the first match names a kernel: SDPA's kernels are CUTLASS templates too
+        "sdpa": ("flash", "fmha", "attention"),
+        "matmul": ("gemm", "nvjet", "cutlass", "xmma"),
+        "engine triton": ("_rope_store", "_paged_decode", "_combine", "_add_rms", "_silu"),
+    }
+    total, by = 0.0, dict.fromkeys([*kinds, "other"], 0.0)
+    for a in prof.key_averages():
+        if cuda and a.device_type.name != "CUDA":
+            continue
+        t = getattr(a, key) / 1e3
+        total += t
+        kind = next((k for k, m in kinds.items() if any(x in a.key.lower() for x in m)), "other")
+        by[kind] += t
+    print(f"# kernels {total:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in by.items()))
+    for a in prof.key_averages(group_by_input_shape=True):
+        if a.key in ("aten::mm", "aten::addmm") and a.input_shapes:
+            (M, K), (_, N) = a.input_shapes[-2:]
+            t = (a.device_time_total if cuda else a.cpu_time_total) / 1e6
+            print(f"#   {a.key} {M}x{K}x{N} x{a.count}: {t * 1e3:.2f} ms, "
+                  f"{2 * M * K * N * a.count / max(t, 1e-12) / 1e12:.0f} TFLOP/s")  # fmt: skip
+
+
 def hf_child(args: argparse.Namespace) -> None:
     """One batch through transformers' static-cache generate (run as a child process)."""
     from transformers import AutoModelForCausalLM
@@ -260,6 +312,7 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="Also time transformers' generate.")
     ap.add_argument("--hf-timeout", type=float, default=300.0)
     ap.add_argument("--offline", default="", help="N,PROMPT,OUTPUT: an offline load.")
+    ap.add_argument("--profile-prefill", action="store_true", help="Profile a mixed step.")
     ap.add_argument("--results", default="")
     ap.add_argument("--hf-dir", help=argparse.SUPPRESS)
     ap.add_argument("--hf-lock", help=argparse.SUPPRESS)
@@ -350,6 +403,8 @@ def main() -> None:
         print(f"  {split['prefill_steps']:.0f} steps with prompt chunks {split['prefill_s']:.3f} s, "
               f"{split['decode_steps']:.0f} decode-only steps {split['decode_s']:.3f} s, "
               f"outside steps {split['other_s']:.3f} s")  # fmt: skip
+    if off and args.profile_prefill:
+        profile_prefill(eng, *off)
 
 
 if __name__ == "__main__":

@@ -301,6 +301,36 @@ def test_fused_norm_and_swiglu_kernels_equal_torch_on_gpu(dtype, T: int, H: int)
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("T", "N", "K", "D"), [(1, 16, 16, 128), (300, 16, 16, 128), (37, 5, 1, 48)]
+)
+def test_rope_store_equals_torch_on_gpu(dtype, T: int, N: int, K: int, D: int) -> None:
+    """The rotated queries and keys and the values in their slots, as the torch path writes
+    them; nothing else written (outputs poisoned with NaN first)."""
+    from parlab.models.reference import apply_rope, rope_table
+    from parlab.serve.engine.kernels import rope_store
+
+    g = torch.Generator(device="cuda").manual_seed(T + N)
+    qkv = torch.randn(T, (N + 2 * K) * D, device="cuda", dtype=dtype, generator=g)
+    rope = rope_table(torch.randint(0, 4000, (T,), device="cuda", generator=g), D, 1e4)
+    slots = torch.randperm(2 * T + 3, device="cuda", generator=g)[:T]
+
+    def nan(*shape: int) -> torch.Tensor:
+        return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+    kc, vc, q = nan(2 * T + 3, K, D), nan(2 * T + 3, K, D), nan(T, N, D)
+    rope_store(qkv, rope, slots, q, kc.view(-1, 1, K, D), vc.view(-1, 1, K, D), N, K, D)
+    wq, wk, wv = qkv.view(1, T, N + 2 * K, D).split([N, K, K], dim=2)
+    wkc, wvc = nan(2 * T + 3, K, D), nan(2 * T + 3, K, D)
+    wkc[slots], wvc[slots] = apply_rope(wk, rope)[0], wv[0]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(q, apply_rope(wq, rope)[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(kc, wkc, rtol=tol, atol=tol, equal_nan=True)
+    torch.testing.assert_close(vc, wvc, rtol=0, atol=0, equal_nan=True)
+
+
+@cuda
 def test_decode_kernel_takes_long_tiles_only_at_large_batch() -> None:
     from parlab.serve.engine.kernels import decode_config
 

@@ -5,13 +5,14 @@
 #   engine    benchmarks/serve_engine_step.py: the decode step at batch 1, 32, 128 over
 #             1,024-token prompts against transformers' static-cache generate and the memory
 #             roofline; the offline load 128 x 1,024 + 128;
+#   profile   (with engine) one mixed step of that load under torch.profiler: its kernels;
 #   serving   two transformers-server replicas (its own OpenAI server, continuous batching)
 #             behind parlab's router, then two reference replicas on the same load (chat API,
 #             the same weights and tokenizer: hf_export), each with parlab bench serve;
 #   failover  the serving project with two reference replicas on the GPU: round robin and
 #             cache-aware, one replica killed under load, restarted, rejoining.
 #
-#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,engine,serving,failover)
+#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,engine,profile,serving,failover)
 #       -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.txt, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving_engine.sh OUT_DIR [PARTS]}
@@ -44,6 +45,7 @@ fi
 
 if has engine; then
   HF=""; [ $HAVE_TF = 1 ] && HF="--hf"
+  has profile && HF="$HF --profile-prefill"
   timeout 420 $PY benchmarks/serve_engine_step.py --model $MODEL --dtype $DTYPE --device $DEV \
     --batch $BATCH --prompt-len $PLEN --steps $STEPS --offline $OFFLINE $HF --results "$RES" \
     2>&1 | grep -v "Loading weights" | tee "$OUT/serve_engine_step.txt" || rc=1

@@ -6,7 +6,11 @@ to torch where Triton is missing).
   into their page slots (``slot = page * block + offset``) -- one kernel instead of a dozen
   elementwise ones and two indexed writes per layer; a program per token, all its heads
   (a program per (token, head) made 262,144 programs of 64 pairs each in a prefill step of
-  8,192 tokens of the 1.3B preset).
+  8,192 tokens of the 1.3B preset). Each head's row is loaded and stored whole (contiguous,
+  vectorized), each element's pair partner read beside it: the former split into even and
+  odd elements, loaded and stored at a stride of two, took 590 us a layer of such a step
+  (14.2 of its 54.7 ms of kernels), this one 169 us (``serve_engine_step.py
+  --profile-prefill`` on an H200; ``benchmarks/results/serve_engine_step.txt``).
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
   share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
@@ -60,36 +64,36 @@ def _rope_store(
     N,
     K,
     D: tl.constexpr,
-    HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_V: tl.constexpr,
     ROPE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)  # query heads, then key heads
-    i = tl.arange(0, HALF)
-    mi = i < D // 2
-    m = (h < N + K)[:, None] & mi[None, :]
-    src = qkv + t * stride_t + h[:, None] * D + 2 * i[None, :]
-    x0 = tl.load(src, mask=m, other=0.0).to(tl.float32)
-    x1 = tl.load(src + 1, mask=m, other=0.0).to(tl.float32)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    m = (h < N + K)[:, None] & md[None, :]
+    row = qkv + t * stride_t + h[:, None] * D
+    x = tl.load(row + d[None, :], mask=m, other=0.0).to(tl.float32)
     if ROPE:
-        c = tl.load(cs + t * D + 2 * i, mask=mi, other=0.0)[None, :]
-        s = tl.load(cs + t * D + 2 * i + 1, mask=mi, other=0.0)[None, :]
-        y0 = x0 * c - x1 * s
-        y1 = x0 * s + x1 * c
+        odd = d % 2
+        # y[2i] = x[2i] c - x[2i+1] s, y[2i+1] = x[2i+1] c + x[2i] s: x and its pair partner
+        xp = tl.load(row + (d + 1 - 2 * odd)[None, :], mask=m, other=0.0).to(tl.float32)
+        c = tl.load(cs + t * D + d - odd, mask=md, other=0.0)
+        s = tl.load(cs + t * D + d - odd + 1, mask=md, other=0.0)
+        s = tl.where(odd == 1, s, -s)
+        y = x * c[None, :] + xp * s[None, :]
     else:
-        y0 = x0
-        y1 = x1
+        y = x
     qm = m & (h < N)[:, None]
-    qdst = q_out + t * stride_q + h[:, None] * D + 2 * i[None, :]
-    tl.store(qdst, y0.to(q_out.dtype.element_ty), mask=qm)
-    tl.store(qdst + 1, y1.to(q_out.dtype.element_ty), mask=qm)
+    tl.store(
+        q_out + t * stride_q + h[:, None] * D + d[None, :], y.to(q_out.dtype.element_ty), mask=qm
+    )
     slot = tl.load(slots + t)
     km = m & (h >= N)[:, None]
-    kdst = k_cache + slot * (K * D) + (h - N)[:, None] * D + 2 * i[None, :]
-    tl.store(kdst, y0.to(k_cache.dtype.element_ty), mask=km)
-    tl.store(kdst + 1, y1.to(k_cache.dtype.element_ty), mask=km)
+    kdst = k_cache + slot * (K * D) + (h - N)[:, None] * D + d[None, :]
+    tl.store(kdst, y.to(k_cache.dtype.element_ty), mask=km)
     j = tl.arange(0, BLOCK_V)
     vm = j < K * D
     vv = tl.load(qkv + t * stride_t + (N + K) * D + j, mask=vm)
@@ -110,6 +114,9 @@ def rope_store(
     """``q_TND`` = RoPE(queries); the rotated keys and the values to their slots."""
     T = qkv_TX.shape[0]
     cs = rope_TD2 if rope_TD2 is not None else qkv_TX  # unused without RoPE
+    if rope_TD2 is not None:
+        assert rope_TD2.is_contiguous() and rope_TD2.shape[-2:] == (D // 2, 2)
+    block_h, block_d = triton.next_power_of_2(N + K), triton.next_power_of_2(D)
     _rope_store[(T,)](
         qkv_TX,
         cs,
@@ -122,10 +129,11 @@ def rope_store(
         N,
         K,
         D=D,
-        HALF=triton.next_power_of_2(max(D // 2, 1)),
-        BLOCK_H=triton.next_power_of_2(N + K),
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
         BLOCK_V=triton.next_power_of_2(K * D),
         ROPE=rope_TD2 is not None,
+        num_warps=8 if block_h * block_d >= 4096 else 4,
     )
 
 
