@@ -30,7 +30,8 @@ from parlab.plan.fit.shape_probe import (
 )
 from parlab.plan.fit.shapes import (
     attention_factor,
-    recompute_efficiency,
+    doc_batch,
+    rc_efficiency,
     shape_factor,
     shaped_roofline,
 )
@@ -474,7 +475,7 @@ def test_a_full_recompute_replays_its_gemms_at_the_kernels_measured_efficiency()
     shapes = dataclasses.replace(SHAPES, forward={("1.3b", 8192): 0.78, ("1.3b", 4096): 0.74})
     full = _run("1.3b", 2, 4096)
     full.project, full.layout["knobs"] = "PAR-TRAINING-STATE", {"recompute": "full"}
-    assert recompute_efficiency(full, shapes) == pytest.approx(0.78)  # the layers' forward
+    assert rc_efficiency(doc_batch(full), shapes) == pytest.approx(0.78)  # the layers' forward
     got = shaped_roofline(full, ROOF, shapes)
     assert got.recompute_gemm == pytest.approx(0.78) and "recompute's GEMMs at 0.780" in got.source
     assert (got.gemm, got.gemm_width_half) == (ROOF.gemm, ROOF.gemm_width_half)  # the law stays
@@ -486,10 +487,10 @@ def test_a_full_recompute_replays_its_gemms_at_the_kernels_measured_efficiency()
         (_run("1.3b", 2, 4096, gpu="NVIDIA A100-SXM4-80GB"), {"recompute": "full"}),
     ):
         other.project, other.layout["knobs"] = "PAR-TRAINING-STATE", knob
-        assert recompute_efficiency(other, shapes) is None
+        assert rc_efficiency(doc_batch(other), shapes) is None
         assert shaped_roofline(other, ROOF, shapes) is ROOF
-    assert recompute_efficiency(full, None) is None
-    assert recompute_efficiency(full, SHAPES) is None  # measured, but no forward entry
+    assert rc_efficiency(doc_batch(full), None) is None
+    assert rc_efficiency(doc_batch(full), SHAPES) is None  # measured, but no forward entry
 
 
 def test_forward_efficiency_is_the_layers_forward_gemms_alone() -> None:

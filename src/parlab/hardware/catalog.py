@@ -23,8 +23,6 @@ class GPUSpec:
 
     name: str
     """Canonical catalog name, e.g. ``H100-SXM``."""
-    vendor: str
-    """``nvidia`` or ``amd``."""
     peak_flops: dict[str, float | None]
     """Dense peak FLOP/s by dtype (``bf16``, ``fp16``, ``fp8``, ``fp32``, ``tf32``); None: not supported."""
     memory_bytes: int
@@ -56,7 +54,6 @@ class GPUSpec:
 CATALOG: tuple[GPUSpec, ...] = (
     GPUSpec(
         name="H100-SXM",
-        vendor="nvidia",
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 989.4 TF dense
         # (1,979 with sparsity), FP8 1,979 dense, TF32 494.7 dense, FP32 66.9.
         peak_flops={
@@ -79,7 +76,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="H100-PCIe",
-        vendor="nvidia",
         # NVIDIA H100 datasheet (PCIe column): BF16 756 TF dense, FP8 1,513, TF32 378, FP32 51.2.
         peak_flops={
             "bf16": 756.5 * T,
@@ -101,7 +97,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="H200",
-        vendor="nvidia",
         # NVIDIA H200 datasheet (SXM): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
         peak_flops={
             "bf16": 989.4 * T,
@@ -123,7 +118,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="H20",
-        vendor="nvidia",
         # NVIDIA HGX H20 product brief: BF16 148 TF dense, FP8 296, FP32 44; 96 GB HBM3 at 4.0 TB/s; NVLink 900 GB/s.
         peak_flops={
             "bf16": 148 * T,
@@ -145,7 +139,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="A100-40GB",
-        vendor="nvidia",
         # NVIDIA A100 datasheet: BF16/FP16 312 TF dense, TF32 156, FP32 19.5; no FP8.
         peak_flops={
             "bf16": 312 * T,
@@ -167,7 +160,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="A100-80GB",
-        vendor="nvidia",
         peak_flops={
             "bf16": 312 * T,
             "fp16": 312 * T,
@@ -188,7 +180,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="B200",
-        vendor="nvidia",
         # NVIDIA HGX B200 datasheet (per GPU): FP8 4.5 PF dense, BF16 2.25 PF dense, TF32 1.1 PF, FP32 75 TF;
         # 180 GB HBM3e at 7.7 TB/s; NVLink5 1.8 TB/s bidirectional.
         peak_flops={
@@ -211,7 +202,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="L40S",
-        vendor="nvidia",
         # NVIDIA L40S datasheet: BF16 362.05 TF dense (733 sparse), FP8 733 dense, TF32 183, FP32 91.6;
         # 48 GB GDDR6 at 864 GB/s; no NVLink, PCIe Gen4 x16.
         peak_flops={
@@ -234,7 +224,6 @@ CATALOG: tuple[GPUSpec, ...] = (
     ),
     GPUSpec(
         name="MI300X",
-        vendor="amd",
         # AMD Instinct MI300X datasheet: BF16/FP16 1,307.4 TF dense, FP8 2,614.9, TF32 653.7, FP32 163.4;
         # 192 GB HBM3 at 5.3 TB/s; Infinity Fabric 896 GB/s aggregate peer bandwidth (7 links x 64 GB/s x 2).
         peak_flops={

@@ -27,13 +27,10 @@ reference model (``parlab.models.reference``), with these corrections:
 - **Sequence parallelism**: the column-parallel linears' input is the all-gathered sequence.
   Megatron saves it sharded (``S/t``) and gathers it again in backward; parlab's SP saves the
   whole gathered sequence (``sp_saves_gathered``), once, shared by the linears that read it
-  (``sp_gather="shared"``, since commit 02e7fd8). Before that commit parlab's all-gather
-  returned its ``(S, B, H)`` buffer as a strided ``(B, S, H)`` view; ``F.linear`` (no bias)
-  goes through ``matmul``, whose fold into one ``mm`` reshapes the input to ``(B*S, H)`` --
-  a copy for that view -- and ``mm`` saves the copy: each of wq, wk, wv and w1 (and w3)
-  kept its own copy of the gathered sequence (``sp_gather="per-linear"``). At micro-batch 1
-  the view is contiguous, the reshape a view, and the linears share the buffer as now;
-  under autocast each linear casts (and saves) its own copy either way.
+  (``sp_gather="shared"``). With ``sp_gather="per-linear"`` (parlab's SP before commit
+  02e7fd8: a strided view of the gathered buffer, which ``mm`` copies and saves) each of wq,
+  wk, wv and w1 (and w3) keeps its own copy at micro-batch > 1; under autocast each linear
+  casts (and saves) its own copy either way.
 
 Dtypes: ``r`` is the residual stream's element size (fp32 under autocast),
 ``e`` the compute dtype's. Recompute modes: ``none``; ``selective``

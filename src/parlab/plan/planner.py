@@ -87,13 +87,12 @@ def plan(req: PlanRequest) -> PlanResult:
             f"every candidate breaks a layout or batch rule, most often: {common}"
         )
     ranked.sort(key=lambda v: (-(v.tokens_per_s_per_gpu or 0.0), v.peak_bytes or 0.0, v.cand.name))
-    fpt, fsrc = flops_per_token(spec, req.seq)
+    fpt, _ = flops_per_token(spec, req.seq)
     return PlanResult(
         request=req,
         ranked=ranked,
         rejected=rejected,
         pareto=pareto_front(ranked),
-        flops_source=fsrc,
         flops_per_token=fpt,
         elapsed_s=time.perf_counter() - t0,
         ledger_calls=calls,

@@ -21,8 +21,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-KINDS = ("built-in", "fitted", "mfu")
-
 
 @dataclass(frozen=True, kw_only=True)
 class Band:

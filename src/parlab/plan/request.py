@@ -160,8 +160,6 @@ class PlanResult:
     """Rejected candidates, in search order."""
     pareto: list[Verdict]
     """Admitted candidates no other beats on both throughput and memory (fastest first)."""
-    flops_source: str
-    """Where FLOPs per token come from."""
     flops_per_token: float
     """Training FLOPs per token, no recompute."""
     elapsed_s: float

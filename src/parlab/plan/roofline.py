@@ -16,29 +16,21 @@ micro-batches) is split into work that runs at different speeds:
   core) and full alike.
 - **Elementwise work** (memory-bound): norms, rotary embedding, activation, residual adds,
   the attention layout copy, the cross-entropy over the vocabulary, the mixed-precision casts
-  and the optimizer step, as bytes moved / (``memory`` x the catalog's HBM bandwidth). The
-  bytes per element of each op come from counting the memory passes of the implementation
-  (``ELEMENTWISE``): ``fused`` (``F.rms_norm``, RoPE as one complex multiply), ``explicit``
-  (float32 RMSNorm and RoPE written out op by op: the reference model before it fused them,
-  and torch's decomposition on the CPU) and ``compiled`` (``torch.compile`` fuses each group
-  into one read and one write). Under tensor parallelism the norms and residual adds run on
-  every token of every rank unless sequence parallelism splits them. parlab's sequence
-  parallelism before commit 02e7fd8 (``Implementation.sp_gather = "per-linear"``) handed the
-  linears a strided view of the gathered sequence, and each of wq/wk/wv and w1/w3 copied it
-  (``sp_copy_bytes_per_token``).
+  and the optimizer step, as bytes moved / (``memory`` x the catalog's HBM bandwidth). Bytes per
+  element per op (``ELEMENTWISE``) count the memory passes of each implementation: ``fused``,
+  ``explicit`` (float32 RMSNorm and RoPE op by op) and ``compiled`` (one read and one write per
+  group). Under tensor parallelism norms and residual adds run on every token of every rank
+  unless sequence parallelism splits them; ``Implementation.sp_gather = "per-linear"`` adds the
+  per-linear copies of the gathered sequence (``sp_copy_bytes_per_token``).
 
-Recompute modes: ``none``; ``selective``, the planner's (Megatron's, Korthikanti et al. 2022:
-the attention core's forward again); ``full`` (the whole forward again); ``op-selective``, the
-runtime's (``parlab train --recompute selective``: ``parlab.parallel.fsdp._selective_policy``,
-torchtitan's op-level policy, the ledger's name): every matmul and attention output is saved, so
-no FLOP is recomputed, and every other op of the block -- norms, RoPE, the activation, the
-attention layout copy, the first residual add -- runs its forward again in backward
-(``op_selective_bytes_per_token``).
+Recompute modes: ``none``; ``selective`` (Megatron's: the attention core's forward again);
+``full`` (the whole forward again); ``op-selective`` (the runtime's op-level policy: matmul and
+attention outputs saved, every other op of the block runs its forward again in backward,
+``op_selective_bytes_per_token``).
 
-The byte and FLOP counts (``ELEMENTWISE`` and the constants named here) are
-``parlab.plan.elementwise``'s. The efficiencies (``Roofline``) are not guessed: the built-in ones (``parlab.plan.compute``)
-rest on the lab's GEMM probes and cited public figures; ``parlab.plan.fit.efficiencies`` fits
-them by least squares on stated measured runs, and the caller says which.
+Byte and FLOP counts are ``parlab.plan.elementwise``'s. The efficiencies (``Roofline``) are the
+built-in ones (``parlab.plan.compute``) or fitted on measured runs
+(``parlab.plan.fit.efficiencies``); the caller says which.
 """
 
 from __future__ import annotations
@@ -100,13 +92,8 @@ class Roofline:
     """Fraction of the peak reached by the GEMMs a full recompute replays: the model's layer
     forward GEMMs' own efficiency at the run's shapes, as ``benchmarks/gemm_shapes_probe.py``
     measured them (``parlab.plan.fit.shapes.shaped_roofline`` sets it); 0: at ``gemm_at``, as every
-    other GEMM. ``gemm`` is fitted on whole steps of runs without recompute, so it carries what
-    those steps spend beside their GEMM kernels (the 1.3B's GEMM term is 117 ms a step where its
-    GEMM kernels take 81 ms); a recompute adds GEMMs, not that. One rank of the 1.3B under DDP
-    at 2 x 4096 measured 0.186 s without recompute and 0.230 s with full recompute
-    (``train-ddp-1.3b-20261201T031652-5b88bf``, ``-T031712-55b61e``, one call); the roofline
-    column of ``benchmarks/results/plan_accuracy.txt`` gives them 0.190 and 0.234 s, where
-    with the replayed GEMMs at ``gemm`` it gave 0.190 and 0.246 s (the table at 4959231)."""
+    other GEMM. ``gemm`` is fitted on whole steps without recompute, so it carries what those
+    steps spend beside their GEMM kernels; a recompute adds GEMMs, not that."""
     head_gemm: float = 0.0
     """Fraction of the peak reached by the output layer's GEMMs (the vocabulary projection, its
     own shape); 0: at ``gemm_at``, as every other GEMM."""

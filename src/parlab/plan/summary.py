@@ -14,7 +14,6 @@ from parlab.plan.precision import Band, band_for, nodes_crossed, overlaps, simpl
 from parlab.plan.request import PlanResult, Verdict
 from parlab.plan.throughput import Throughput
 
-TIES_SHOWN = 5
 GIB = 2**30
 
 

@@ -14,18 +14,10 @@ device, each bandwidth the mean over them:
 - ``bucket_bw``: torch DDP's passes over its gradient buckets together, 24 B over the seconds of
   ``zero_grad`` (4 B), the gradient's accumulation into the kept bucket view (12 B) and the
   bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
-  them (``accumulate`` and ``scale``, since 2026-12-01T05:36) carry it.
+  them (``accumulate`` and ``scale``) carry it.
 
-Some probes also recorded each kind's host seconds (``host_s_per_param``); nothing reads them.
-
-A sweep of the footprint on one H200 (0.5 to 6.7 billion parameters, up to 107 GB of
-parameters, gradients and AdamW states: ``results/PAR-TRAINING-STATE/param-work-20261201T0536*``)
-found every bandwidth the same at every size (fused AdamW 3.47 TB/s throughout): the
-footprint of a 7B at the edge of memory does not slow the step's per-parameter work by itself.
-
-On one H200 fused AdamW ran at 3.47 TB/s (0.72 of the catalog's 4.8 TB/s) and the casts at
-2.0-3.8 TB/s (``results/PAR-TRAINING-STATE/param-work-20261201T0458*``), where the roofline's
-fitted elementwise fraction is 0.99. Nothing here imports torch.
+The bandwidths do not depend on the footprint (one H200, 0.5 to 6.7 billion parameters).
+Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,59 +1,31 @@
 """The shape factors: a model's measured GEMM and attention-core efficiencies against the
-roofline's reference.
+roofline's reference model (the one whose width is ``Roofline.gemm_width``).
 
-**GEMMs.** The roofline (``parlab.plan.roofline``) runs a step's GEMM FLOPs at ``gemm`` x the
-bf16 peak, ``gemm`` measured at one per-GPU width (``Roofline.gemm_width``, the 1.3B's 2048) and
-carried to other widths by the width law ``f(n) = n / (n + n0)``, fitted on Llama-style runs of
-hidden 2048 and 4096. The law sees only the width. GPT-2 1.5B (hidden 1600, FFN 6400,
-vocabulary 50257: none a multiple of 128) has GEMMs whose shapes run further from peak than the
-law says: a profile of its runs found 147-162 ms of GEMM kernels a step against ~100 ms for the
-1.3B at similar FLOPs (``results/PAR-TRAINING-STATE/profile-train-{ddp,fsdp}-20261130T2136*``).
-
-``benchmarks/gemm_shapes_probe.py`` times every GEMM of one layer and of the output layer of
-each model (forward, and the two backward GEMMs: the input gradient ``dgrad`` and the weight
-gradient ``wgrad``; from format v2 also each biased linear's bias gradient ``bgrad``, 0 FLOPs),
-bf16, on one GPU, at the tokens per micro-batch its runs use, and writes each model's
-FLOP-weighted efficiency (total FLOPs / total seconds / the catalog's bf16 peak) to a
-``gemm-shape-calibration`` document under ``PAR-TRAINING-STATE`` (read by
-``parlab.plan.fit.shape_probe``). Where the GPU (``real-training``) such documents of the newest
-one's device (merged, ``shape_probe.merge``) cover both a run's model and the reference model --
-the one whose width is the roofline's ``gemm_width`` -- at the run's tokens per micro-batch,
-the run is not tensor- or context-sharded differently from the probe (tp 1; tokens per rank =
-micro-batch x sequence / cp), and the model's GEMM dimensions are not all multiples of 128
-(``aligned``), the run's GEMM efficiency is::
+**GEMMs.** The roofline runs GEMM FLOPs at ``gemm`` x the bf16 peak, carried from
+``gemm_width`` to other widths by the width law ``f(n) = n / (n + n0)``. Models whose GEMM
+dimensions are not all multiples of 128 (``aligned``) run further from peak than the law says.
+``benchmarks/gemm_shapes_probe.py`` times every GEMM of one layer and the output layer of each
+model (forward, ``dgrad``, ``wgrad``; from format v2 also ``bgrad``, the bias gradients), bf16,
+on one GPU, and writes FLOP-weighted efficiencies to ``gemm-shape-calibration`` documents
+(``parlab.plan.fit.shape_probe``). Where a calibration of the run's GPU covers both the run's
+model and the reference at the run's tokens per micro-batch, the run has tp 1, and the model is
+not aligned, the run's GEMM efficiency is::
 
     gemm x eff_measured(model, tokens) / eff_measured(reference, tokens)
 
-**instead of** ``gemm x f(width) / f(gemm_width)``: the measured shape factor replaces the width
-law for the models the probe measured; the width law stays the default for everything else
-(other models, tp > 1, token counts the probe did not run, no calibration). The reference's own
-runs get factor 1 either way. In v2 the bias gradients' seconds are part of a model's GEMM
-seconds, so a biased model's factor also carries its bias reductions, which the roofline prices
-nowhere else (GPT-2 1.5B's profile: 12.1 ms of reductions a step against the unbiased 1.3B's
-1.9 ms, ``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T042202-8b95ce.json``).
+instead of ``gemm x f(width) / f(gemm_width)``; the width law stays for everything else. In v2
+a biased model's factor also carries its bias reductions, priced nowhere else.
 
-**Attention core.** The roofline prices the causal flash attention core at one efficiency,
-``attention``, fitted on the 1.3B (head dim 128). The same GPT-2 1.5B profile put 17.5 ms a step
-in it at head dim 64, where that term says 7.4 ms. From v2 the probe times one layer's causal
-SDPA forward + backward per (model, micro-batch, sequence), its efficiency on the roofline's
-causal FLOPs. Where a calibration measured both the run's model and the reference at the run's
-micro-batch and sequence, and the run has tp 1 and cp 1 (tensor parallelism splits the heads,
-which the probe does not; the ring of cp > 1 is its own term, ``ring_attention``, left as it
-is), the run's attention efficiency is::
+**Attention core.** The roofline prices the causal flash core at one efficiency,
+``attention``, fitted on the reference (head dim 128). From v2 the probe times one layer's
+causal SDPA forward + backward per (model, micro-batch, sequence). Where both the run's model
+and the reference were measured there and the run has tp 1 and cp 1 (tp splits the heads; the
+ring of cp > 1 is ``ring_attention``), aligned models included, the run's efficiency is::
 
     attention x eff_attn(model, micro-batch, seq) / eff_attn(reference, micro-batch, seq)
 
-applied wherever both were measured, aligned models included: the width law and its evidence
-concern GEMMs, and no fitted term describes another model's attention core (``attention`` was
-fitted on the 1.3B alone), so the measured ratio is the only evidence there is. The reference's
-own runs get 1; the 7B/8B models share its head dim 128, and where they have fewer KV heads the
-probe times the reference model's ``repeat_interleave`` of k and v too, as their runs do. (The
-8B's data-parallel runs fitted the width law's ``n0`` and the contention with the unscaled
-``attention``: a factor there moves them off that fit by their attention core's share of the
-step, about 7 % of their FLOPs at 4,096 tokens, times the factor's distance from 1.)
-
-The elementwise and optimizer terms are unchanged. Nothing is fitted to any run's step time
-here; nothing imports torch or crosses a wire.
+The reference's own runs get factor 1. The elementwise and optimizer terms are unchanged;
+nothing here is fitted to a step time, imports torch or crosses a wire.
 """
 
 from __future__ import annotations
@@ -187,11 +159,6 @@ def attention_factor(doc: Any, roof: Any, shapes: GemmShapes | None) -> tuple[fl
     return attn_factor(doc_batch(doc), roof, shapes)
 
 
-def recompute_efficiency(doc: Any, shapes: GemmShapes | None) -> float | None:
-    """``rc_efficiency`` of a measured run."""
-    return rc_efficiency(doc_batch(doc), shapes)
-
-
 def shaped_roofline(doc: Any, roof: Any, shapes: GemmShapes | None) -> Any:
     """``shaped`` for a measured run."""
     return shaped(doc_batch(doc), roof, shapes)
@@ -204,11 +171,9 @@ ALIGN = 128
 @functools.cache
 def aligned(model: str) -> bool:
     """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
-    multiple of ``ALIGN``, as in the Llama-style runs the width law was fitted on: the law
-    describes it, and the measured factor is not applied. (On the H200s the probe put the 8B's
-    GEMMs at 0.92 of the 1.3B's (``gemm-shapes-20261130T232027-2c4a49``) while the runs the law was fitted on ran both at the law's
-    efficiency: a bare GEMM's ratio does not carry to aligned shapes inside a training step.)
-    Unknown models count as aligned (no factor)."""
+    multiple of ``ALIGN``, as in the runs the width law was fitted on: the law describes it,
+    and the measured factor is not applied (a bare GEMM's ratio does not carry to aligned
+    shapes inside a training step). Unknown models count as aligned (no factor)."""
     try:
         spec = get_spec(model)
     except ValueError:
