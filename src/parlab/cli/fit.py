@@ -41,7 +41,7 @@ from parlab.cli.common import (
     write,
 )
 from parlab.hardware.catalog import require
-from parlab.ledger.fit import Candidate, FitResult, fit
+from parlab.ledger.fit import FitLayout, FitResult, fit
 from parlab.models import get_spec
 from parlab.models.flops import forward_flops_per_token, training_flops_per_token
 from parlab.units import format_bytes
@@ -118,7 +118,7 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def _sync_count(c: Candidate) -> int:
+def _sync_count(c: FitLayout) -> int:
     return sum(w.count_per_step for w in c.wire if w.blocking)
 
 

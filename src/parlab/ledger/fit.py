@@ -38,7 +38,7 @@ them through the second iteration (no effect on one GPU or on the other strategi
 
 
 @dataclass(frozen=True, kw_only=True)
-class Candidate:
+class FitLayout:
     """One layout that was evaluated."""
 
     name: str
@@ -109,7 +109,7 @@ class FitResult:
     """The ledger on one GPU."""
     single_fits: bool
     """Whether one GPU holds it."""
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[FitLayout, ...]
     """Fitting candidates, best first: at ``gpus`` when given, else at the smallest power-of-two
     world size where any fits (none searched when one GPU holds the model)."""
     considered: int
@@ -117,9 +117,9 @@ class FitResult:
     world_size: int | None
     """The world size the candidates are for (None: nothing fits up to the limit)."""
 
-    def best_per_family(self, limit: int = 8) -> list[Candidate]:
+    def best_per_family(self, limit: int = 8) -> list[FitLayout]:
         seen: set[str] = set()
-        out: list[Candidate] = []
+        out: list[FitLayout] = []
         for c in self.candidates:
             if c.family not in seen:
                 seen.add(c.family)
@@ -229,10 +229,10 @@ def fit(
             worlds.append(w)
             w *= 2
     considered = 0
-    chosen: list[Candidate] = []
+    chosen: list[FitLayout] = []
     chosen_world: int | None = None
     for world in worlds:
-        found: list[Candidate] = []
+        found: list[FitLayout] = []
         for topo, strategy, shard in layouts(
             spec, world, seq_len=seq_len, gpus_per_node=gpus_per_node
         ):
@@ -251,7 +251,7 @@ def fit(
                 microbatches=led.knobs["microbatches"], sp=topo.tp > 1, shard_size=shard,
             )  # fmt: skip
             found.append(
-                Candidate(
+                FitLayout(
                     name=_name(topo, strategy, shard), ledger=led, fits=True, wire=tuple(wire)
                 )
             )
