@@ -6,8 +6,6 @@ each sequence's pages a random permutation of the pool, random data):
 
 - **copy bandwidth**: a 2 GiB device-to-device copy, bytes read plus written over the median
   of 10 copies;
-- ``--page`` tokens a page, ``--layout`` ``token`` (the engine's) or ``head`` (each page's
-  tokens of one head side by side: the same kernel through the view's strides);
 - for each ``--batch`` B (every sequence ``--context`` tokens) and each configuration
   (``DecodeConfig``: query heads per program, tokens per tile, ``tl.range`` pipelining
   stages, warps, and the splits that give ``per_sm`` programs per SM): one CUDA graph of
@@ -90,20 +88,10 @@ def variants(heads: list[int], tiles: list[int], stages: list[int], warps: list[
             yield {"heads": h, "block_n": n, "stages": s, "warps": w}
 
 
-def cache(layers: int, pages: int, page: int, K: int, D: int, dev: str, layout: str = "token"):
-    """``layers`` K and V pools ``[pages + 1, page, K, D]``: the engine's (``token``: each
-    token's heads side by side) or views of ``[pages + 1, K, page, D]`` pools (``head``: each
-    head's tokens of a page side by side)."""
-
-    def one() -> torch.Tensor:
-        if layout == "token":
-            return torch.randn((pages + 1, page, K, D), device=dev, dtype=torch.bfloat16)
-        return torch.randn((pages + 1, K, page, D), device=dev, dtype=torch.bfloat16).transpose(
-            1, 2
-        )
-
-    ks = [one() for _ in range(layers)]
-    vs = [one() for _ in range(layers)]
+def cache(layers: int, pages: int, page: int, K: int, D: int, dev: str):
+    shape = (pages + 1, page, K, D)
+    ks = [torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
+    vs = [torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
     return ks, vs
 
 
@@ -161,13 +149,7 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
             seen.add(cfg)
             if time.monotonic() > deadline:
                 return rows, True
-            row = {
-                "batch": B,
-                "page": args.page,
-                "layout": args.layout,
-                **cfg.__dict__,
-                "per_sm": p,
-            }
+            row = {"batch": B, "page": args.page, **cfg.__dict__, "per_sm": p}
             try:
 
                 def run(cfg=cfg):
@@ -205,7 +187,6 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page", type=int, default=16)
-    ap.add_argument("--layout", choices=["token", "head"], default="token")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads-per-program", type=ints, default=[1, 2, 4])
     ap.add_argument("--tiles", type=ints, default=[16, 32, 64])
@@ -224,13 +205,10 @@ def main() -> None:
     bw = copy_bandwidth()
     pages_per_seq = -(-args.context // args.page)
     n_pages = max(args.batch) * pages_per_seq
-    ks, vs = cache(
-        args.layers, n_pages, args.page, args.kv_heads, args.head_dim, "cuda", args.layout
-    )
+    ks, vs = cache(args.layers, n_pages, args.page, args.kv_heads, args.head_dim, "cuda")
     table = (torch.randperm(n_pages, device="cuda") + 1).view(max(args.batch), pages_per_seq)
     print(f"# {torch.cuda.get_device_name()}, {sms} SMs, copy bandwidth {bw / 1e9:.0f} GB/s; "
-          f"{args.heads} heads ({args.kv_heads} kv) x {args.head_dim}, page {args.page} "
-          f"({args.layout} layout), "
+          f"{args.heads} heads ({args.kv_heads} kv) x {args.head_dim}, page {args.page}, "
           f"context {args.context}, {args.layers} caches of "
           f"{2 * ks[0].numel() * 2 / 1e9:.2f} GB")  # fmt: skip
     with open(args.json, "w") as jsonl:

@@ -7,8 +7,7 @@
 #             roofline; the offline load 128 x 1,024 + 128;
 #   profile   (with engine) one mixed step of that load under torch.profiler: its kernels;
 #   pages     the KV page size: benchmarks/serve_decode_kernel.py at batch 128 over pages of
-#             16, 32, 64, 128 tokens (and 16, 64 in the head-major layout), the engine's
-#             tile rule and the fastest neighbours; then serve_engine_step.py (the step table
+#             16, 32, 64, 128 tokens, the engine's tile rule and its neighbours; then serve_engine_step.py (the step table
 #             and the offline load) at page 16 (with transformers) and at the page of 32, 64,
 #             128 whose kernel read fastest under the engine's rule (at CPU size: 16 and 64);
 #   serving   two transformers-server replicas (its own OpenAI server, continuous batching)
@@ -60,29 +59,28 @@ if has pages; then
   BEST=64 TMPD=$(mktemp -d)
   if [ "$DEV" != cpu ]; then
     : > "$OUT/decode_pages.txt"
-    for spec in 16:token 32:token 64:token 128:token 16:head 64:head; do
-      timeout 90 $PY benchmarks/serve_decode_kernel.py --batch 128 --page ${spec%:*} \
-        --layout ${spec#*:} --heads-per-program 1 --tiles 64,128 --stages 2 --warps 4 \
-        --per-sm 1,16 --seconds 45 --json "$TMPD/$spec.jsonl" 2>&1 \
-        | tee -a "$OUT/decode_pages.txt" || rc=1
+    for page in 16 32 64 128; do
+      timeout 90 $PY benchmarks/serve_decode_kernel.py --batch 128 --page $page \
+        --heads-per-program 1 --tiles 64,128 --stages 2 --warps 4 --per-sm 1,16 --seconds 45 \
+        --json "$TMPD/$page.jsonl" 2>&1 | tee -a "$OUT/decode_pages.txt" || rc=1
     done
     cat "$TMPD"/*.jsonl > "$OUT/decode_pages.jsonl"
-    # the page (32, 64, 128; token layout) whose kernel under the engine's rule read fastest
+    # the page (32, 64, 128) whose kernel under the engine's rule read fastest
     BEST=$($PY -c "
 import json, sys, torch
 from parlab.serve.engine.kernels import decode_config
 rule = decode_config(128, 16, 128, torch.cuda.get_device_properties(0).multi_processor_count)
-print('# batch 128 x 1,040, 16 heads x 128: page layout, the rule (GB/s), the fastest (GB/s)', file=sys.stderr)
+print('# batch 128 x 1,040, 16 heads x 128: page, the rule (GB/s), the fastest (GB/s)', file=sys.stderr)
 rows = [json.loads(x) for x in open(sys.argv[1]) if '\"batch\"' in x]
 ok = [r for r in rows if r.get('us') and r['err'] < 2e-2]
 best, page = 0.0, 64
-for key in sorted({(r['page'], r['layout']) for r in ok}, key=lambda k: (k[1] != 'token', k[0])):
-    mine = [r for r in ok if (r['page'], r['layout']) == key]
+for key in sorted({r['page'] for r in ok}):
+    mine = [r for r in ok if r['page'] == key]
     ru = [r['gbs'] for r in mine if all(r[f] == getattr(rule, f) for f in ('block_n', 'splits', 'stages', 'warps', 'heads'))]
     top = max(mine, key=lambda r: r['gbs'])
-    print(f'#   page {key[0]:>3} {key[1]:<5} rule {ru[0] if ru else float(\"nan\"):6.0f}  fastest {top[\"gbs\"]:6.0f} (n{top[\"block_n\"]} s{top[\"splits\"]})', file=sys.stderr)
-    if key[1] == 'token' and key[0] > 16 and ru and ru[0] > best:
-        best, page = ru[0], key[0]
+    print(f'#   page {key:>3} rule {ru[0] if ru else float(\"nan\"):6.0f}  fastest {top[\"gbs\"]:6.0f} (n{top[\"block_n\"]} s{top[\"splits\"]})', file=sys.stderr)
+    if key > 16 and ru and ru[0] > best:
+        best, page = ru[0], key
 print(page)" "$OUT/decode_pages.jsonl" 2> "$TMPD/summary") || rc=1
     BEST=${BEST:-64}; tee -a "$OUT/decode_pages.txt" < "$TMPD/summary"
   fi

@@ -150,10 +150,8 @@ def _paged_decode(
     scale,
     stride_qb,
     stride_tb,
-    stride_cp,
-    stride_ct,
-    stride_ch,
     N,
+    K,
     R,
     SPLITS,
     D: tl.constexpr,
@@ -175,7 +173,7 @@ def _paged_decode(
     hd = (h < N)[:, None] & (d < D)[None, :]  # HD
     q_off = b * stride_qb + h[:, None] * D + d[None, :]
     qv = tl.load(q + q_off, mask=hd, other=0.0).to(tl.float32) * (scale * 1.4426950408889634)
-    kv_off = (h // R)[:, None] * stride_ch + d[None, :]  # HD
+    kv_off = (h // R)[:, None] * D + d[None, :]  # HD
     m_i = tl.full([HEADS], float("-inf"), tl.float32)  # running max, log2 units
     l_i = tl.zeros([HEADS], tl.float32)
     acc = tl.zeros([HEADS, BLOCK_D], tl.float32)
@@ -183,7 +181,7 @@ def _paged_decode(
         n = start + tl.arange(0, BLOCK_N)
         nm = n < hi
         page = tl.load(table + b * stride_tb + n // PAGE, mask=nm, other=0)
-        off = (page * stride_cp + (n % PAGE) * stride_ct)[:, None, None] + kv_off[None, :, :]
+        off = (page * PAGE + n % PAGE)[:, None, None] * (K * D) + kv_off[None, :, :]  # NHD
         m3 = nm[:, None, None] & hd[None, :, :]
         k = tl.load(k_cache + off, mask=m3, other=0.0)
         v = tl.load(v_cache + off, mask=m3, other=0.0)
@@ -291,13 +289,10 @@ def paged_decode(
     cfg: DecodeConfig,
 ) -> None:
     """``out_BND`` = attention of each sequence's query over its ``lens_B`` cached tokens,
-    run as ``cfg`` says. The caches are read through their strides: the engine's contiguous
-    ``[pages, page, K, D]``, or any view of that shape whose last dimension is contiguous
-    (``serve_decode_kernel.py --layout head``: a ``[pages, K, page, D]`` pool transposed)."""
+    run as ``cfg`` says."""
     B, N, D = q_BND.shape
     K = k_cache.shape[2]
     page = k_cache.shape[1]
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     block_d = triton.next_power_of_2(D)
     S = cfg.splits
     part_o = part_ml = out_BND
@@ -316,10 +311,8 @@ def paged_decode(
         scale,
         q_BND.stride(0),
         table_BM.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
         N,
+        K,
         N // K,
         S,
         D=D,
