@@ -149,7 +149,7 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
             seen.add(cfg)
             if time.monotonic() > deadline:
                 return rows, True
-            row = {"batch": B, **cfg.__dict__, "per_sm": p}
+            row = {"batch": B, "page": args.page, **cfg.__dict__, "per_sm": p}
             try:
 
                 def run(cfg=cfg):

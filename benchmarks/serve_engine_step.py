@@ -309,6 +309,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--max-step-tokens", type=int, default=8192)
+    ap.add_argument("--block", type=int, default=EngineConfig.block, help="KV page, tokens.")
     ap.add_argument("--hf", action="store_true", help="Also time transformers' generate.")
     ap.add_argument("--hf-timeout", type=float, default=300.0)
     ap.add_argument("--offline", default="", help="N,PROMPT,OUTPUT: an offline load.")
@@ -332,6 +333,7 @@ def main() -> None:
     cfg = EngineConfig(
         max_batch=max([*args.batches, off[0] if off else 1]), max_len=max_len,
         max_step_tokens=args.max_step_tokens, cache_blocks=0, prefix_cache=False,
+        block=args.block,
     )  # fmt: skip
     t0 = time.perf_counter()
     eng = Engine(model, cfg)
@@ -377,7 +379,7 @@ def main() -> None:
                   "hf": {str(k): v for k, v in hf.items()}},
         layout={"world_size": 1, "strategy": "engine-decode-step",
                 "attention": eng.runner.backend, "cuda_graphs": eng.runner.use_graphs,
-                "max_step_tokens": args.max_step_tokens},
+                "max_step_tokens": args.max_step_tokens, "block": args.block},
         metrics=metrics, predictions=preds, status="ok",
         notes=["decode step: the engine's own time per step (Engine.log) at full batch, no "
                "prompt chunk, median; transformers: (generate(steps+1) - generate(1)) / steps, "
@@ -385,7 +387,7 @@ def main() -> None:
                "measured copy bandwidth (read + written)"],
     )  # fmt: skip
     print(f"# {args.model} {args.dtype} on {dev}; attention {eng.runner.backend}, graphs "
-          f"{eng.runner.use_graphs}; copy bandwidth {bw / 1e9:.0f} GB/s; engine set-up "
+          f"{eng.runner.use_graphs}; page {args.block}; copy bandwidth {bw / 1e9:.0f} GB/s; engine set-up "
           f"{setup:.1f} s ({eng.capture_s:.1f} s capturing graphs); evidence {level}")  # fmt: skip
     if args.results:
         print(f"# document: {write_result(doc, args.results)}")

@@ -58,14 +58,18 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize(
-    ("prefix_cache", "step_tokens"), [(False, 2048), (True, 2048), (True, 12)],
-    ids=["no-cache", "cache", "cache-chunked"],
+    ("prefix_cache", "step_tokens", "block"),
+    [(False, 2048, 8), (True, 2048, 8), (True, 12, 8), (False, 12, 64)],
+    ids=["no-cache", "cache", "cache-chunked", "chunked-page-64"],
 )  # fmt: skip
-def test_engine_equals_the_reference_token_for_token(model, prefix_cache, step_tokens) -> None:
-    """5 requests through 3 rows (joins and leaves mid-run), pages of 8 tokens, and with a
-    12-token step budget every prompt longer than it prefilled in chunks mixed with decode."""
+def test_engine_equals_the_reference_token_for_token(
+    model, prefix_cache, step_tokens, block
+) -> None:
+    """5 requests through 3 rows (joins and leaves mid-run), pages of 8 tokens (or 64: a page
+    longer than any prompt), and with a 12-token step budget every prompt longer than it
+    prefilled in chunks mixed with decode."""
     cfg = EngineConfig(
-        max_batch=3, max_len=256, block=8, cache_blocks=8, prefix_cache=prefix_cache,
+        max_batch=3, max_len=256, block=block, cache_blocks=8, prefix_cache=prefix_cache,
         max_step_tokens=step_tokens,
     )  # fmt: skip
     eng = Engine(model, cfg)
@@ -264,11 +268,14 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @cuda
+@pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graphs_and_triton_equal_the_torch_engine_on_gpu(dtype: torch.dtype) -> None:
+def test_cuda_graphs_and_triton_equal_the_torch_engine_on_gpu(
+    dtype: torch.dtype, block: int
+) -> None:
     m = build_model(serving_spec("tiny"), device="cuda", dtype=dtype, seed=0)
     prompts = [TOK.encode(p) for p in PROMPTS]
-    cfg = EngineConfig(max_batch=4, max_len=256, block=16, max_step_tokens=64)
+    cfg = EngineConfig(max_batch=4, max_len=256, block=block, max_step_tokens=64)
     ref = Engine(m, dataclasses.replace(cfg, cuda_graphs=False, attention="torch"))
     fast = Engine(m, cfg)
     assert fast.runner.use_graphs and fast.runner.backend == "triton" and fast.runner.fused
