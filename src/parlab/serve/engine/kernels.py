@@ -7,10 +7,9 @@ to torch where Triton is missing).
   elementwise ones and two indexed writes per layer; a program per token, all its heads
   (a program per (token, head) made 262,144 programs of 64 pairs each in a prefill step of
   8,192 tokens of the 1.3B preset). Each head's row is loaded and stored whole (contiguous,
-  vectorized), each element's pair partner read beside it: the former split into even and
-  odd elements, loaded and stored at a stride of two, took 590 us a layer of such a step
-  (14.2 of its 54.7 ms of kernels), this one 169 us (``serve_engine_step.py
-  --profile-prefill`` on an H200; ``benchmarks/results/serve_engine_step.txt``).
+  vectorized), each element's pair partner read beside it, not split into even and odd
+  elements at a stride of two (the prefill profile in
+  ``benchmarks/results/serve_engine_step.txt`` times both).
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
   share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
