@@ -65,6 +65,7 @@ import torch.distributed as dist
 
 from parlab.comm import ops as O
 from parlab.comm.case import Case
+from parlab.comm.nccl_direct import DirectComm
 from parlab.runtime.context import RankContext
 from parlab.topology import Topology
 
@@ -258,7 +259,6 @@ def sweep_rank(
     comm = None
     if via == "nccl":
         # looked up when called, not at import: the CPU tests put a stand-in there
-        from parlab.comm.nccl_direct import DirectComm
 
         comm = DirectComm(group, device=ctx.device)
     progress = open(progress_path, "a") if progress_path and ctx.rank == 0 else None  # noqa: SIM115
