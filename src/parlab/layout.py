@@ -25,6 +25,7 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.ledger.sharding import chunk_sizes, tp_rules
+from parlab.models import get_spec  # type: ignore[attr-defined]
 from parlab.topology import AXES, Topology
 
 WHY_ORDER = (
@@ -91,8 +92,6 @@ def shape_of(spec: Any) -> ModelShape:
 
 def model_shape(name: str) -> ModelShape:
     """The shape of a catalog model or preset, from ``parlab.models``."""
-    from parlab.models import get_spec  # type: ignore[attr-defined]
-
     return shape_of(get_spec(name))
 
 

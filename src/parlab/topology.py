@@ -151,7 +151,7 @@ class Topology:
 
         Needs an initialised default process group.
         """
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: torch
 
         axes = self.mesh_axes or {"dp": 1}
         return init_device_mesh(

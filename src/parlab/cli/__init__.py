@@ -72,6 +72,8 @@ from parlab.cli import serve_project
 from parlab.cli import plan
 from parlab.cli import launch
 from parlab.cli.examples import RETIRED_FLAGS, add_examples
+from parlab.cli.common import set_invocation
+from parlab.errors import UsageError
 
 
 def one_line(text: str) -> str:
@@ -121,9 +123,6 @@ def _internal(exc: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``parlab`` console script and ``python -m parlab``."""
-    from parlab.cli.common import set_invocation
-    from parlab.errors import UsageError
-
     set_invocation(argv)
     command = typer.main.get_command(app)
     add_examples(command)

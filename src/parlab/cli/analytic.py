@@ -41,7 +41,7 @@ from parlab.hardware.env import snapshot
 from parlab.ledger import OFFLOADS, OPTIMIZERS, STRATEGIES, Implementation, Ledger, predict
 from parlab.ledger.activations import PP_SCHEDULES
 from parlab.ledger.traffic import sync_points, traffic
-from parlab.models import get_spec
+from parlab.models import get_spec, list_specs
 from parlab.topology import Topology
 from parlab.units import MAX_WORLD, format_bytes, parse_cluster
 
@@ -280,8 +280,6 @@ def print_wire(wire: list) -> None:
 @app.command("models")
 def models_cmd(as_json: JsonPrint = False) -> None:
     """The model catalog: published architectures and training presets, with their counts."""
-    from parlab.models import list_specs
-
     specs = [get_spec(n) for n in list_specs()]
     if as_json:
         print_json([s.to_json() for s in specs])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.table import Table
 
 from parlab.cli import app
 from parlab.cli.common import (
@@ -20,6 +21,7 @@ from parlab.cli.common import (
     results_dir,
     write,
 )
+from parlab.contract import atomic_write_text, new_run_id
 from parlab.errors import UsageError
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ def _dataset(
     seed: int,
     range_ratio: float = 0.0,
 ):
-    from parlab.serve import datasets
+    from parlab.serve import datasets  # lazy: parlab.serve.datasets
 
     if kind == "random":
         return datasets.synthetic(
@@ -75,7 +77,7 @@ def _dataset(
 
 
 def _slo(items: list[str] | None):  # type: ignore[no-untyped-def]
-    from parlab.serve.metrics import Slo
+    from parlab.serve.metrics import Slo  # lazy: numpy
 
     try:
         return Slo.parse(items or [])
@@ -191,7 +193,7 @@ def bench_serve_cmd(
     as_json: JsonSummary = False,
 ) -> None:
     """Load generator: vLLM/SGLang-defined TTFT, TPOT, ITL, E2E, throughput, goodput."""
-    from parlab.serve import bench
+    from parlab.serve import bench  # lazy: numpy
 
     if role not in ("baseline", "candidate"):
         raise UsageError(f"--role {role!r}: use baseline or candidate")
@@ -248,8 +250,7 @@ def _record(
     as_json: bool,
 ) -> None:
     """Write the run's document and vLLM's result JSON beside it; print the summary."""
-    from parlab.contract import new_run_id
-    from parlab.serve import bench
+    from parlab.serve import bench  # lazy: numpy
 
     run_id = new_run_id("serve-bench")
     rel = _save_vllm_result(res, cfg, len(ds.requests), root / bench.PROJECT, run_id, save_result)
@@ -302,8 +303,7 @@ def _save_vllm_result(
 ) -> str:
     """Write vLLM's result JSON as ``RUN_ID.vllm.jsonl`` in ``folder`` (and to
     ``save_result``); its name, relative to ``folder``."""
-    from parlab.contract import atomic_write_text
-    from parlab.serve.metrics import vllm_result_json
+    from parlab.serve.metrics import vllm_result_json  # lazy: numpy
 
     # one line of JSON: what vLLM's --save-result writes; the .jsonl name keeps it out of
     # the results listing, which reads every *.json as a document
@@ -335,8 +335,6 @@ def _goodput_items(given: list[str] | None, extra: list[str]) -> list[str]:
 
 
 def print_summary(s: dict, errors: dict[str, int], lag: dict[str, float] | None = None) -> None:
-    from rich.table import Table
-
     console.print(
         f"completed {s['completed']}, failed {s['failed']} in {s['duration']:.2f} s: "
         f"{s['request_throughput']:.1f} req/s, {s['output_throughput']:.0f} output tok/s, "

@@ -41,6 +41,7 @@ from parlab.cli.common import (
     tensor_dtype_choice,
     write,
 )
+from parlab.contract import read_document, read_results
 from parlab.errors import UsageError
 from parlab.ledger import STRATEGIES
 from parlab.runtime.launch import on_nodes
@@ -237,8 +238,7 @@ def collectives_cmd(
 
 
 def _newest_sweep(folder: Path) -> Path:
-    from parlab.comm.calibration import SWEEP_KIND
-    from parlab.contract import read_results
+    from parlab.comm.calibration import SWEEP_KIND  # lazy: numpy
 
     entries, _ = read_results(folder)
     sweeps = [e for e in entries if e.doc.workload.get("kind") == SWEEP_KIND]
@@ -250,8 +250,7 @@ def _newest_sweep(folder: Path) -> Path:
 
 
 def _fit(source: Path, results: Path | None, as_json: bool) -> None:
-    from parlab.comm.calibration import calibration_document
-    from parlab.contract import read_document
+    from parlab.comm.calibration import calibration_document  # lazy: numpy
 
     if source.is_dir():
         source = _newest_sweep(source)
@@ -317,7 +316,7 @@ def _explain(
     sp: bool,
     shard_size: int | None,
 ) -> None:
-    from parlab.comm.explain import explain_document, format_explain
+    from parlab.comm.explain import explain_document, format_explain  # lazy: numpy
 
     gpu = None if gpus is None else parse_cluster(gpus, "--gpus", count=False)[1]
     if not layout:

@@ -19,18 +19,18 @@ from parlab.cli.common import (
     size,
     with_nodes,
 )
-from parlab.runtime.launch import current_nodes
+from parlab.runtime.launch import current_nodes, default_timeout_s
 from parlab.units import format_bytes
 
 
 def _has_cuda() -> bool:
-    import torch  # lazy: torch, for the GPU count only
+    import torch  # lazy: torch
 
     return torch.cuda.is_available()
 
 
 def _default_nproc() -> int:
-    import torch  # lazy: torch, for the GPU count only
+    import torch  # lazy: torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
@@ -55,10 +55,8 @@ def _spec(
 ) -> Any:
     """The ``SweepSpec`` of the options; bad dtype/backend/--graph/--via combinations fail
     here, before launching."""
-    # lazy: parlab.comm.ops and .sweep import torch
-    from parlab.comm import ops as O
-    from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend
-    from parlab.runtime.launch import default_timeout_s
+    from parlab.comm import ops as O  # lazy: torch
+    from parlab.comm.sweep import SweepSpec, parse_mesh, resolve_backend  # lazy: torch
 
     per_node = nproc if nproc is not None else _default_nproc()
     if maxbytes is None:
@@ -110,9 +108,8 @@ def _run(spec: Any) -> Any:
 def sweep(*, results: Path | None, as_json: bool, **options: Any) -> None:
     """Measure, write the document, print the table; exit 130 when interrupted, 1 when the
     sweep failed or a value was wrong. ``options``: ``_spec``'s."""
-    # lazy: parlab.comm.report imports matplotlib, .sweep torch
-    from parlab.comm.report import format_table
-    from parlab.comm.sweep import write_sweep
+    from parlab.comm.report import format_table  # lazy: torch
+    from parlab.comm.sweep import write_sweep  # lazy: torch
 
     root = results_dir(results)  # a bad folder is refused before anything runs
     outcome = _run(_spec(**options))

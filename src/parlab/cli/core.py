@@ -31,6 +31,7 @@ from parlab.cli.common import (
     say_error,
     write,
 )
+from parlab.errors import UsageError
 from parlab.runtime.launch import default_timeout_s, on_nodes
 from parlab.units import format_bytes, format_seconds
 
@@ -199,8 +200,7 @@ def env_cmd(
     as_json: JsonDocument = False,
 ) -> None:
     """Environment precheck: versions, GPUs, interconnect, NCCL/TORCH variables, a checked all-reduce."""
-    from parlab.errors import UsageError
-    from parlab.hardware.precheck import run_precheck
+    from parlab.hardware.precheck import run_precheck  # lazy: torch
 
     job = nodes(nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
     if job.multi and nproc is None:
@@ -301,7 +301,7 @@ def demo_cmd(
     only: list[str] | None = typer.Option(None, help="Run only the named step(s)."),
 ) -> None:
     """The main job on the embedded default: every step of the lab at CPU size, then the asset table."""
-    from parlab.cli.demo import run_demo  # heavy: the demo imports every project
+    from parlab.cli.demo import run_demo  # lazy: torch
 
     root = results_dir(results)
     failed = run_demo(root, console, only=only)

@@ -13,17 +13,18 @@ from rich.table import Table
 from parlab.cli import app
 from parlab.cli.common import JsonPrint, console, print_json
 from parlab.errors import UsageError
+from parlab.glossary import TERMS, lookup
 
 
 def print_diagnosis(diag: Any, *, show_help: bool = True) -> None:
     """The findings of ``parlab.doctor.diagnose``, ranked first, then grouped by case."""
-    from parlab.doctor.render import print_diagnosis as render
+    from parlab.doctor.render import print_diagnosis as render  # lazy: parlab.doctor.render
 
     render(diag, console, show_help=show_help)
 
 
 def print_cases() -> None:
-    from parlab.doctor.cases import CASES
+    from parlab.doctor.cases import CASES  # lazy: parlab.doctor.cases
 
     table = Table(title="parlab doctor: the case collection", show_lines=True)
     for col in ("case", "symptom", "evidence (document fields)", "reproduce"):
@@ -37,8 +38,8 @@ def print_cases() -> None:
 def run_reproduction(case: str, out: Path | None, *, as_json: bool = False) -> bool:
     """Run ``case``'s reproduction; print the doctor on both folders; True if it shows the case
     in the case folder and not in the healthy one."""
-    from parlab.doctor import diagnose
-    from parlab.doctor.reproduce import get
+    from parlab.doctor import diagnose  # lazy: parlab.doctor.diagnose
+    from parlab.doctor.reproduce import get  # lazy: torch
 
     rep = get(case)
     out = Path(out or Path("parlab-doctor") / case)
@@ -78,8 +79,8 @@ def doctor_cmd(
     as_json: JsonPrint = False,
 ) -> None:
     """Why is multi-GPU not faster? Check a results folder against the case collection."""
-    from parlab.doctor import diagnose
-    from parlab.doctor.cases import BY_ID, CASES
+    from parlab.doctor import diagnose  # lazy: parlab.doctor.diagnose
+    from parlab.doctor.cases import BY_ID, CASES  # lazy: parlab.doctor.cases
 
     if list_:
         if as_json:
@@ -115,8 +116,6 @@ def explain_cmd(
 ) -> None:
     """The glossary: what a term means, its formula, what frameworks call it, the command that
     measures it."""
-    from parlab.glossary import TERMS, lookup
-
     if list_ or term is None:
         if term is None and not list_:
             raise UsageError("pass a TERM (e.g. parlab explain busbw) or --list")

@@ -26,6 +26,7 @@ from parlab.cli.common import (
     results_dir,
 )
 from parlab.cli.project import project_app
+from parlab.layout import LayoutError, describe, model_shape
 from parlab.runtime.launch import on_nodes
 
 
@@ -132,8 +133,6 @@ def layout_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """The analytic layout: mesh, rank table, groups per axis, what each rank holds, constraints."""
-    from parlab.layout import LayoutError, describe, model_shape
-
     shape = model_shape(model)
     degrees = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
     try:

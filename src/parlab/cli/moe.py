@@ -174,8 +174,12 @@ def moe_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """PAR-MOE-EXPERT (T4): EP all-to-all vs naive, load per expert/rank, overflow, slowest rank."""
-    # lazy: torch
-    from parlab.projects.moe import MoERunConfig, parse_floats, parse_skews, run_moe_project
+    from parlab.projects.moe import (  # lazy: torch
+        MoERunConfig,
+        parse_floats,
+        parse_skews,
+        run_moe_project,
+    )
 
     skews = parse_skews(skew) if skew else (1.2,)
     cfg = MoERunConfig(
@@ -219,7 +223,7 @@ def moe_cmd(
 def print_plans(cfg: MoERunConfig) -> None:
     """Each workload's dispatch plan (tokens sent, source rank x expert); nothing launched."""
     from parlab.parallel.expert_comm import format_plan  # lazy: torch
-    from parlab.projects.moe import dispatch_plans
+    from parlab.projects.moe import dispatch_plans  # lazy: torch
 
     for name, grid in dispatch_plans(cfg).items():
         console.print(f"dispatch plan, {name} (tokens sent, source rank x expert):")

@@ -22,6 +22,8 @@ from parlab.cli.common import (
 )
 from parlab.errors import UsageError
 from parlab.ledger import OPTIMIZERS
+from parlab.report import build_report
+from parlab.units import parse_size
 
 
 @app.command("report")
@@ -32,8 +34,6 @@ def report_cmd(
     ),
 ) -> None:
     """The results folder as one self-contained HTML file (plots embedded) and a Markdown twin."""
-    from parlab.report import build_report
-
     root = results_dir(folder)
     outcome = build_report(root, out)
     console.print(
@@ -97,8 +97,7 @@ def decide_cmd(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the decision document(s) as JSON."),
 ) -> None:
-    from parlab.plan.decide import decide
-    from parlab.units import parse_size
+    from parlab.plan.decide import decide  # lazy: parlab.plan.decide
 
     root = results_dir(folder)
     budget = float(parse_size(memory_budget)) if memory_budget else None
@@ -132,7 +131,11 @@ def decide_cmd(
 def _projects_to_decide(root: Path, wanted: list[str]) -> list[str]:
     """Every project under ``root`` with runs to compare; with ``wanted`` knobs, those that
     record them (the others named as skipped)."""
-    from parlab.plan.decide import eligible_projects, knob_choices, read_projects
+    from parlab.plan.decide import (  # lazy: parlab.plan.decide
+        eligible_projects,
+        knob_choices,
+        read_projects,
+    )
 
     entries = read_projects(root)
     projects = eligible_projects(entries)
@@ -156,7 +159,7 @@ def _projects_to_decide(root: Path, wanted: list[str]) -> list[str]:
 
 def print_decision(outcome, *, details: bool = False) -> None:  # type: ignore[no-untyped-def]
     """One screen per project (``details``: every configuration, run and prediction error)."""
-    from parlab.plan.decision_text import decision_lines
+    from parlab.plan.decision_text import decision_lines  # lazy: parlab.plan.decision_text
 
     d = outcome.doc
     console.rule(escape(f"{d.project}: decision [{d.evidence_level}]"))
@@ -253,7 +256,7 @@ def plan_cmd(
     micro_batches: str | None = typer.Option(None, hidden=True),
     schedules: str | None = typer.Option(None, hidden=True),
 ) -> None:
-    from parlab.cli.planning import run_plan
+    from parlab.cli.planning import run_plan  # lazy: numpy
 
     _refuse_renamed(strategies=strategies, micro_batches=micro_batches, schedules=schedules)
     run_plan(locals())

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from parlab import contract
 from parlab.cli.common import console, print_json, reproduce_command, results_dir
+from parlab.comm.calibration import load_calibration
 from parlab.comm.explain import parse_layout
 from parlab.errors import UsageError
 from parlab.hardware.env import snapshot
@@ -20,9 +21,12 @@ from parlab.plan.admission import evaluate
 from parlab.plan.compute import BuiltinCompute
 from parlab.plan.cost import Budget
 from parlab.plan.document import plan_document, write_plan
+from parlab.plan.fit.calibrate import collectives_calibration, lab_roofline
+from parlab.plan.fit.lab import LabCompute
+from parlab.plan.fit.shape_probe import gemm_shape_calibration
 from parlab.plan.planner import plan
 from parlab.plan.request import PlanRequest, PlanResult, Verdict
-from parlab.plan.space import Candidate, make_cluster
+from parlab.plan.space import Candidate, make_cluster, schedules_for
 from parlab.plan.summary import Summary, summarize
 from parlab.plan.throughput import assumed_throughput, measured_throughput
 
@@ -49,10 +53,6 @@ def _compute(o: dict[str, Any], spec: Any, cluster: Any, rests_on: list[str]) ->
         rests_on.append(mdoc.run_id)
         return measured_throughput(mdoc, peak or 0.0)
     if o["roofline"] is not None:
-        from parlab.plan.fit.calibrate import lab_roofline
-        from parlab.plan.fit.lab import LabCompute
-        from parlab.plan.fit.shape_probe import gemm_shape_calibration
-
         roof, fitted_on = lab_roofline(o["roofline"], calibration=cluster.calibration)
         rests_on.extend(fitted_on)
         shapes = gemm_shape_calibration(o["roofline"])
@@ -75,12 +75,8 @@ def build_request(o: dict[str, Any], rests_on: list[str]) -> PlanRequest:
         rests_on.append(env_doc.run_id)
     cal = None
     if o["calibration"] is not None:
-        from parlab.comm.calibration import load_calibration  # imports torch's dtypes
-
         cal = load_calibration(o["calibration"])
     if cal is None and o["roofline"] is not None:
-        from parlab.plan.fit.calibrate import collectives_calibration
-
         cal = collectives_calibration(o["roofline"])
     if cal is not None:
         rests_on.append(cal.run_id)
@@ -121,7 +117,6 @@ def layout_candidates(req: PlanRequest, text: str, vpp: int | None) -> list[Cand
             f"--layout {text}: pp x dp x cp x tp = {prod}, not the {req.cluster.count} GPUs of "
             "--gpus: give degrees whose product is the GPU count"
         )
-    from parlab.plan.space import schedules_for
 
     out = []
     for sched, v in schedules_for(deg["pp"], req.spec.layers):

@@ -44,7 +44,9 @@ from parlab.cli.common import (
     results_dir,
     say_error,
 )
+from parlab.contract import new_run_id
 from parlab.errors import UsageError
+from parlab.profile.trace_reader import TraceFormatError
 from parlab.runtime.launch import Nodes
 from parlab.units import format_bytes, format_seconds
 
@@ -131,8 +133,7 @@ def analyze_cmd(
     as_json: JsonDocument = False,
 ) -> None:
     """Analyse a folder of per-rank Chrome traces (one per rank, any torch.profiler output)."""
-    from parlab.profile.report import profile_folder
-    from parlab.profile.trace_reader import TraceFormatError
+    from parlab.profile.report import profile_folder  # lazy: numpy
 
     try:
         o = profile_folder(
@@ -156,7 +157,7 @@ def analyze_cmd(
 def _profile_env(
     trace_dir: Path, schedule: str, run_id: str, project: str | None
 ) -> dict[str, str]:
-    from parlab.profile import capture
+    from parlab.profile import capture  # lazy: torch
 
     env = dict(os.environ)
     env[capture.ENV_DIR] = str(trace_dir)
@@ -192,9 +193,8 @@ def run_cmd(
     rdzv_id: str = RdzvIdOption,
 ) -> None:
     """Profile a command: ``parlab profile run --nproc 2 -- train.py ARGS`` or ``-- parlab train ...``."""
-    from parlab.contract import new_run_id
-    from parlab.profile.capture import parse_schedule
-    from parlab.profile.report import profile_folder
+    from parlab.profile.capture import parse_schedule  # lazy: torch
+    from parlab.profile.report import profile_folder  # lazy: numpy
 
     cmd = list(ctx.args)
     if not cmd:
@@ -261,7 +261,7 @@ def _profiled_argv(cmd: list[str], nproc: int, job: Nodes) -> list[str]:
 
 def demo_step(results: Path, console_: Any) -> None:
     """``parlab demo``: a CPU-sized DDP bucket sweep on 2 gloo ranks, profiled and analysed."""
-    from parlab.profile.sweep import run_sweep
+    from parlab.profile.sweep import run_sweep  # lazy: torch
 
     res = run_sweep(
         "ddp-buckets",

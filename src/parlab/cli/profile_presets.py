@@ -28,6 +28,7 @@ from parlab.cli.common import (
 )
 from parlab.cli.profile import ScheduleOption, TraceDirOption, print_outcomes, profile_app
 from parlab.errors import UsageError
+from parlab.models import get_spec
 from parlab.runtime.launch import default_timeout_s, on_nodes
 
 
@@ -42,7 +43,7 @@ def run_preset(
     """Run a preset sweep (``parlab.profile.sweep``) of the reference model on the job's nodes,
     print it, exit 1 if the run failed. ``flags``: the command's flags by name (its
     ``locals()``); ``params``: the preset's own settings, after the model's shape."""
-    from parlab.profile.sweep import run_sweep
+    from parlab.profile.sweep import run_sweep  # lazy: torch
 
     job = nodes(
         flags["nnodes"],
@@ -96,8 +97,6 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def _check_shape(model: str, batch: int, seq: int) -> None:
-    from parlab.models import get_spec
-
     spec = get_spec(model)
     if batch < 1 or seq < 2:
         raise UsageError(f"--micro-batch {batch} / --seq {seq}: need micro-batch >= 1, seq >= 2")
@@ -233,7 +232,7 @@ def tp_cmd(
 ) -> None:
     """Tensor parallelism over all ranks, without and with sequence parallelism."""
     _check_shape(model, batch, seq)
-    from parlab.profile.sweep import default_nproc
+    from parlab.profile.sweep import default_nproc  # lazy: torch
 
     nproc = nproc or default_nproc()
     if seq % (nproc * nnodes):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -25,7 +27,7 @@ from parlab.cli.common import (
 )
 from parlab.dtypes import SERVING_DTYPES, TORCH_NAMES
 from parlab.errors import UsageError
-from parlab.runtime.launch import Nodes
+from parlab.runtime.launch import LaunchConfig, Nodes, launch
 
 if TYPE_CHECKING:
     from parlab.serve.engine import EngineConfig  # torch: only when a replica starts
@@ -174,7 +176,7 @@ def _stub_replica(
 ) -> None:
     """A model-free endpoint (``parlab.serve.stub``): ``trivial``'s canned answers of
     ``output_len`` chunks, or ``stub``'s timing model."""
-    from parlab.serve import stub
+    from parlab.serve import stub  # lazy: aiohttp
 
     if engine == "trivial":
         asyncio.run(
@@ -192,8 +194,6 @@ def _stub_replica(
 
 def _tp_replica(args: dict[str, object], tp: int, job: Nodes, duration: float | None) -> None:
     """A tensor-parallel replica: ``tp`` ranks of ``parlab.serve.tp``; prints rank 0's result."""
-    from parlab.runtime.launch import LaunchConfig, launch
-
     res = launch(
         "parlab.serve.tp:replica_main",
         args,
@@ -226,9 +226,9 @@ def _model_replica(
     request_timeout: float,
 ) -> None:
     """The reference replica over ``model``'s engine, served until Ctrl-C or ``duration``."""
-    import torch
+    import torch  # lazy: torch
 
-    from parlab.serve.replica import build_engine, serve_forever
+    from parlab.serve.replica import build_engine, serve_forever  # lazy: torch
 
     torch.set_num_threads(max(1, threads))
     eng = build_engine(model, device=device, dtype=dtype, seed=seed, config=config)
@@ -266,10 +266,7 @@ def launch_cmd(
 ) -> None:
     """Start an engine's own OpenAI server (TP and prefill/decode flags), wait until it serves,
     register it with a router; prints its record (JSON), then serves until Ctrl-C."""
-    import signal
-    import time
-
-    from parlab.serve.launch import LaunchSpec, launch
+    from parlab.serve.launch import LaunchSpec, launch  # lazy: aiohttp
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM too: the engine's server must not outlive us
@@ -326,8 +323,8 @@ def router_cmd(
     seed: int = typer.Option(0, help="Seed of random policies."),
 ) -> None:
     """HTTP router in front of replicas; prints its stats (JSON) when it stops."""
-    from parlab.serve.policy import PolicyConfig
-    from parlab.serve.router import Router, RouterConfig
+    from parlab.serve.policy import PolicyConfig  # lazy: parlab.serve.policy
+    from parlab.serve.router import Router, RouterConfig  # lazy: numpy
 
     cfg = RouterConfig(
         replicas=tuple(replica or ()),

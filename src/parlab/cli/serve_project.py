@@ -4,6 +4,8 @@ project and the parts of it that run without a server (the KV transfer, the simu
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -23,6 +25,7 @@ from parlab.cli.project import project_app
 from parlab.cli.serve import serve_app
 from parlab.dtypes import SERVING_DTYPES, TORCH_NAMES
 from parlab.errors import UsageError
+from parlab.units import parse_count
 
 
 @serve_app.command("kv-transfer")
@@ -37,8 +40,7 @@ def kv_transfer_cmd(
     results: Path | None = ResultsOption,
 ) -> None:
     """KV-cache transfer (NCCL send/recv on GPUs, gloo on CPU) against request length."""
-    from parlab.projects.serving.rank import measure_kv
-    from parlab.units import parse_count
+    from parlab.projects.serving.rank import measure_kv  # lazy: numpy
 
     toks = [parse_count(t, "--tokens") for t in tokens.split(",") if t.strip()]
     if not toks or min(toks) < 1:
@@ -83,10 +85,8 @@ def sim_cmd(
     as_json: JsonPrint = False,
 ) -> None:
     """Discrete-event simulation of replicas, routing and arrivals (analytic; nothing written)."""
-    import time
-
-    from parlab.serve import sim
-    from parlab.serve.policy import PolicyConfig
+    from parlab.serve import sim  # lazy: numpy
+    from parlab.serve.policy import PolicyConfig  # lazy: parlab.serve.policy
 
     if profile is not None:
         data = json.loads(Path(profile).read_text())
@@ -144,9 +144,7 @@ def _serving_project(
     replicas: str | None,
     devices: str | None = None,
 ) -> None:
-    from dataclasses import replace
-
-    from parlab.projects.serving import get_preset, run_project
+    from parlab.projects.serving import get_preset, run_project  # lazy: numpy
 
     urls = [u.strip().rstrip("/") for u in (replicas or "").split(",") if u.strip()]
     p = get_preset(preset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Annotated
 
@@ -34,6 +35,7 @@ from parlab.cli.common import (
     write,
 )
 from parlab.cli.project import project_app
+from parlab.contract import Document
 from parlab.errors import UsageError
 from parlab.runtime.launch import NUMA_BINDINGS, default_timeout_s, on_nodes
 from parlab.units import format_bytes
@@ -51,8 +53,6 @@ def _fmt(v: float, unit: str) -> str:
 
 
 def _print_run(doc: object, path: Path) -> None:
-    from parlab.contract import Document
-
     assert isinstance(doc, Document)
     if doc.failure is not None:
         f = doc.failure
@@ -91,8 +91,6 @@ def _print_run(doc: object, path: Path) -> None:
 def _print_phases(phases: dict[str, dict[str, list[float]]]) -> None:
     """Rank 0's median timed step by phase: the host's time to issue each (waits included) and,
     on GPU, the device's time between the same points (idle included)."""
-    import statistics
-
     host, dev = phases.get("host") or {}, phases.get("device") or {}
     if not host:
         return

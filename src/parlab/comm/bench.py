@@ -63,6 +63,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parlab.comm import nccl_direct
 from parlab.comm import ops as O
 from parlab.comm.case import Case
 from parlab.runtime.context import RankContext
@@ -258,9 +259,7 @@ def sweep_rank(
     comm = None
     if via == "nccl":
         # looked up when called, not at import: the CPU tests put a stand-in there
-        from parlab.comm.nccl_direct import DirectComm
-
-        comm = DirectComm(group, device=ctx.device)
+        comm = nccl_direct.DirectComm(group, device=ctx.device)
     progress = open(progress_path, "a") if progress_path and ctx.rank == 0 else None  # noqa: SIM115
     try:
         for op in ops:

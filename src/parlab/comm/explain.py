@@ -35,6 +35,8 @@ from parlab.contract import Document, Metric, Prediction, new_run_id, now_iso
 from parlab.errors import UsageError
 from parlab.hardware import catalog
 from parlab.hardware import env as env_mod
+from parlab.ledger.traffic import traffic
+from parlab.models.catalog import get_spec
 from parlab.topology import Topology
 from parlab.units import format_bytes, format_seconds, parse_degrees
 
@@ -108,9 +110,6 @@ def explain_document(
     dtype: str = "bf16-mixed",
 ) -> Document:
     """The T1 table for ``model_name`` on ``layout`` (see the module docstring)."""
-    from parlab.ledger.traffic import traffic
-    from parlab.models.catalog import get_spec
-
     spec = get_spec(model_name)
     topo = parse_layout(layout)
     strategy = strategy or "ddp"

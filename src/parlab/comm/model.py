@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from parlab.errors import UsageError
+from parlab.hardware import catalog
 
 ALGORITHMS = ("ring", "tree")
 OPS = (
@@ -124,7 +125,7 @@ def collective_time(op: str, nbytes: float, n: int, link: Link, algorithm: str =
 
 def busbw(op: str, nbytes: float, n: int, seconds: float) -> float:
     """nccl-tests' bus bandwidth (bytes/s) of one ``op`` of ``nbytes`` that took ``seconds``."""
-    from parlab.comm.ops import busbw_factor
+    from parlab.comm.ops import busbw_factor  # lazy: torch
 
     return nbytes / seconds * busbw_factor(op, n) if seconds > 0 else 0.0
 
@@ -189,8 +190,6 @@ def link_peak(environment: dict, ranks: list[int] | None = None) -> tuple[float 
     per-link speed), the slowest pair among ``ranks`` (a ring is as fast as its
     slowest link); else the catalog's link bandwidth for the GPU; else unknown.
     """
-    from parlab.hardware import catalog
-
     hw = (environment or {}).get("hardware") or {}
     gpus = hw.get("gpus") or []
     if not gpus:

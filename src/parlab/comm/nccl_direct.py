@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from parlab.comm.nccl_library import NcclLibrary, load_library, nccl_dtype, nccl_redop
 from parlab.errors import UsageError
@@ -84,8 +85,6 @@ class DirectComm:
         (``__init__`` passes the real library and the current CUDA stream; the CPU tests
         pass a stand-in library and a CPU device, so this is the one set-up path.)
         """
-        import torch.distributed as dist
-
         self.group = group if group is not None else dist.group.WORLD
         """The torch process group whose ranks this communicator spans."""
         self.rank = dist.get_rank(self.group)

@@ -110,11 +110,11 @@ def _size_label(v: float) -> str:
 
 def plot_busbw(doc: Document, path: Path) -> Path:
     """busbw against size (log x), one line per op; the link peak as a dashed line."""
-    import matplotlib
-    import matplotlib.ticker
+    import matplotlib  # lazy: matplotlib
+    import matplotlib.ticker  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     rows = [r for r in doc.workload.get("measurements") or [] if r["op"] != "barrier"]
     fig, ax = plt.subplots(figsize=(8, 5))

@@ -26,7 +26,7 @@ def _validator() -> Any:
     """The schema's validator, built once, its own schema checked against the meta-schema;
     None without ``jsonschema_rs`` (an optional dependency, so imported here)."""
     try:
-        import jsonschema_rs
+        import jsonschema_rs  # lazy: jsonschema_rs
     except ImportError:
         return None
     body = schema()

@@ -26,6 +26,7 @@ the same code runs on NCCL.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import subprocess
@@ -37,8 +38,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from parlab.comm.sweep import FR_ENV  # its names, the first one set wins (as in torch)
+from parlab.contract import Document, Metric, new_run_id, now_iso, write_result
+from parlab.doctor.cases import BY_ID
 from parlab.errors import UsageError
+from parlab.hardware.env import snapshot
+from parlab.profile.sweep import run_sweep
+from parlab.projects.model_internal import RunConfig, document, launch_set
+from parlab.projects.moe import MoERunConfig, run_moe_project
+from parlab.projects.training_state import (
+    TrainConfig,
+    ledger_predictions,
+    run_training,
+    train_command,
+)
+from parlab.runtime.launch import LaunchConfig, launch
 
 PROJECT_TIMEOUT = "PAR-COLLECTIVES"
 PG_TIMEOUT_S = 3.0
@@ -73,8 +89,6 @@ def _move(paths: list[Path], src_root: Path, dst_root: Path) -> None:
 
 
 def ddp_small_buckets(out: Path) -> tuple[Path, Path]:
-    from parlab.profile.sweep import run_sweep
-
     case, healthy = out / "case", out / "healthy"
     gpu = _gpu2()
     model, seq = ("small", 256) if gpu else ("tiny", 64)
@@ -108,10 +122,6 @@ def ddp_small_buckets(out: Path) -> tuple[Path, Path]:
 
 
 def pp_bubble(out: Path) -> tuple[Path, Path]:
-    from parlab.contract import write_result
-    from parlab.hardware.env import snapshot
-    from parlab.projects.model_internal import RunConfig, document, launch_set
-
     gpu = _gpu2()
     model, seq = ("small", 512) if gpu else ("tiny", 64)
     configs = [
@@ -139,8 +149,6 @@ def pp_bubble(out: Path) -> tuple[Path, Path]:
 
 
 def moe_skew(out: Path) -> tuple[Path, Path]:
-    from parlab.projects.moe import MoERunConfig, run_moe_project
-
     case, healthy = out / "case", out / "healthy"
     gpu = _gpu2()
     hidden, ffn, tokens = (1024, 2048, 8192) if gpu else (128, 256, 1024)
@@ -167,14 +175,6 @@ def moe_skew(out: Path) -> tuple[Path, Path]:
 
 
 def oom_activations(out: Path) -> tuple[Path, Path]:
-    from parlab.contract import write_result
-    from parlab.projects.training_state import (
-        TrainConfig,
-        ledger_predictions,
-        run_training,
-        train_command,
-    )
-
     gpu = _gpu2()
     model, seq, mb = ("small", 1024, 4) if gpu else ("tiny", 256, 8)
     base = TrainConfig(strategy="ddp", model=model, nproc=2, seq=seq, micro_batch=mb, steps=1,
@@ -199,8 +199,6 @@ def oom_activations(out: Path) -> tuple[Path, Path]:
 def _dump_flight_recorder(rank: int) -> str | None:
     """Write this rank's NCCL flight-recorder buffer where ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
     says (``<prefix><rank>``), as the watchdog does on a timeout; None when off or unavailable."""
-    from parlab.comm.sweep import FR_ENV  # its names, the first one set wins (as in torch)
-
     prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     size = next((os.environ[k] for k in FR_ENV if k in os.environ), None)
     if not prefix or not size or size == "0":
@@ -223,10 +221,6 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
     On NCCL the waiting rank waits on the work with half the group timeout, so it fails with
     a timeout of its own before the watchdog aborts the process, and both ranks dump their
     flight recorder first (when ``TORCH_FR_BUFFER_SIZE`` is set)."""
-    import datetime
-
-    import torch.distributed as dist
-
     x = torch.ones(nbytes // 4, device=ctx.device)
     nccl = ctx.backend == "nccl"
     # One collective both ranks join first: NCCL creates its communicator at the first
@@ -265,10 +259,6 @@ def timeout_rank(ctx: Any, skip_rank: int | None, nbytes: int) -> dict[str, Any]
 
 
 def collective_timeout(out: Path) -> tuple[Path, Path]:
-    from parlab.contract import Document, Metric, new_run_id, now_iso, write_result
-    from parlab.hardware.env import snapshot
-    from parlab.runtime.launch import LaunchConfig, launch
-
     gpu = _gpu2()
     dirs = (out / "case", out / "healthy")
     for skip, folder in zip((1, None), dirs, strict=True):
@@ -355,8 +345,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
 
 def get(case: str) -> Reproduction:
     """The reproduction of ``case``; ``UsageError`` naming the ones that exist."""
-    from parlab.doctor.cases import BY_ID
-
     if case in REPRODUCTIONS:
         return REPRODUCTIONS[case]
     have = ", ".join(REPRODUCTIONS)

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from typing import Any
 
 import parlab
@@ -41,8 +42,6 @@ _VAR_PREFIXES = (
 def _light_software() -> dict[str, Any]:
     """Versions from the installed packages' metadata, without importing torch (a second of
     start-up the analytic commands do not need); CUDA and NCCL are then unknown."""
-    from importlib import metadata
-
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -85,7 +84,7 @@ def _light_gpus() -> list[dict[str, Any]]:
 
 
 def software() -> dict[str, Any]:
-    import torch
+    import torch  # lazy: torch
 
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
@@ -105,7 +104,7 @@ def software() -> dict[str, Any]:
 
 
 def gpus() -> list[dict[str, Any]]:
-    import torch
+    import torch  # lazy: torch
 
     if not torch.cuda.is_available():
         return []
@@ -186,7 +185,7 @@ def parse_nvlink_speed(text: str) -> float | None:
 def _nvml_nvlinks(n: int) -> tuple[list[list[int]] | None, str]:
     """Per-pair active NVLink counts through NVML (None when NVML is absent), and a note."""
     try:
-        import pynvml  # nvidia-ml-py
+        import pynvml  # lazy: pynvml
     except ImportError:
         return None, "nvidia-ml-py not installed"
     try:

@@ -20,6 +20,7 @@ used), the short list ``parlab fit`` prints.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from parlab.errors import UsageError
@@ -151,8 +152,6 @@ def layouts(
                 dp = world // (tp * pp * cp)
                 eps = [1]
                 if spec.moe is not None:
-                    import math
-
                     g = math.gcd(dp, spec.moe.num_experts)
                     if g > 1:
                         eps.append(g)

@@ -59,6 +59,7 @@ from parlab.ledger.sharding import (
 from parlab.ledger.stages import check_layout
 from parlab.models.spec import ModelSpec
 from parlab.topology import Topology
+from parlab.units import format_bytes
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast")
 PHASES = ("forward", "backward", "after-backward", "optimizer-step")
@@ -385,8 +386,6 @@ def summarize(items: list[WireItem]) -> dict[str, int]:
 
 def sync_points(items: list[WireItem]) -> list[str]:
     """One line per blocking item: where compute waits, how often, for how much."""
-    from parlab.units import format_bytes
-
     lines = []
     for it in items:
         if it.blocking:

@@ -19,7 +19,10 @@ Presets for runs:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from parlab.errors import UsageError
+from parlab.models.hf import load_hf_config
 from parlab.models.spec import ModelSpec
 from parlab.models.variants import MLASpec, MoESpec
 from parlab.units import shown
@@ -275,15 +278,12 @@ def get_spec(name: str) -> ModelSpec:
     key = ALIASES.get(key, key)
     if key in _BY_NAME:
         return _BY_NAME[key]
-    from pathlib import Path
 
     try:  # a name too long or odd for a path is no path
         is_path = name.endswith(".json") or Path(name).is_dir() or Path(name).is_file()
     except (OSError, ValueError):
         is_path = False
     if is_path:
-        from parlab.models.hf import load_hf_config
-
         return load_hf_config(name)
     known = ", ".join([*list_specs(), *ALIASES])
     raise UsageError(

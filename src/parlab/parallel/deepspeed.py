@@ -48,7 +48,7 @@ MISSING = "deepspeed is not installed: pip install deepspeed (DS_BUILD_OPS=0 bui
 def deepspeed_version() -> str:
     """The installed DeepSpeed's version; ``UsageError`` (one line) when it is not installed."""
     try:
-        import deepspeed  # optional: DeepSpeed loads only where it is asked for
+        import deepspeed  # lazy: deepspeed
     except ImportError as exc:
         if exc.name not in (None, "deepspeed"):  # installed, but one of its dependencies is not
             raise UsageError(f"deepspeed does not import: {exc}") from exc
@@ -79,14 +79,14 @@ def ds_config(stage: int, micro_batch: int, world_size: int, *, bf16: bool) -> d
 def _use_cpu_accelerator() -> None:
     """CPU ranks: DeepSpeed's CPU accelerator (gloo), whatever it detected on this machine, and
     no JIT build of its shared-memory inference all-reduce (training does not use it)."""
-    import deepspeed.ops  # optional: DeepSpeed loads only for its own strategies
-    from deepspeed.accelerator import get_accelerator, set_accelerator
-    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+    import deepspeed.ops  # lazy: deepspeed
+    from deepspeed.accelerator import get_accelerator, set_accelerator  # lazy: deepspeed
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # lazy: deepspeed
 
     if get_accelerator()._name != "cpu":
         set_accelerator(CPU_Accelerator())
     if "__compatible_ops__" not in vars(deepspeed.ops):
-        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS  # lazy: deepspeed
 
         deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)
 
@@ -106,7 +106,7 @@ class DeepSpeedZero:
     ) -> None:
         assert stage in (1, 2, 3), stage
         deepspeed_version()
-        import deepspeed  # optional: DeepSpeed loads only for its own strategies
+        import deepspeed  # lazy: deepspeed
 
         os.environ.setdefault("LOCAL_RANK", str(local_rank))  # DeepSpeed reads it
         deepspeed.utils.logger.setLevel(logging.WARNING)  # not its per-step info lines
@@ -179,7 +179,7 @@ class DeepSpeedZero:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, in fp32 (stage 3: gathered for the copy)."""
-        import deepspeed  # optional: DeepSpeed loads only for its own strategies
+        import deepspeed  # lazy: deepspeed
 
         params = dict(self.module.named_parameters())
         with deepspeed.zero.GatheredParameters(list(params.values()), enabled=self.stage == 3):

@@ -104,10 +104,10 @@ def candidates_csv(result: PlanResult) -> str:
 
 def pareto_png(result: PlanResult, path: Path) -> Path:
     """Throughput against peak memory of every admitted candidate, the front highlighted."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     xs = [v.peak_bytes / GIB for v in result.ranked if v.peak_bytes is not None]

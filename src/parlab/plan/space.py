@@ -39,6 +39,7 @@ from parlab.comm.model import Link
 from parlab.errors import UsageError
 from parlab.hardware.catalog import GPUSpec, require
 from parlab.ledger.sharding import chunk_sizes
+from parlab.plan.compute import efficiency_table
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
@@ -142,8 +143,6 @@ def parse_gpus(text: str) -> tuple[int, GPUSpec]:
 def intra_link(spec: GPUSpec) -> Link:
     """The link inside a node: the catalog's per-direction bandwidth at the fraction an
     all-reduce reached where the lab measured one (``parlab.plan.compute``'s ``link``)."""
-    from parlab.plan.compute import efficiency_table
-
     fig = efficiency_table().get(spec.name)
     frac = fig.link if fig is not None and fig.link else 1.0
     how = (

@@ -70,10 +70,10 @@ def write_timeline_png(
     run: RunProfile, out: Path, *, step: int | None = None, title: str = ""
 ) -> Path | None:
     """Draw one step's compute and communication lanes per rank; ``None`` when no step has spans."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     step = pick_step(run) if step is None else step
     if step is None:
@@ -124,11 +124,11 @@ def write_sweep_png(
     xlabel: str,
 ) -> Path:
     """A bar chart of one figure per configuration of a preset sweep (e.g. exposed comm per bucket size)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+    import numpy as np  # lazy: numpy
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) + 2), 4))
     x = np.arange(len(labels))

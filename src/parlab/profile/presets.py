@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from parlab.models import get_spec
+from parlab.models.reference import build_model
+from parlab.parallel.tensor import apply_tensor_parallel, tp_cross_entropy
 from parlab.profile.capture import Profiler
 from parlab.runtime.context import RankContext
 from parlab.runtime.loop import LoopPlan, TrainStep, next_token_loss, run_steps
@@ -120,9 +126,6 @@ def _train(
 
 
 def _build(ctx: RankContext, model: str, dtype: torch.dtype) -> torch.nn.Module:
-    from parlab.models import get_spec
-    from parlab.models.reference import build_model
-
     return build_model(get_spec(model), device=ctx.device, dtype=dtype, seed=0)
 
 
@@ -154,8 +157,6 @@ def ddp_rank(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """Torch DDP on the reference model, once per bucket size; returns the trace folders."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     shape = TrainShape(model=model, batch=batch, seq=seq)
     out: list[dict[str, Any]] = []
     for mb in buckets_mb:
@@ -191,8 +192,6 @@ def fsdp_rank(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """FSDP2 per block under each ``{prefetch, reshard_after_forward}``; returns the trace folders."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     shape = TrainShape(model=model, batch=batch, seq=seq)
     out: list[dict[str, Any]] = []
     for cfg in configs:
@@ -245,10 +244,6 @@ def tp_rank(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """parlab's TP over all ranks, without and with sequence parallelism; returns the trace folders."""
-    import torch.distributed as dist
-
-    from parlab.parallel.tensor import apply_tensor_parallel, tp_cross_entropy
-
     shape = TrainShape(model=model, batch=batch, seq=seq)
     group = dist.group.WORLD
     out: list[dict[str, Any]] = []

@@ -18,9 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from parlab.contract import Document, Failure, Prediction, new_run_id, now_iso, write_result
+from parlab.hardware.env import snapshot
+from parlab.ledger.traffic import traffic
+from parlab.models import get_spec
 from parlab.profile.capture import parse_schedule
+from parlab.profile.export import write_sweep_png
+from parlab.profile.presets import PRESETS
 from parlab.profile.report import ProfileOutcome, profile_folder
+from parlab.runtime.launch import LaunchConfig, launch
+from parlab.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +55,6 @@ def predict_wire(
     wire; the profile's measured ``comm_count_per_step`` and ``comm_bytes_per_step``
     sit beside it. Returns the predictions and, when there are none, why.
     """
-    from parlab.ledger.traffic import traffic
-    from parlab.models import get_spec
-    from parlab.topology import Topology
-
     if preset == "fsdp" and not knobs.get("reshard_after_forward", True):
         return {}, "no prediction: the wire table models FSDP with reshard_after_forward only"
     dtype = "bf16-compute" if gpu else "fp32"
@@ -79,8 +84,6 @@ def predict_wire(
 
 def default_nproc() -> int:
     """Every GPU when there are at least two, else 2 (gloo CPU ranks)."""
-    import torch
-
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return n if n >= 2 else 2
 
@@ -99,8 +102,6 @@ def _failure_document(
     results: Path,
 ) -> SweepResult:
     """The launch failed: one failure document, nothing analysed."""
-    from parlab.hardware.env import snapshot
-
     failure = res_failure or Failure(kind="crash", message="the preset failed")
     doc = Document(
         run_id=run_id,
@@ -158,8 +159,6 @@ def _plot_sweep(
     outcomes: list[ProfileOutcome], *, results: Path, project: str, title: str, xlabel: str
 ) -> SweepResult:
     """Draw ``sweep.png`` beside the first document and name it in every document."""
-    from parlab.profile.export import write_sweep_png
-
     png = results / project / outcomes[0].doc.run_id / "sweep.png"
 
     def ms(name: str) -> list[float | None]:
@@ -201,9 +200,6 @@ def run_sweep(
 
     ``plot``: (title, x label) of the sweep plot across settings (None: no plot).
     """
-    from parlab.profile.presets import PRESETS
-    from parlab.runtime.launch import LaunchConfig, launch
-
     sched = list(parse_schedule(schedule))
     nproc = nproc or default_nproc()
     config = LaunchConfig(nproc=nproc, backend=backend, timeout_s=timeout)

@@ -23,9 +23,9 @@ def figure(fig: Any, *, key: str, title: str, caption: str, level: str | None) -
 
 def pyplot() -> Any:
     """matplotlib's ``pyplot`` on the Agg backend (no display)."""
-    import matplotlib  # heavy: loaded only when a report draws a figure
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     return plt

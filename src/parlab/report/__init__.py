@@ -53,9 +53,9 @@ def _build(
     root: Path, entries: list[Entry], skipped: list[Skipped], out_dir: str | Path | None
 ) -> ReportOutcome:
     """``build_report`` once the folder is read."""
-    from parlab.report.html import to_html
-    from parlab.report.markdown import write_markdown
-    from parlab.report.render import build_blocks
+    from parlab.report.html import to_html  # lazy: parlab.report.html
+    from parlab.report.markdown import write_markdown  # lazy: parlab.report.markdown
+    from parlab.report.render import build_blocks  # lazy: parlab.report.render
 
     if not entries:
         why = (

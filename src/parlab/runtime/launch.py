@@ -122,7 +122,7 @@ class LaunchConfig:
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        import torch  # lazy: the analytic commands never launch
+        import torch  # lazy: torch
 
         return (
             "nccl"

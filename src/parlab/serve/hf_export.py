@@ -81,7 +81,7 @@ def export_llama(model: Any, folder: str | Path, *, eos: bool = True) -> Path:
         sd["lm_head.weight"] = model.output.weight
     sd = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in sd.items()}
     try:
-        from safetensors.torch import save_file  # lazy: optional, present with transformers
+        from safetensors.torch import save_file  # lazy: safetensors
 
         save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
     except ImportError:

@@ -27,9 +27,12 @@ import time
 import traceback
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from parlab.errors import UsageError
+from parlab.models import get_spec
+from parlab.models.reference import build_model
 from parlab.serve import protocol
 from parlab.serve.choices import Choice, prompt_ids
 from parlab.serve.engine import Engine, EngineConfig, Sequence
@@ -43,8 +46,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 def serving_spec(name: str) -> Any:
     """The catalog model ``name`` with a vocabulary that holds parlab's tokenizer (a
     smaller vocabulary, as ``tiny``'s 256, is widened to it)."""
-    from parlab.models import get_spec
-
     spec = get_spec(name)
     vocab = get_tokenizer().vocab_size
     return dataclasses.replace(spec, vocab_size=vocab) if spec.vocab_size < vocab else spec
@@ -59,10 +60,6 @@ def build_engine(
     config: EngineConfig | None = None,
 ) -> Engine:
     """The reference model ``model`` with random weights (seeded) in an ``Engine``."""
-    import torch
-
-    from parlab.models.reference import build_model
-
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():

@@ -80,8 +80,8 @@ def corpus(seed: int = 0, lines: int = 6000) -> list[str]:
 def train(vocab_size: int = VOCAB_SIZE, seed: int = 0) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer`` of ``vocab_size`` tokens trained on
     ``corpus(seed)`` (deterministic)."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers  # lazy: tokenizers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -173,7 +173,7 @@ class Tokenizer:
 @functools.cache
 def get() -> Tokenizer:
     """The shipped tokenizer (loaded once per process)."""
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
 
     return Tokenizer(HFTokenizer.from_file(str(PATH)))
 

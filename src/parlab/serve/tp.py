@@ -30,8 +30,11 @@ import torch.distributed as dist
 from torch import nn
 
 from parlab.errors import UsageError
+from parlab.models.reference import build_model
 from parlab.runtime.context import RankContext
 from parlab.serve import protocol
+from parlab.serve.engine import Engine, EngineConfig
+from parlab.serve.replica import ReplicaServer, serving_spec
 
 
 class TPComm:
@@ -94,10 +97,6 @@ def shard_model(model: nn.Module, rank: int, world: int) -> nn.Module:
 
 def build_tp_engine(ctx: RankContext, *, model: str, dtype: str, seed: int, config: Any) -> Any:
     """Every rank builds the same seeded model, keeps its shard, and wraps it in an Engine."""
-    from parlab.models.reference import build_model
-    from parlab.serve.engine import Engine
-    from parlab.serve.replica import serving_spec
-
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     m = build_model(serving_spec(model), device=ctx.device, dtype=dtypes[dtype], seed=seed)
     shard_model(m, ctx.rank, ctx.world_size)
@@ -128,9 +127,6 @@ def replica_main(
     prefix_cache: bool = True,
 ) -> dict[str, Any]:
     """Rank function (``parlab.runtime.launch``): a TP replica serving for ``duration_s``."""
-    from parlab.serve.engine import EngineConfig
-    from parlab.serve.replica import ReplicaServer
-
     cfg = EngineConfig(
         max_batch=max_batch, max_len=max_len, cache_blocks=cache_blocks, prefix_cache=prefix_cache
     )

@@ -18,11 +18,13 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from parlab.comm import ops as O
+from parlab.comm.nccl_library import check_library_env
+from parlab.comm.report import plot_busbw
 from parlab.comm.sweep.document import build_document
 from parlab.comm.sweep.spec import SweepSpec, rank_env
 from parlab.contract import Document, write_result
@@ -86,8 +88,6 @@ def resolve_backend(spec: SweepSpec) -> str:
             "CPU/gloo runs"
         )
     if spec.via == "nccl":
-        from parlab.comm.nccl_library import check_library_env
-
         check_library_env()
     return backend
 
@@ -166,8 +166,6 @@ def run_sweep(
 
 def write_sweep(doc: Document, results: Path) -> Path:
     """Write the plot beside the document, then the document; return the document's path."""
-    from parlab.comm.report import plot_busbw
-
     folder = Path(results) / doc.project
     name = f"{doc.run_id}.busbw.png"
     rows = doc.workload.get("measurements") or []
@@ -176,6 +174,5 @@ def write_sweep(doc: Document, results: Path) -> Path:
         os.makedirs(folder, exist_ok=True)
         plot_busbw(doc, folder / name)
         artifacts["busbw_plot"] = name
-    from dataclasses import replace
 
     return write_result(replace(doc, artifacts=artifacts), results)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parlab.contract import Document
+from parlab.units import format_bytes, format_seconds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,12 +102,8 @@ def mper(doc: Document, name: str) -> list[float] | None:
 def fmt(v: float, unit: str = "") -> str:
     """``v`` as the findings print it: bytes, seconds, GB/s, or 4 significant digits."""
     if unit == "B":
-        from parlab.units import format_bytes
-
         return format_bytes(v)
     if unit == "s":
-        from parlab.units import format_seconds
-
         return format_seconds(v)
     if unit == "B/s":
         return f"{v / 1e9:.1f} GB/s"

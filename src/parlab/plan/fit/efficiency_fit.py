@@ -35,13 +35,18 @@ import itertools
 import json
 import math
 import statistics
+from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from parlab import contract
 from parlab.hardware.catalog import lookup
-from parlab.plan.compute import FORMAT
-from parlab.plan.fit.runs import gpu_name
+from parlab.models import get_spec
+from parlab.plan.admission import evaluate
+from parlab.plan.compute import FORMAT, BuiltinCompute, GpuEfficiency
+from parlab.plan.fit.requests import run_request
+from parlab.plan.fit.runs import gpu_name, implementation_of
 
 T0_GRID = (1e5, 2e5, 3e5, 5e5, 7e5, 1e6, 1.5e6, 2e6, 3e6)
 K0_GRID = (0.0, 25.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0)
@@ -138,8 +143,6 @@ def fit_gemm(rows: list[tuple[float, float, float, float]]) -> dict[str, float]:
 
 def _attention_rows(docs: list[Any]) -> list[tuple[float, float, float]]:
     """(score pairs per kernel, head dim, efficiency) of the v3 probes' attention entries."""
-    from parlab.models import get_spec
-
     out: dict[tuple[str, int, int], tuple[float, float, float]] = {}
     for d in docs:
         if d.workload["calibration"].get("format") != "parlab-gemm-shapes/v3":
@@ -186,13 +189,7 @@ def _link(docs: list[Any], link_bw: float) -> float:
 
 def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
     """Median measured / built-in step - 1 over the GPU-bound one-GPU runs (module docstring)."""
-    from dataclasses import replace
-
-    from parlab.plan.admission import evaluate
-    from parlab.plan.compute import BuiltinCompute, GpuEfficiency
-    from parlab.plan.fit.calibrate import training_runs
-    from parlab.plan.fit.requests import run_request
-    from parlab.plan.fit.runs import implementation_of
+    from parlab.plan.fit.calibrate import training_runs  # lazy: numpy
 
     eff = GpuEfficiency(**{k: v for k, v in fig.items() if k != "rests_on"}, rests_on="fit")
     ratios = []
@@ -214,7 +211,7 @@ def _step_overhead(root: Path, gpu: str, fig: dict[str, Any]) -> float:
 
 def _contention(root: Path) -> float:
     """The contention the lab's roofline fit finds on the folder's runs."""
-    from parlab.plan.fit.calibrate import collectives_calibration, lab_roofline
+    from parlab.plan.fit.calibrate import collectives_calibration, lab_roofline  # lazy: numpy
 
     roof, _ = lab_roofline(root, calibration=collectives_calibration(root))
     return roof.contention
@@ -292,6 +289,4 @@ def _rounded(fig: dict[str, Any]) -> dict[str, Any]:
 
 def shipped() -> dict[str, Any]:
     """The table as shipped in the package."""
-    from importlib import resources
-
     return json.loads(resources.files("parlab.plan").joinpath("efficiency.json").read_text())

@@ -27,6 +27,7 @@ from typing import Any
 
 from parlab.errors import UsageError
 from parlab.plan.elementwise import DDP_BUCKET_PASSES
+from parlab.plan.fit.probes import newest_device_calibrations
 
 FORMAT = "parlab-param-work/v1"
 KIND = "param-work-calibration"
@@ -76,8 +77,6 @@ def load_param_work(doc: Any) -> ParamWork:
 def param_work_calibration(root: Any) -> ParamWork | None:
     """The GPU (``real-training``) probes under ``root``/PAR-TRAINING-STATE of the newest one's
     device, their bandwidths averaged; None without one."""
-    from parlab.plan.fit.probes import newest_device_calibrations
-
     same = newest_device_calibrations(root, PROJECT, PREFIX, load_param_work)
     if not same:
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parlab.contract import Document, new_run_id, now_iso, read_document
 from parlab.errors import UsageError
 
 
@@ -31,8 +32,6 @@ def probe_document(
 ) -> Any:
     """A probe's contract document (task T6, role baseline; evidence ``real-training`` on a GPU,
     ``cpu-mechanism`` on the CPU) holding its calibration ``body``."""
-    from parlab.contract import Document, new_run_id, now_iso
-
     return Document(
         run_id=new_run_id(prefix),
         created=now_iso(),
@@ -54,8 +53,6 @@ def newest_device_calibrations(root: Any, project: str, prefix: str, load: Any) 
     ``root``/``project`` made on the newest one's device (its ``device``), oldest first; empty
     without one (the probes whose repeats are averaged: ``parlab.plan.fit.shapes``,
     ``parlab.plan.fit.paramwork``)."""
-    from parlab.contract import read_document
-
     found: list[tuple[str, Any]] = []
     for path in sorted((Path(root) / project).glob(f"{prefix}-*.json")):
         try:

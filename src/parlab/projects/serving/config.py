@@ -87,7 +87,7 @@ def get_preset(name: str) -> Preset:
             cache_blocks=128,
         )
     if name == "gpu":
-        import torch  # lazy: the CPU preset needs no CUDA query
+        import torch  # lazy: torch
 
         n = torch.cuda.device_count()
         if n < 1:

@@ -7,12 +7,11 @@ import dataclasses
 from typing import Any
 
 from parlab.contract import Document, Failure, Metric, Prediction, new_run_id, now_iso
+from parlab.hardware.env import snapshot
 from parlab.projects.serving.config import PROJECT, Preset
 
 
 def env() -> dict[str, Any]:
-    from parlab.hardware.env import snapshot
-
     return snapshot(probe_links=False)
 
 
@@ -47,7 +46,7 @@ def kv_transfer_document(
     command: str,
 ) -> Document:
     """The KV transfer sweep's document: time and bandwidth per length, the fit."""
-    from parlab.serve import kvxfer
+    from parlab.serve import kvxfer  # lazy: torch
 
     level = "real-nccl" if backend == "nccl" else "cpu-mechanism"
     base = {

@@ -16,6 +16,7 @@ import aiohttp
 from parlab.contract import Document
 from parlab.dtypes import TENSOR_DTYPE_OF
 from parlab.errors import UsageError
+from parlab.models import get_spec
 from parlab.projects.serving import documents
 from parlab.projects.serving.config import Preset
 from parlab.runtime.launch import LaunchConfig, launch
@@ -82,8 +83,7 @@ def measure_kv(
 ) -> Document:
     """One request's KV blocks sent rank 0 -> rank 1 at each length of ``tokens``
     (``kvxfer.rank_main``, two ranks launched here), as a document with the fit."""
-    from parlab.models import get_spec
-    from parlab.serve import kvxfer
+    from parlab.serve import kvxfer  # lazy: torch
 
     if dtype not in kvxfer.DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(kvxfer.DTYPES)}")

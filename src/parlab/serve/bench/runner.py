@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import aiohttp
 import numpy as np
+from rich.console import Console
+from rich.progress import Progress
 
 from parlab.serve.bench.client import resolve_model, send_one, send_one_fast
 from parlab.serve.bench.config import ENDPOINTS, BenchConfig, BenchResult, arrival_offsets
@@ -175,9 +177,6 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
-            from rich.console import Console
-            from rich.progress import Progress
-
             console = Console(stderr=True, highlight=False)
             self._p = Progress(console=console, transient=True, refresh_per_second=4)
             self._p.__enter__()
