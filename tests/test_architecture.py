@@ -191,8 +191,6 @@ HEAVY = (
     "parlab.serve",
 )
 LAZY_MARK = re.compile(r"# lazy: (?P<module>[a-z_.]+)$")
-# Files whose lazy imports are not marked yet; an entry that has none left fails the test.
-UNMARKED_FILES = {"serve/engine/attention.py", "serve/engine/runner.py"}
 
 
 def function_imports() -> list[tuple[str, str]]:
@@ -221,17 +219,11 @@ def test_an_import_inside_a_function_names_the_heavy_module_it_keeps_lazy() -> N
     """Imports sit at the top of a file; one inside a function says ``# lazy: <module>``, the
     heavy module (``HEAVY``) that it keeps off the start-up path of whoever imports the file."""
     found = function_imports()
-    bad = [
-        f"{where}: {line.strip()}"
-        for where, line in found
-        if not _marked(line) and where.split(":")[0] not in UNMARKED_FILES
-    ]
+    bad = [f"{where}: {line.strip()}" for where, line in found if not _marked(line)]
     assert not bad, (
         "move these imports to the top of their file, or mark why they wait "
         f"(`# lazy: <module>`, one of {sorted(HEAVY)}):\n" + "\n".join(bad)
     )
-    pending = {where.split(":")[0] for where, line in found if not _marked(line)}
-    assert pending >= UNMARKED_FILES, f"remove from UNMARKED_FILES: {UNMARKED_FILES - pending}"
 
 
 def test_the_lazy_mark_names_a_heavy_module() -> None:

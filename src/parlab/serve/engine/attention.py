@@ -97,7 +97,7 @@ class PagedAttention:
         self.scale = head_dim**-0.5
         self.cuda = torch.device(device).type == "cuda"
         if backend == "triton":
-            from parlab.serve.engine import kernels
+            from parlab.serve.engine import kernels  # lazy: triton
 
             self._kernels = kernels
 

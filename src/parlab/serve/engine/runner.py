@@ -68,7 +68,7 @@ class ModelRunner:
         """The residual adds with their RMSNorm, and SwiGLU's ``silu(gate) * up``, as Triton
         kernels (``kernels_norm``): with the triton backend, where every norm is RMSNorm."""
         if self.fused:
-            from parlab.serve.engine import kernels_norm  # lazy: Triton, CUDA machines only
+            from parlab.serve.engine import kernels_norm  # lazy: triton
 
             self._fused_kernels = kernels_norm
         self.attn = PagedAttention(
@@ -131,7 +131,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             raise UsageError("attention triton needs a CUDA device: use --attention torch")
         try:
-            import triton  # noqa: F401  (lazy: only CUDA machines have it)
+            import triton  # noqa: F401  # lazy: triton
         except ImportError:
             if want == "triton":
                 raise UsageError("attention triton: Triton is not installed here") from None
@@ -240,7 +240,7 @@ class ModelRunner:
     def _decode_config(self, B: int) -> Any:
         if self.backend != "triton" or not B:
             return None
-        from parlab.serve.engine.kernels import decode_config
+        from parlab.serve.engine.kernels import decode_config  # lazy: triton
 
         return decode_config(B, self.N, self.D, self.sms)
 
