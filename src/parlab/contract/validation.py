@@ -40,6 +40,7 @@ def validate(data: Mapping[str, Any]) -> None:
     validator = _validator()
     if validator is None:
         return
-    for exc in validator.iter_errors(dict(data)):
+    exc = next(validator.iter_errors(dict(data)), None)
+    if exc is not None:
         where = "/".join(str(p) for p in exc.instance_path) or "<root>"
         raise ValueError(f"document fails the {SCHEMA_ID} schema at {where}: {exc.message}")
