@@ -6,17 +6,13 @@
 #             1,024-token prompts against transformers' static-cache generate and the memory
 #             roofline; the offline load 128 x 1,024 + 128;
 #   profile   (with engine) one mixed step of that load under torch.profiler: its kernels;
-#   pages     the KV page size: benchmarks/serve_decode_kernel.py at batch 128 over pages of
-#             16, 32, 64, 128 tokens, the engine's tile rule and its neighbours; then serve_engine_step.py (the step table
-#             and the offline load) at page 16 (with transformers) and at the page of 32, 64,
-#             128 whose kernel read fastest under the engine's rule (at CPU size: 16 and 64);
 #   serving   two transformers-server replicas (its own OpenAI server, continuous batching)
 #             behind parlab's router, then two reference replicas on the same load (chat API,
 #             the same weights and tokenizer: hf_export), each with parlab bench serve;
 #   failover  the serving project with two reference replicas on the GPU: round robin and
 #             cache-aware, one replica killed under load, restarted, rejoining.
 #
-#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,engine,profile,pages,serving,failover)
+#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,engine,profile,serving,failover)
 #       -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.txt, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving_engine.sh OUT_DIR [PARTS]}
@@ -53,45 +49,6 @@ if has engine; then
   timeout 420 $PY benchmarks/serve_engine_step.py --model $MODEL --dtype $DTYPE --device $DEV \
     --batch $BATCH --prompt-len $PLEN --steps $STEPS --offline $OFFLINE $HF --results "$RES" \
     2>&1 | grep -v "Loading weights" | tee "$OUT/serve_engine_step.txt" || rc=1
-fi
-
-if has pages; then
-  BEST=64 TMPD=$(mktemp -d)
-  if [ "$DEV" != cpu ]; then
-    : > "$OUT/decode_pages.txt"
-    for page in 16 32 64 128; do
-      timeout 90 $PY benchmarks/serve_decode_kernel.py --batch 128 --page $page \
-        --heads-per-program 1 --tiles 64,128 --stages 2 --warps 4 --per-sm 1,16 --seconds 45 \
-        --json "$TMPD/$page.jsonl" 2>&1 | tee -a "$OUT/decode_pages.txt" || rc=1
-    done
-    cat "$TMPD"/*.jsonl > "$OUT/decode_pages.jsonl"
-    # the page (32, 64, 128) whose kernel under the engine's rule read fastest
-    BEST=$($PY -c "
-import json, sys, torch
-from parlab.serve.engine.kernels import decode_config
-rule = decode_config(128, 16, 128, torch.cuda.get_device_properties(0).multi_processor_count)
-print('# batch 128 x 1,040, 16 heads x 128: page, the rule (GB/s), the fastest (GB/s)', file=sys.stderr)
-rows = [json.loads(x) for x in open(sys.argv[1]) if '\"batch\"' in x]
-ok = [r for r in rows if r.get('us') and r['err'] < 2e-2]
-best, page = 0.0, 64
-for key in sorted({r['page'] for r in ok}):
-    mine = [r for r in ok if r['page'] == key]
-    ru = [r['gbs'] for r in mine if all(r[f] == getattr(rule, f) for f in ('block_n', 'splits', 'stages', 'warps', 'heads'))]
-    top = max(mine, key=lambda r: r['gbs'])
-    print(f'#   page {key:>3} rule {ru[0] if ru else float(\"nan\"):6.0f}  fastest {top[\"gbs\"]:6.0f} (n{top[\"block_n\"]} s{top[\"splits\"]})', file=sys.stderr)
-    if key > 16 and ru and ru[0] > best:
-        best, page = ru[0], key
-print(page)" "$OUT/decode_pages.jsonl" 2> "$TMPD/summary") || rc=1
-    BEST=${BEST:-64}; tee -a "$OUT/decode_pages.txt" < "$TMPD/summary"
-  fi
-  for blk in 16 $BEST; do
-    HF=""; [ $HAVE_TF = 1 ] && [ $blk = 16 ] && HF="--hf"
-    timeout 300 $PY benchmarks/serve_engine_step.py --model $MODEL --dtype $DTYPE --device $DEV \
-      --batch $BATCH --prompt-len $PLEN --steps $STEPS --offline $OFFLINE $HF --block $blk \
-      --results "$RES" 2>&1 | grep -v "Loading weights" | tee "$OUT/serve_engine_step_page$blk.txt" || rc=1
-  done
-  [ -f "$TMPD/summary" ] && cat "$TMPD/summary"
-  grep -H "^offline\|^  [0-9]* steps" "$OUT"/serve_engine_step_page*.txt
 fi
 
 # wait_record FILE PID: until a launch printed its record (one JSON line with "url")

@@ -8,8 +8,9 @@ to torch where Triton is missing).
   (a program per (token, head) made 262,144 programs of 64 pairs each in a prefill step of
   8,192 tokens of the 1.3B preset). Each head's row is loaded and stored whole (contiguous,
   vectorized), each element's pair partner read beside it, not split into even and odd
-  elements at a stride of two (the prefill profile in
-  ``benchmarks/results/serve_engine_step.txt`` times both).
+  elements at a stride of two: 169 against 590 us a layer of an 8,129-token mixed step (the
+  profile part of ``scripts/gpu/serving_engine.sh``: ``results/logs/gpu-20261202T1549-*`` and
+  ``gpu-20261202T1510-*``).
 - ``paged_decode``: attention of one new query token per sequence over that sequence's pages
   (flash-decoding): a program per (sequence, group of ``heads`` query heads, split) walks its
   share of the sequence's keys in tiles of ``block_n`` tokens (each token's page read from the
