@@ -12,6 +12,7 @@ import pytest
 
 from parlab import contract
 from parlab.contract import Decision, Document, Failure, Metric, Prediction, validation
+from parlab.contract import read as contract_read
 
 
 def make_doc(**over) -> Document:
@@ -147,7 +148,13 @@ def test_results_folder_skips_foreign_and_corrupt(tmp_path: Path) -> None:
     assert "role" in reasons["wrong.json"]
 
 
-def test_reading_leaves_the_collector_running_as_it_was(tmp_path: Path) -> None:
+def _interrupted(path: Path) -> None:
+    raise KeyboardInterrupt
+
+
+def test_reading_leaves_the_collector_running_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     good = contract.write_result(make_doc(), tmp_path)
     (good.parent / ".hidden.json").write_text("{")
     (good.parent / "folder.json").mkdir()
@@ -165,6 +172,11 @@ def test_reading_leaves_the_collector_running_as_it_was(tmp_path: Path) -> None:
         gc.disable()
         contract.read_results(tmp_path, freeze=True)
         assert not gc.isenabled() and gc.get_freeze_count() == 0
+        gc.enable()
+        monkeypatch.setattr(contract_read, "read_document", _interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            contract.read_results(tmp_path, freeze=True)
+        assert gc.isenabled() and gc.get_freeze_count() == 0  # a failed read froze nothing
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()
@@ -193,3 +205,15 @@ def test_run_ids_are_unique_and_safe() -> None:
     ids = {contract.new_run_id("all reduce/sweep") for _ in range(200)}
     assert len(ids) == 200
     assert all("/" not in i and " " not in i for i in ids)
+
+
+def test_a_folder_that_cannot_be_listed_holds_no_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contract.write_result(make_doc(), tmp_path)
+
+    def refuse(path: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(contract_read.os, "scandir", refuse)
+    assert contract.read_results(tmp_path) == ([], [])

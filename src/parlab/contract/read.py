@@ -165,8 +165,8 @@ def read_results(
     The garbage collector pauses while the folder is read (parsed JSON holds no cycles: it would
     only rescan what is kept). ``freeze``: it resumes with what is alive frozen (``gc.freeze``),
     for a caller that holds the documents to its end and then calls ``gc.unfreeze``
-    (``build_report``): 10,000 documents are otherwise scanned, 0.4 s a time, by the collections
-    that move them to the oldest generation."""
+    (``build_report``): 10,000 documents are otherwise scanned again by each collection that
+    moves them to the oldest generation."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UsageError(
@@ -189,16 +189,19 @@ def read_results(
         entries.sort(key=lambda e: (e.doc.created, e.doc.run_id))
     finally:
         if collecting:
-            if freeze:
-                gc.freeze()
             gc.enable()
+    if freeze and collecting:  # only what a finished read holds, never after a failure
+        gc.freeze()
     return entries, skipped
 
 
 def _json_names(folder: Path) -> list[str]:
     """The names of ``folder``'s ``*.json`` entries, hidden ones left out, sorted."""
-    with os.scandir(folder) as it:
-        return sorted(e.name for e in it if e.name.endswith(".json") and e.name[0] != ".")
+    try:
+        with os.scandir(folder) as it:
+            return sorted(e.name for e in it if e.name.endswith(".json") and e.name[0] != ".")
+    except OSError:  # a folder it may not list holds no document it can read (as Path.glob)
+        return []
 
 
 # The metric the asset table shows for a document, by preference.

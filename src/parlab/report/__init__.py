@@ -42,11 +42,13 @@ class ReportOutcome:
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> ReportOutcome:
     """Render ``results_dir`` into ``out_dir`` (default ``<results_dir>/report``)."""
     root = Path(results_dir)
+    frozen = gc.isenabled()  # read_results freezes only a running collector
     entries, skipped = read_results(root, freeze=True)
     try:
         return _build(root, entries, skipped, out_dir)
     finally:
-        gc.unfreeze()  # the documents back to the collector (read_results froze them)
+        if frozen:
+            gc.unfreeze()  # the documents back to the collector
 
 
 def _build(
