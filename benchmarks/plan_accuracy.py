@@ -487,7 +487,7 @@ def notes_of(r: Row, ctx: dict[str, Any], peak_note: str) -> str:
     from parlab.plan.fit.shapes import (
         attention_factor,
         doc_batch,
-        recompute_efficiency,
+        rc_efficiency,
         shape_factor,
     )
 
@@ -499,10 +499,11 @@ def notes_of(r: Row, ctx: dict[str, Any], peak_note: str) -> str:
             parts.append(f"recompute {rc_s:.3f} s of the predicted {r.pred:.3f} s")
     if not r.note and not r.ok and r.side.gpu:  # a miss the model describes: a repeat hits?
         parts.append(repeat_note(d, ctx["docs"], ctx["rf"]["out"]))
-    model = doc_batch(d).model
+    batch = doc_batch(d)
+    model = batch.model
     if (g := shape_factor(d, roof, shapes)) is not None and g[1] != model:
         parts.append(f"GEMM x {g[0]:.3f} (shapes measured against {g[1]})")
-    if (k := recompute_efficiency(d, shapes)) is not None:
+    if (k := rc_efficiency(batch, shapes)) is not None:
         parts.append(f"recompute's GEMMs at {k:.3f} (kernels measured)")
     if (a := attention_factor(d, roof, shapes)) is not None and a[1] != model:
         parts.append(f"attention x {a[0]:.3f} (measured against {a[1]})")
