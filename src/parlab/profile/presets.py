@@ -33,12 +33,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parlab.models import get_spec
 from parlab.models.reference import build_model
-from parlab.parallel.tensor import apply_tensor_parallel, tp_cross_entropy
 from parlab.profile.capture import Profiler
 from parlab.runtime.context import RankContext
 from parlab.runtime.loop import LoopPlan, TrainStep, next_token_loss, run_steps
@@ -192,6 +190,11 @@ def fsdp_rank(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """FSDP2 per block under each ``{prefetch, reshard_after_forward}``; returns the trace folders."""
+    from torch.distributed.fsdp import (  # lazy: torch.distributed.fsdp
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
+
     shape = TrainShape(model=model, batch=batch, seq=seq)
     out: list[dict[str, Any]] = []
     for cfg in configs:
@@ -244,6 +247,11 @@ def tp_rank(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """parlab's TP over all ranks, without and with sequence parallelism; returns the trace folders."""
+    from parlab.parallel.tensor import (  # lazy: torch.distributed.tensor
+        apply_tensor_parallel,
+        tp_cross_entropy,
+    )
+
     shape = TrainShape(model=model, batch=batch, seq=seq)
     group = dist.group.WORLD
     out: list[dict[str, Any]] = []
