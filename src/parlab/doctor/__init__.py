@@ -4,6 +4,7 @@
   explanation, what to try), as data.
 - ``diagnose``: every detector over a results folder.
 - ``reproduce``: small experiments that show a case beside a healthy twin.
+- ``timeout_rank``: the rank of the collective-timeout reproduction (torch alone).
 """
 
 from parlab.doctor.cases import BY_ID, CASES, Case, Finding
