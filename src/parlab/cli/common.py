@@ -194,7 +194,12 @@ TimeoutOption = typer.Option(
 )
 
 
-Backend = Annotated[str, typer.Option(click_type=Choice(("auto", "nccl", "gloo")))]
+Backend = Annotated[
+    str,
+    typer.Option(
+        click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
+    ),
+]
 MicroBatch = Annotated[
     int,
     typer.Option("--micro-batch", click_type=COUNT, help="Sequences per rank per micro-batch."),

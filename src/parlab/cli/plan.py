@@ -22,7 +22,6 @@ from parlab.cli.common import (
 )
 from parlab.errors import UsageError
 from parlab.ledger import OPTIMIZERS
-from parlab.report import build_report
 from parlab.units import parse_size
 
 
@@ -34,6 +33,8 @@ def report_cmd(
     ),
 ) -> None:
     """The results folder as one self-contained HTML file (plots embedded) and a Markdown twin."""
+    from parlab.report import build_report  # lazy: parlab.report
+
     root = results_dir(folder)
     outcome = build_report(root, out)
     console.print(

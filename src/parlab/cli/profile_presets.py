@@ -11,7 +11,7 @@ import typer
 from parlab.cli.common import (
     COUNT,
     POSITIVE,
-    Choice,
+    Backend,
     MicroBatch,
     NnodesOption,
     NodeRankOption,
@@ -106,9 +106,6 @@ def _check_shape(model: str, batch: int, seq: int) -> None:
 
 ModelOption = typer.Option("tiny", help="Reference model spec (tiny, small, 1.3b, ...).")
 SeqOption = typer.Option(64, click_type=COUNT, help="Sequence length.")
-BackendOption = typer.Option(
-    "auto", click_type=Choice(("auto", "nccl", "gloo")), help="auto: NCCL on GPUs, else gloo."
-)
 
 
 @profile_app.command("ddp-buckets")
@@ -118,7 +115,7 @@ def ddp_buckets_cmd(
     batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
-    backend: str = BackendOption,
+    backend: Backend = "auto",
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
@@ -147,7 +144,7 @@ def ddp_cmd(
     batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
-    backend: str = BackendOption,
+    backend: Backend = "auto",
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
@@ -187,7 +184,7 @@ def fsdp_cmd(
     batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
-    backend: str = BackendOption,
+    backend: Backend = "auto",
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,
@@ -219,7 +216,7 @@ def tp_cmd(
     batch: MicroBatch = 2,
     seq: int = SeqOption,
     nproc: Nproc = None,
-    backend: str = BackendOption,
+    backend: Backend = "auto",
     schedule: str = ScheduleOption,
     timeout: float | None = TimeoutOption,
     trace_dir: Path | None = TraceDirOption,

@@ -266,7 +266,8 @@ def launch_cmd(
 ) -> None:
     """Start an engine's own OpenAI server (TP and prefill/decode flags), wait until it serves,
     register it with a router; prints its record (JSON), then serves until Ctrl-C."""
-    from parlab.serve.launch import LaunchSpec, launch  # lazy: aiohttp
+    from parlab.serve.launch import LaunchSpec  # lazy: aiohttp
+    from parlab.serve.launch import launch as launch_engine  # lazy: aiohttp
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM too: the engine's server must not outlive us
@@ -279,7 +280,7 @@ def launch_cmd(
     )  # fmt: skip
     out = open(log, "ab") if log is not None else None  # noqa: SIM115  (held while it runs)
     try:
-        started = launch(spec, ready_timeout_s=ready_timeout, router=router, log=out)
+        started = launch_engine(spec, ready_timeout_s=ready_timeout, router=router, log=out)
         end = None if duration is None else time.monotonic() + duration
         try:
             print(json.dumps(started.record), flush=True)

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from parlab.cli import app
+from parlab.cli.analytic import RecomputeOption
 from parlab.cli.common import (
     COUNT,
     COUNT0,
@@ -153,12 +154,6 @@ TrainDtype = Annotated[
         "DeepSpeed's bf16).",
     ),
 ]
-Recompute = Annotated[
-    str,
-    typer.Option(
-        click_type=Choice(("none", "selective", "full")), help="Activation checkpointing."
-    ),
-]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile each block.")]
 Optimizer = Annotated[
     str, typer.Option(click_type=Choice(("adamw", "sgd")), help="adamw (fused on CUDA) or sgd.")
@@ -224,7 +219,7 @@ def train_cmd(
     global_batch: GlobalBatch = None,
     seq: Seq = 128,
     dtype: TrainDtype = "fp32",
-    recompute: Recompute = "none",
+    recompute: str = RecomputeOption,
     compile_: Compile = False,
     optimizer: Optimizer = "adamw",
     lr: Lr = 1e-3,
