@@ -325,6 +325,7 @@ def router_cmd(
 ) -> None:
     """HTTP router in front of replicas; prints its stats (JSON) when it stops."""
     from parlab.serve.policy import PolicyConfig  # lazy: parlab.serve.policy
+    from parlab.serve.protocol import serve_until  # lazy: aiohttp
     from parlab.serve.router import Router, RouterConfig  # lazy: numpy
 
     cfg = RouterConfig(
@@ -345,15 +346,9 @@ def router_cmd(
 
     async def main() -> None:
         r = Router(cfg)
-        bound = await r.start(host, port)
-        print(f"parlab router listening on http://{host}:{bound}", flush=True)
         try:
-            if duration is None:
-                await asyncio.Event().wait()
-            else:
-                await asyncio.sleep(duration)
+            await serve_until(r, host, port, duration, what="router")
         finally:
             print_json(r.stats())
-            await r.stop()
 
     asyncio.run(main())

@@ -211,10 +211,13 @@ class Site:
         return f"http://{LOOPBACK}:{self.port}"
 
 
-async def serve_until(server: Site, host: str, port: int, duration_s: float | None) -> None:
-    """Run ``server`` until Ctrl-C or ``duration_s``; print its URL first (flushed)."""
+async def serve_until(
+    server: Site, host: str, port: int, duration_s: float | None, what: str = "replica"
+) -> None:
+    """Run ``server`` until Ctrl-C or ``duration_s``; print its URL first (flushed): ``parlab
+    <what> listening on <url>``, the line a launcher waits for."""
     bound = await server.start(host, port)
-    print(f"parlab replica listening on http://{host}:{bound}", flush=True)
+    print(f"parlab {what} listening on http://{host}:{bound}", flush=True)
     try:
         await (asyncio.Event().wait() if duration_s is None else asyncio.sleep(duration_s))
     finally:
