@@ -51,9 +51,14 @@ def unique_params(model: nn.Module) -> list[nn.Parameter]:
 class Wrapper:
     """A strategy that wraps ``module`` and steps a plain ``optimizer`` over ``params``."""
 
-    module: nn.Module
-    params: list[nn.Parameter]
-    optimizer: torch.optim.Optimizer
+    def __init__(
+        self, module: nn.Module, model: nn.Module, make_optimizer: OptimizerFactory
+    ) -> None:
+        """``module`` runs the forward (``model`` itself, or torch's wrapper of it); the
+        optimizer steps ``model``'s parameters."""
+        self.module = module
+        self.params = unique_params(model)
+        self.optimizer = make_optimizer(self.params)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -63,6 +68,9 @@ class Wrapper:
 
     def step(self) -> None:
         self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
     def state_items(self) -> dict[str, list[torch.Tensor | None]]:
         return {
@@ -76,14 +84,9 @@ class _Replicated(Wrapper):
     """What the DDP forms share: the model, the group, and a plain optimizer."""
 
     def __init__(self, model: nn.Module, group: Any, make_optimizer: OptimizerFactory) -> None:
-        self.module = model
+        super().__init__(model, model, make_optimizer)
         self.group = group
         self.world = torch.distributed.get_world_size(group)
-        self.params = unique_params(model)
-        self.optimizer = make_optimizer(self.params)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name (a copy)."""

@@ -33,7 +33,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from parlab.errors import UsageError
-from parlab.parallel.data import OptimizerFactory, Wrapper, unique_params
+from parlab.parallel.data import OptimizerFactory, Wrapper
 
 
 class TorchDDP(Wrapper):
@@ -48,15 +48,14 @@ class TorchDDP(Wrapper):
         bucket_mb: float = 25.0,
     ) -> None:
         dev = next(model.parameters()).device
-        self.module = DistributedDataParallel(
+        ddp = DistributedDataParallel(
             model,
             process_group=group,
             device_ids=[dev] if dev.type == "cuda" else None,
             bucket_cap_mb=bucket_mb,
             gradient_as_bucket_view=True,
         )
-        self.params = unique_params(model)
-        self.optimizer = make_optimizer(self.params)
+        super().__init__(ddp, model, make_optimizer)
 
     def release_first_buckets(self) -> None:
         """Call once, after the first step: let NCCL drop its hold on the first step's buckets.
@@ -100,12 +99,7 @@ class TorchFSDP(Wrapper):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         # The root (embeddings, final norm, output) is needed again at once by backward: kept.
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-        self.module = model
-        self.params = unique_params(model)
-        self.optimizer = make_optimizer(self.params)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        super().__init__(model, model, make_optimizer)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {
