@@ -60,7 +60,8 @@ set to None), bytes per float32 parameter, named as ``benchmarks/param_work_prob
 each: ``accumulate``, every micro-batch's gradient added into the kept bucket view (autograd's
 AccumulateGrad, ``grad += g``: read 4 + 4, write 4); once a step, ``scale``, the reducer's
 in-place division of the bucket by the world size before its all-reduce (read and write 4; on
-one rank too), and ``zero_grad``, ``zero_grad(set_to_none=False)`` filling the bucket (write 4)."""
+one rank too), and ``zero_grad``, ``zero_grad(set_to_none=False)`` filling the bucket (write 4).
+Profiled: ``results/PAR-TRAINING-STATE/profile-train-ddp-20261201T044931-29002b.json``."""
 DDP_ACCUMULATE_BYTES = DDP_BUCKET_PASSES["accumulate"]
 """Per micro-batch (``DDP_BUCKET_PASSES``)."""
 DDP_STEP_BYTES = DDP_BUCKET_PASSES["scale"] + DDP_BUCKET_PASSES["zero_grad"]
@@ -69,7 +70,8 @@ FSDP_REGATHER_BYTES = 6.0
 """FSDP2 with ``reshard_after_forward``: each block is gathered again before its backward, and
 the gather's copy-in casts the float32 shard to bf16 again (4 + 2 per shard element). The
 forward's gather is what ``CAST_BYTES_PER_PARAM`` stands for under FSDP (no autocast: the
-copy-in casts, the reduce-scatter's copy-in casts the bf16 gradients to float32)."""
+copy-in casts, the reduce-scatter's copy-in casts the bf16 gradients to float32). Profiled:
+``results/PAR-TRAINING-STATE/profile-train-fsdp-20261201T045000-9a446e.json``."""
 
 
 def _kernel(impl: Implementation) -> str:

@@ -16,7 +16,8 @@ device, each bandwidth the mean over them:
   bucket's division by the world size (8 B) (``Roofline.bucket_bw``); only probes that timed
   them (``accumulate`` and ``scale``) carry it.
 
-The bandwidths do not depend on the footprint (one H200, 0.5 to 6.7 billion parameters).
+The bandwidths do not depend on the footprint (one H200, 0.5 to 6.7 billion parameters:
+``results/PAR-TRAINING-STATE/param-work-20261201T0536*``).
 Nothing here imports torch.
 """
 

@@ -3,7 +3,9 @@ roofline's reference model (the one whose width is ``Roofline.gemm_width``).
 
 **GEMMs.** The roofline runs GEMM FLOPs at ``gemm`` x the bf16 peak, carried from
 ``gemm_width`` to other widths by the width law ``f(n) = n / (n + n0)``. Models whose GEMM
-dimensions are not all multiples of 128 (``aligned``) run further from peak than the law says.
+dimensions are not all multiples of 128 (``aligned``) run further from peak than the law says
+(GPT-2 1.5B: 147-162 ms of GEMM kernels a step against ~100 ms for the 1.3B at similar FLOPs,
+``results/PAR-TRAINING-STATE/profile-train-{ddp,fsdp}-20261130T2136*``).
 ``benchmarks/gemm_shapes_probe.py`` times every GEMM of one layer and the output layer of each
 model (forward, ``dgrad``, ``wgrad``; from format v2 also ``bgrad``, the bias gradients), bf16,
 on one GPU, and writes FLOP-weighted efficiencies to ``gemm-shape-calibration`` documents
@@ -23,6 +25,11 @@ and the reference were measured there and the run has tp 1 and cp 1 (tp splits t
 ring of cp > 1 is ``ring_attention``), aligned models included, the run's efficiency is::
 
     attention x eff_attn(model, micro-batch, seq) / eff_attn(reference, micro-batch, seq)
+
+Where the 7B/8B have fewer KV heads, the probe times the reference model's ``repeat_interleave``
+of k and v too, as their runs do. (The 8B's data-parallel runs fitted the width law's ``n0``
+with the unscaled ``attention``: a factor there moves them off that fit by their attention
+core's share of the step, about 7 % of their FLOPs at 4,096 tokens, times its distance from 1.)
 
 The reference's own runs get factor 1. The elementwise and optimizer terms are unchanged;
 nothing here is fitted to a step time, imports torch or crosses a wire.
@@ -173,7 +180,9 @@ def aligned(model: str) -> bool:
     """Every GEMM dimension of ``model`` (hidden, FFN, vocabulary, query and KV widths) is a
     multiple of ``ALIGN``, as in the runs the width law was fitted on: the law describes it,
     and the measured factor is not applied (a bare GEMM's ratio does not carry to aligned
-    shapes inside a training step). Unknown models count as aligned (no factor)."""
+    shapes inside a training step: the probe put the 8B's GEMMs at 0.92 of the 1.3B's,
+    ``gemm-shapes-20261130T232027-2c4a49``, where the runs the law was fitted on ran both at
+    the law's efficiency). Unknown models count as aligned (no factor)."""
     try:
         spec = get_spec(model)
     except ValueError:
