@@ -81,11 +81,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return e if math.isfinite(e) else float("inf")
 
 
-def variants(heads: list[int], tiles: list[int], stages: list[int], warps: list[int]):
-    """Kernel variants, their tile at most 128 (token x head) rows of K and of V."""
-    for h, n, s, w in itertools.product(heads, tiles, stages, warps):
+def variants(args: argparse.Namespace):
+    """Kernel variants: the CUDA-core form, its tile at most 128 (token x head) rows of K
+    and of V, then the tensor-core form (``dot``) over ``--dot-tiles``."""
+    grid = itertools.product(args.heads_per_program, args.tiles, args.stages, args.warps)
+    for h, n, s, w in grid:
         if h * n <= 128:
             yield {"heads": h, "block_n": n, "stages": s, "warps": w}
+    if args.dot:
+        for n, s, w in itertools.product(args.dot_tiles, args.stages, args.warps):
+            yield {"heads": 1, "block_n": n, "stages": s, "warps": w, "dot": 1}
 
 
 def cache(layers: int, pages: int, page: int, K: int, D: int, dev: str):
@@ -141,7 +146,7 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
     ref = reference(q, ks[0], vs[0], tb, lens, scale)
     nbytes = 2 * B * args.context * K * D * 2
     rows, seen = [], set()
-    for v in variants(args.heads_per_program, args.tiles, args.stages, args.warps):
+    for v in variants(args):
         for p in args.per_sm:
             cfg = decode_config(B, N, D, sms, per_sm=p, **v)
             if cfg in seen:
@@ -169,9 +174,10 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
 
 
 def fmt(r: dict, rule: DecodeConfig) -> str:
-    fields = ("heads", "block_n", "stages", "warps", "splits")
+    fields = ("heads", "block_n", "stages", "warps", "splits", "dot")
     mark = "*" if all(r[f] == getattr(rule, f) for f in fields) else " "
-    cfg = f"h{r['heads']} n{r['block_n']:<3} st{r['stages']} w{r['warps']} s{r['splits']:<3} P{r['per_sm']:<3}"
+    form = "dot" if r.get("dot") else f"h{r['heads']} "
+    cfg = f"{form} n{r['block_n']:<3} st{r['stages']} w{r['warps']} s{r['splits']:<3} P{r['per_sm']:<3}"
     if r["us"] is None:
         return f"{mark} {cfg}  failed: {r['error']}"
     ok = "ok" if r["err"] < 2e-2 else "WRONG"
@@ -192,6 +198,8 @@ def main() -> None:
     ap.add_argument("--tiles", type=ints, default=[16, 32, 64])
     ap.add_argument("--stages", type=ints, default=[1, 2, 3])
     ap.add_argument("--warps", type=ints, default=[4, 8])
+    ap.add_argument("--dot", action="store_true", help="Also the tensor-core form.")
+    ap.add_argument("--dot-tiles", type=ints, default=[32, 64, 128])
     ap.add_argument("--per-sm", type=ints, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=240.0, help="Sweep budget.")
     ap.add_argument("--top", type=int, default=12)
@@ -213,7 +221,7 @@ def main() -> None:
           f"{2 * ks[0].numel() * 2 / 1e9:.2f} GB")  # fmt: skip
     with open(args.json, "w") as jsonl:
         checks = {}
-        for v in variants(args.heads_per_program, args.tiles, args.stages, args.warps):
+        for v in variants(args):
             try:
                 checks[str(v)] = check_lengths(v, args, ks, vs, table, "cuda", sms)
             except Exception as e:

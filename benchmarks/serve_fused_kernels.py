@@ -2,7 +2,10 @@
 replace, on one GPU: the residual add + RMSNorm (``kernels_norm.add_rms_norm`` against an
 add and ``F.rms_norm``) and SwiGLU's ``silu(gate) * up`` (``kernels_norm.silu_mul`` against
 ``F.silu`` and a multiply), at a decode step's rows and a prefill step's (1.3B's widths:
-hidden 2048, FFN 5632; bf16).
+hidden 2048, FFN 5632; bf16); and ``kernels.rope_store`` (RoPE of the queries and keys, keys
+and values to their page slots) in its two forms, each element's pair partner loaded beside
+it (``pair``) or the row split into even and odd elements (``split``), at 16 query and 16 kv
+heads of 128.
 
 Each variant is captured 20 times in one CUDA graph (as the engine's decode step replays
 them); the time is the median of 10 replays over 20. Evidence ``serving-benchmark``
@@ -62,6 +65,24 @@ def one_row(T: int, H: int, Fw: int, w: torch.Tensor) -> tuple[float, float, flo
     )  # fmt: skip
 
 
+def rope_row(T: int, dt: torch.dtype) -> tuple[float, float]:
+    """Microseconds of ``rope_store`` over ``T`` tokens, pair form and split form."""
+    from parlab.models.reference import rope_table
+    from parlab.serve.engine.kernels import rope_store
+
+    N = K = 16
+    D = 128
+    qkv = torch.randn(T, (N + 2 * K) * D, device="cuda", dtype=dt)
+    rope = rope_table(torch.arange(T, device="cuda"), D, 1e4)
+    slots = torch.randperm(2 * T, device="cuda")[:T]
+    kc = torch.empty(2 * T, 1, K, D, device="cuda", dtype=dt)
+    vc, q = torch.empty_like(kc), torch.empty(T, N, D, device="cuda", dtype=dt)
+    return tuple(
+        graph_us(lambda split=split: rope_store(qkv, rope, slots, q, kc, vc, N, K, D, split))
+        for split in (False, True)
+    )  # type: ignore[return-value]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,32,128,8192")
@@ -71,12 +92,12 @@ def main() -> None:
     header("fused add + RMSNorm and silu(gate) * up against torch")
     H, Fw, dt = args.hidden, args.ffn, torch.bfloat16
     w = torch.randn(H, device="cuda", dtype=dt)
-    print(
-        f"{'rows':>6} {'add+norm torch us':>18} {'fused us':>9} {'silu*up torch us':>17} {'fused us':>9}"
-    )
+    print(f"{'rows':>6} {'add+norm torch us':>18} {'fused us':>9} {'silu*up torch us':>17} "
+          f"{'fused us':>9} {'rope pair us':>13} {'rope split us':>14}")  # fmt: skip
     for T in (int(r) for r in args.rows.split(",")):
         tn, fn, ts, fs = one_row(T, H, Fw, w)
-        print(f"{T:>6} {tn:>18.1f} {fn:>9.1f} {ts:>17.1f} {fs:>9.1f}")
+        rp, rs = rope_row(T, dt)
+        print(f"{T:>6} {tn:>18.1f} {fn:>9.1f} {ts:>17.1f} {fs:>9.1f} {rp:>13.1f} {rs:>14.1f}")
 
 
 if __name__ == "__main__":

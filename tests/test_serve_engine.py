@@ -308,11 +308,12 @@ def test_fused_norm_and_swiglu_kernels_equal_torch_on_gpu(dtype, T: int, H: int)
 
 
 @cuda
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("T", "N", "K", "D"), [(1, 16, 16, 128), (300, 16, 16, 128), (37, 5, 1, 48)]
 )
-def test_rope_store_equals_torch_on_gpu(dtype, T: int, N: int, K: int, D: int) -> None:
+def test_rope_store_equals_torch_on_gpu(split, dtype, T: int, N: int, K: int, D: int) -> None:
     """The rotated queries and keys and the values in their slots, as the torch path writes
     them; nothing else written (outputs poisoned with NaN first)."""
     from parlab.models.reference import apply_rope, rope_table
@@ -327,7 +328,7 @@ def test_rope_store_equals_torch_on_gpu(dtype, T: int, N: int, K: int, D: int) -
         return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
 
     kc, vc, q = nan(2 * T + 3, K, D), nan(2 * T + 3, K, D), nan(T, N, D)
-    rope_store(qkv, rope, slots, q, kc.view(-1, 1, K, D), vc.view(-1, 1, K, D), N, K, D)
+    rope_store(qkv, rope, slots, q, kc.view(-1, 1, K, D), vc.view(-1, 1, K, D), N, K, D, split)
     wq, wk, wv = qkv.view(1, T, N + 2 * K, D).split([N, K, K], dim=2)
     wkc, wvc = nan(2 * T + 3, K, D), nan(2 * T + 3, K, D)
     wkc[slots], wvc[slots] = apply_rope(wk, rope)[0], wv[0]
@@ -335,6 +336,39 @@ def test_rope_store_equals_torch_on_gpu(dtype, T: int, N: int, K: int, D: int) -
     torch.testing.assert_close(q, apply_rope(wq, rope)[0], rtol=tol, atol=tol)
     torch.testing.assert_close(kc, wkc, rtol=tol, atol=tol, equal_nan=True)
     torch.testing.assert_close(vc, wvc, rtol=0, atol=0, equal_nan=True)
+
+
+@cuda
+@pytest.mark.parametrize("dot", [0, 1])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize(
+    ("N", "K", "D", "page"), [(16, 16, 128, 16), (8, 2, 64, 64), (4, 1, 48, 8)]
+)
+def test_paged_decode_equals_sdpa_over_the_gathered_pages_on_gpu(
+    dot: int, splits: int, N: int, K: int, D: int, page: int
+) -> None:
+    """Both forms of the decode kernel, one split or several, MHA, GQA and MQA, lengths 1 to
+    a few pages: float32 SDPA over each sequence's gathered pages; other rows untouched."""
+    from parlab.serve.engine.kernels import DecodeConfig, paged_decode
+
+    g = torch.Generator(device="cuda").manual_seed(N + page)
+    B, M = 6, 5
+    kc = torch.randn(B * M + 1, page, K, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    vc = torch.randn(kc.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    table = (torch.randperm(B * M, device="cuda", generator=g) + 1).view(B, M)
+    lens = torch.tensor([1, page - 1, page, page + 1, 3 * page + 2, M * page], device="cuda")
+    q = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = torch.full_like(q, float("nan"))
+    cfg = DecodeConfig(block_n=32, splits=splits, dot=dot)
+    paged_decode(q, kc, vc, table, lens, out, D**-0.5, cfg)
+    for b in range(B):
+        n = int(lens[b])
+        k = kc[table[b]].reshape(-1, K, D)[:n].float().repeat_interleave(N // K, 1)
+        v = vc[table[b]].reshape(-1, K, D)[:n].float().repeat_interleave(N // K, 1)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[b].float()[:, None], k.transpose(0, 1), v.transpose(0, 1)
+        )[:, 0]
+        torch.testing.assert_close(out[b].float(), ref, rtol=2e-2, atol=2e-2)
 
 
 @cuda

@@ -9,7 +9,8 @@ chunk 0, prompt chunk 1, ...]``. Per layer (``PagedAttention.__call__``):
    kernel (``kernels.paged_decode``) on CUDA, or SDPA over the pages gathered per sequence
    (``torch`` backend: the reference, and the CPU path);
 3. each prompt chunk attends causally over its sequence's earlier tokens and itself: SDPA
-   over its gathered pages (a chunk from position 0 attends to its own new keys only).
+   over its gathered pages (a chunk from position 0 attends to its own new keys only; a
+   later one with causality aligned to the lower right, ``causal_lower_right``).
 
 Cache layout: per layer ``[num_blocks, block, K, D]`` for keys and for values.
 
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from parlab.models.reference import apply_rope
 
@@ -49,23 +51,17 @@ class ChunkMeta:
     """Their first token's position in their sequence (earlier tokens are in the pages)."""
     slots: torch.Tensor
     """The page slots of positions ``0 .. start + n - 1`` of each, one after the other."""
-    mask: torch.Tensor | None
-    """``[1, n, start + n]``: key ``j`` visible to chunk token ``i`` (None: causal from 0)."""
     count: int = 1
 
     @classmethod
     def build(
         cls, offset: int, n: int, start: int, pages: list[torch.Tensor], block: int
     ) -> ChunkMeta:
-        """Slots and mask of the chunks over ``pages`` (one page list each), once per step
-        (every layer reads them)."""
-        dev = pages[0].device
-        pos = torch.arange(start + n, device=dev)
-        mask = None
-        if start:
-            mask = (pos[None, :] <= (start + torch.arange(n, device=dev))[:, None])[None]
+        """Slots of the chunks over ``pages`` (one page list each), once per step (every
+        layer reads them)."""
+        pos = torch.arange(start + n, device=pages[0].device)
         slots = torch.cat([p[pos // block] * block + pos % block for p in pages])
-        return cls(offset=offset, n=n, start=start, slots=slots, mask=mask, count=len(pages))
+        return cls(offset=offset, n=n, start=start, slots=slots, count=len(pages))
 
 
 @dataclass
@@ -174,7 +170,9 @@ class PagedAttention:
         q = q_TND[c.offset : c.offset + G * c.n].view(G, c.n, N, D).transpose(1, 2)  # G N S D
         keys = k_cache.view(-1, K, D)[c.slots].view(G, L, K, D).transpose(1, 2)  # G K L D
         vals = v_cache.view(-1, K, D)[c.slots].view(G, L, K, D).transpose(1, 2)
-        mask = c.mask
+        # chunk token i sees keys 0 .. start + i: causal aligned to the lower right, which
+        # SDPA runs with flash attention (a boolean mask would take the slower kernels)
+        mask = causal_lower_right(c.n, L) if c.start else None
         rep = N // K
         gqa = rep > 1 and not self.cuda
         if rep > 1 and not gqa:

@@ -100,6 +100,54 @@ def _rope_store(
     tl.store(v_cache + slot * (K * D) + j, vv, mask=vm)
 
 
+@triton.jit
+def _rope_store_split(
+    qkv,
+    cs,
+    slots,
+    q_out,
+    k_cache,
+    v_cache,
+    stride_t,
+    stride_q,
+    N,
+    K,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)  # query heads, then key heads
+    d = tl.arange(0, BLOCK_D)
+    m = (h < N + K)[:, None] & (d < D)[None, :]
+    row = qkv + t * stride_t + h[:, None] * D
+    x = tl.load(row + d[None, :], mask=m, other=0.0).to(tl.float32)
+    if ROPE:
+        # pairs (x[2i], x[2i+1]) -> (x[2i] c - x[2i+1] s, x[2i+1] c + x[2i] s)
+        xe, xo = tl.split(tl.reshape(x, [BLOCK_H, BLOCK_D // 2, 2]))
+        i = tl.arange(0, BLOCK_D // 2)
+        im = 2 * i < D
+        c = tl.load(cs + t * D + 2 * i, mask=im, other=0.0)[None, :]
+        s = tl.load(cs + t * D + 2 * i + 1, mask=im, other=0.0)[None, :]
+        y = tl.reshape(tl.join(xe * c - xo * s, xo * c + xe * s), [BLOCK_H, BLOCK_D])
+    else:
+        y = x
+    qm = m & (h < N)[:, None]
+    tl.store(
+        q_out + t * stride_q + h[:, None] * D + d[None, :], y.to(q_out.dtype.element_ty), mask=qm
+    )
+    slot = tl.load(slots + t)
+    km = m & (h >= N)[:, None]
+    kdst = k_cache + slot * (K * D) + (h - N)[:, None] * D + d[None, :]
+    tl.store(kdst, y.to(k_cache.dtype.element_ty), mask=km)
+    j = tl.arange(0, BLOCK_V)
+    vm = j < K * D
+    vv = tl.load(qkv + t * stride_t + (N + K) * D + j, mask=vm)
+    tl.store(v_cache + slot * (K * D) + j, vv, mask=vm)
+
+
 def rope_store(
     qkv_TX: torch.Tensor,
     rope_TD2: torch.Tensor | None,
@@ -110,6 +158,7 @@ def rope_store(
     N: int,
     K: int,
     D: int,
+    split: bool = False,
 ) -> None:
     """``q_TND`` = RoPE(queries); the rotated keys and the values to their slots."""
     T = qkv_TX.shape[0]
@@ -117,7 +166,7 @@ def rope_store(
     if rope_TD2 is not None:
         assert rope_TD2.is_contiguous() and rope_TD2.shape[-2:] == (D // 2, 2)
     block_h, block_d = triton.next_power_of_2(N + K), triton.next_power_of_2(D)
-    _rope_store[(T,)](
+    (_rope_store_split if split else _rope_store)[(T,)](
         qkv_TX,
         cs,
         slots_T,
@@ -206,6 +255,77 @@ def _paged_decode(
 
 
 @triton.jit
+def _paged_decode_dot(
+    q,
+    k_cache,
+    v_cache,
+    table,
+    lens,
+    out,
+    part_o,
+    part_ml,
+    scale,
+    stride_qb,
+    stride_tb,
+    N,
+    K,
+    R,
+    SPLITS,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    r = tl.arange(0, ROWS)
+    h = kvh * R + r  # the kv head's query heads, padded to ROWS rows
+    L = tl.load(lens + b)
+    per = tl.cdiv(tl.cdiv(L, SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * per
+    hi = tl.minimum(lo + per, L)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    hd = (r < R)[:, None] & dm[None, :]
+    qv = tl.load(q + b * stride_qb + h[:, None] * D + d[None, :], mask=hd, other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+        n = start + tl.arange(0, BLOCK_N)
+        nm = n < hi
+        page = tl.load(table + b * stride_tb + n // PAGE, mask=nm, other=0)
+        row = (page.to(tl.int64) * PAGE + n % PAGE) * (K * D) + kvh * D
+        m2 = nm[:, None] & dm[None, :]
+        k = tl.load(k_cache + row[:, None] + d[None, :], mask=m2, other=0.0)  # ND
+        v = tl.load(v_cache + row[:, None] + d[None, :], mask=m2, other=0.0)
+        s = tl.dot(qv, tl.trans(k)) * qk_scale  # rows x N
+        s = tl.where(nm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    hm = r < R
+    if DIRECT:
+        o = acc / l_i[:, None]
+        tl.store(
+            out + b * (N * D) + h[:, None] * D + d[None, :], o.to(out.dtype.element_ty), mask=hd
+        )
+    else:
+        base = (b * N + h) * SPLITS + sp
+        tl.store(part_o + base[:, None] * BLOCK_D + d[None, :], acc, mask=hd)
+        tl.store(part_ml + base * 2, m_i, mask=hm)
+        tl.store(part_ml + base * 2 + 1, l_i, mask=hm)
+
+
+@triton.jit
 def _combine(
     part_o,
     part_ml,
@@ -243,6 +363,9 @@ class DecodeConfig:
     stages: int = 2
     warps: int = 4
     splits: int = 1
+    dot: int = 0
+    """1: the tensor-core form (``_paged_decode_dot``): a program per (sequence, kv head,
+    split), its query heads the rows of ``tl.dot`` (padded to 16); ``heads`` unused."""
 
 
 LARGE_TILE_PER_SM = 8
@@ -299,31 +422,16 @@ def paged_decode(
     if S > 1:
         part_o = torch.empty((B, N, S, block_d), device=q_BND.device, dtype=torch.float32)
         part_ml = torch.empty((B, N, S, 2), device=q_BND.device, dtype=torch.float32)
-    _paged_decode[(B, triton.cdiv(N, cfg.heads), S)](
-        q_BND,
-        k_cache,
-        v_cache,
-        table_BM,
-        lens_B,
-        out_BND,
-        part_o,
-        part_ml,
-        scale,
-        q_BND.stride(0),
-        table_BM.stride(0),
-        N,
-        K,
-        N // K,
-        S,
-        D=D,
-        BLOCK_D=block_d,
-        PAGE=page,
-        HEADS=cfg.heads,
-        BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages,
-        DIRECT=S == 1,
-        num_warps=cfg.warps,
-    )
+    common = dict(D=D, BLOCK_D=block_d, PAGE=page, BLOCK_N=cfg.block_n, STAGES=cfg.stages)
+    args = (q_BND, k_cache, v_cache, table_BM, lens_B, out_BND, part_o, part_ml, scale,
+            q_BND.stride(0), table_BM.stride(0), N, K, N // K, S)  # fmt: skip
+    if cfg.dot:
+        rows = max(16, triton.next_power_of_2(N // K))
+        _paged_decode_dot[(B, K, S)](*args, **common, ROWS=rows, DIRECT=S == 1, num_warps=cfg.warps)
+    else:
+        _paged_decode[(B, triton.cdiv(N, cfg.heads), S)](
+            *args, **common, HEADS=cfg.heads, DIRECT=S == 1, num_warps=cfg.warps
+        )
     if S > 1:
         _combine[(B, N)](
             part_o, part_ml, out_BND, N, S, D=D, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(S)
