@@ -7,8 +7,7 @@ each sequence's pages a random permutation of the pool, random data):
 - **copy bandwidth**: a 2 GiB device-to-device copy, bytes read plus written over the median
   of 10 copies;
 - for each ``--batch`` B (every sequence ``--context`` tokens) and each configuration
-  (``DecodeConfig``: query heads per program, tokens per tile, ``tl.range`` pipelining
-  stages, warps, and the splits that give ``per_sm`` programs per SM): one CUDA graph of
+  (``DecodeConfig``: tokens per tile, ``tl.range`` pipelining stages, warps, and the splits that give ``per_sm`` programs per SM): one CUDA graph of
   ``--layers`` launches over as many distinct caches (as a step's layers run; the caches
   together are many times the L2), replayed 3 times to warm up and 10 times timed with
   events; the median over the launches is the kernel's time (its combine kernel included),
@@ -19,10 +18,9 @@ each sequence's pages a random permutation of the pool, random data):
   1 and 8.
 
 A table per batch, fastest first (the configuration ``kernels.decode_config`` gives marked
-``*``; in the table committed as ``benchmarks/results/serve_decode_kernel.txt``, which chose
-the present rule, ``*`` marks the former one: heads 1, tiles of 32, 1 stage, 4 warps, 2
-programs per SM), then one line per batch naming the fastest; all rows as JSON
-lines to ``--json``. Evidence: ``serving-benchmark`` (a GPU's timings; no document: the
+``*``; the newest table in ``benchmarks/results/serve_decode_kernel.txt`` chose the present
+kernel and rule, ran beside the former CUDA-core form, ``h1``, whose rule ``*`` marks
+there), then one line per batch naming the fastest; all rows as JSON lines to ``--json``. Evidence: ``serving-benchmark`` (a GPU's timings; no document: the
 table chose the rule that ``kernels.decode_config`` states).
 
     PYTHONPATH=src python3 benchmarks/serve_decode_kernel.py --json OUT/decode_kernel.jsonl
@@ -82,15 +80,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def variants(args: argparse.Namespace):
-    """Kernel variants: the CUDA-core form, its tile at most 128 (token x head) rows of K
-    and of V, then the tensor-core form (``dot``) over ``--dot-tiles``."""
-    grid = itertools.product(args.heads_per_program, args.tiles, args.stages, args.warps)
-    for h, n, s, w in grid:
-        if h * n <= 128:
-            yield {"heads": h, "block_n": n, "stages": s, "warps": w}
-    if args.dot:
-        for n, s, w in itertools.product(args.dot_tiles, args.stages, args.warps):
-            yield {"heads": 1, "block_n": n, "stages": s, "warps": w, "dot": 1}
+    """Kernel variants: every tile, stage count and warp count given."""
+    for n, s, w in itertools.product(args.tiles, args.stages, args.warps):
+        yield {"block_n": n, "stages": s, "warps": w}
 
 
 def cache(layers: int, pages: int, page: int, K: int, D: int, dev: str):
@@ -148,7 +140,7 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
     rows, seen = [], set()
     for v in variants(args):
         for p in args.per_sm:
-            cfg = decode_config(B, N, D, sms, per_sm=p, **v)
+            cfg = decode_config(B, K, sms, per_sm=p, **v)
             if cfg in seen:
                 continue
             seen.add(cfg)
@@ -174,10 +166,9 @@ def sweep_batch(B: int, args, ks, vs, table, sms: int, bw: float, deadline: floa
 
 
 def fmt(r: dict, rule: DecodeConfig) -> str:
-    fields = ("heads", "block_n", "stages", "warps", "splits", "dot")
+    fields = ("block_n", "stages", "warps", "splits")
     mark = "*" if all(r[f] == getattr(rule, f) for f in fields) else " "
-    form = "dot" if r.get("dot") else f"h{r['heads']} "
-    cfg = f"{form} n{r['block_n']:<3} st{r['stages']} w{r['warps']} s{r['splits']:<3} P{r['per_sm']:<3}"
+    cfg = f"n{r['block_n']:<3} st{r['stages']} w{r['warps']} s{r['splits']:<3} P{r['per_sm']:<3}"
     if r["us"] is None:
         return f"{mark} {cfg}  failed: {r['error']}"
     ok = "ok" if r["err"] < 2e-2 else "WRONG"
@@ -194,13 +185,10 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads-per-program", type=ints, default=[1, 2, 4])
-    ap.add_argument("--tiles", type=ints, default=[16, 32, 64])
-    ap.add_argument("--stages", type=ints, default=[1, 2, 3])
+    ap.add_argument("--tiles", type=ints, default=[32, 64, 128])
+    ap.add_argument("--stages", type=ints, default=[2, 3, 4])
     ap.add_argument("--warps", type=ints, default=[4, 8])
-    ap.add_argument("--dot", action="store_true", help="Also the tensor-core form.")
-    ap.add_argument("--dot-tiles", type=ints, default=[32, 64, 128])
-    ap.add_argument("--per-sm", type=ints, default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--per-sm", type=ints, default=[1, 2, 4, 16, 32])
     ap.add_argument("--seconds", type=float, default=240.0, help="Sweep budget.")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", default="/dev/null")
@@ -238,7 +226,7 @@ def main() -> None:
         print(f"# sweep cut at its budget of {args.seconds:.0f} s: later rows not run")
     best = {}
     for B, rows in results.items():
-        default = decode_config(B, args.heads, args.head_dim, sms)
+        default = decode_config(B, args.kv_heads, sms)
         good = [r for r in rows if r["us"] is not None and r["err"] < 2e-2]
         good.sort(key=lambda r: r["us"])
         print(f"\n## batch {B} x {args.context} tokens: {len(rows)} configurations "
@@ -252,7 +240,7 @@ def main() -> None:
             best[B] = good[0]
     print()
     for B, r in best.items():
-        print(f"best at batch {B}: {fmt(r, decode_config(B, args.heads, args.head_dim, sms))}")
+        print(f"best at batch {B}: {fmt(r, decode_config(B, args.kv_heads, sms))}")
     print(f"# {time.monotonic() - t0:.0f} s")
 
 

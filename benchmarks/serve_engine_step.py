@@ -179,7 +179,7 @@ def attention_kernel(eng: Engine, batch: int, context: int) -> tuple[float, floa
     lens = torch.full((batch,), context, device=kc.device)
     q = torch.randn(batch, r.N, r.D, device=kc.device, dtype=kc.dtype)
     out = torch.empty_like(q)
-    cfg = decode_config(batch, r.N, r.D, r.sms)
+    cfg = decode_config(batch, r.K, r.sms)
     paged_decode(q, kc, vc, table, lens, out, r.D**-0.5, cfg)  # compiled outside the graph
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

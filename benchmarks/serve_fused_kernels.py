@@ -3,9 +3,9 @@ replace, on one GPU: the residual add + RMSNorm (``kernels_norm.add_rms_norm`` a
 add and ``F.rms_norm``) and SwiGLU's ``silu(gate) * up`` (``kernels_norm.silu_mul`` against
 ``F.silu`` and a multiply), at a decode step's rows and a prefill step's (1.3B's widths:
 hidden 2048, FFN 5632; bf16); and ``kernels.rope_store`` (RoPE of the queries and keys, keys
-and values to their page slots) in its two forms, each element's pair partner loaded beside
-it (``pair``) or the row split into even and odd elements (``split``), at 16 query and 16 kv
-heads of 128.
+and values to their page slots) at 16 query and 16 kv heads of 128 (the newest table in
+``benchmarks/results/serve_fused_kernels.txt`` ran its former form beside it: ``pair``, each
+element's pair partner gathered beside it, against ``split``, the present one).
 
 Each variant is captured 20 times in one CUDA graph (as the engine's decode step replays
 them); the time is the median of 10 replays over 20. Evidence ``serving-benchmark``
@@ -65,8 +65,8 @@ def one_row(T: int, H: int, Fw: int, w: torch.Tensor) -> tuple[float, float, flo
     )  # fmt: skip
 
 
-def rope_row(T: int, dt: torch.dtype) -> tuple[float, float]:
-    """Microseconds of ``rope_store`` over ``T`` tokens, pair form and split form."""
+def rope_row(T: int, dt: torch.dtype) -> float:
+    """Microseconds of ``rope_store`` over ``T`` tokens."""
     from parlab.models.reference import rope_table
     from parlab.serve.engine.kernels import rope_store
 
@@ -77,10 +77,7 @@ def rope_row(T: int, dt: torch.dtype) -> tuple[float, float]:
     slots = torch.randperm(2 * T, device="cuda")[:T]
     kc = torch.empty(2 * T, 1, K, D, device="cuda", dtype=dt)
     vc, q = torch.empty_like(kc), torch.empty(T, N, D, device="cuda", dtype=dt)
-    return tuple(
-        graph_us(lambda split=split: rope_store(qkv, rope, slots, q, kc, vc, N, K, D, split))
-        for split in (False, True)
-    )  # type: ignore[return-value]
+    return graph_us(lambda: rope_store(qkv, rope, slots, q, kc, vc, N, K, D))
 
 
 def main() -> None:
@@ -93,11 +90,10 @@ def main() -> None:
     H, Fw, dt = args.hidden, args.ffn, torch.bfloat16
     w = torch.randn(H, device="cuda", dtype=dt)
     print(f"{'rows':>6} {'add+norm torch us':>18} {'fused us':>9} {'silu*up torch us':>17} "
-          f"{'fused us':>9} {'rope pair us':>13} {'rope split us':>14}")  # fmt: skip
+          f"{'fused us':>9} {'rope_store us':>14}")  # fmt: skip
     for T in (int(r) for r in args.rows.split(",")):
         tn, fn, ts, fs = one_row(T, H, Fw, w)
-        rp, rs = rope_row(T, dt)
-        print(f"{T:>6} {tn:>18.1f} {fn:>9.1f} {ts:>17.1f} {fs:>9.1f} {rp:>13.1f} {rs:>14.1f}")
+        print(f"{T:>6} {tn:>18.1f} {fn:>9.1f} {ts:>17.1f} {fs:>9.1f} {rope_row(T, dt):>14.1f}")
 
 
 if __name__ == "__main__":

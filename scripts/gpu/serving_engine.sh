@@ -6,9 +6,9 @@
 #             1,024-token prompts against transformers' static-cache generate and the memory
 #             roofline; the offline load 128 x 1,024 + 128;
 #   profile   (with engine) one mixed step of that load under torch.profiler: its kernels;
-#   kernels   the kernel benchmarks: benchmarks/serve_fused_kernels.py (norm, SwiGLU, the two
-#             rope_store forms) and benchmarks/serve_decode_kernel.py over both forms of the
-#             decode kernel (GPU only);
+#   kernels   the kernel benchmarks: benchmarks/serve_fused_kernels.py (norm, SwiGLU,
+#             rope_store) and benchmarks/serve_decode_kernel.py over the decode kernel's
+#             configurations (GPU only);
 #   serving   two transformers-server replicas (its own OpenAI server, continuous batching)
 #             behind parlab's router, then two reference replicas on the same load (chat API,
 #             the same weights and tokenizer: hf_export), each with parlab bench serve;
@@ -48,9 +48,8 @@ fi
 
 if has kernels && [ "$DEV" != cpu ]; then
   timeout 120 $PY benchmarks/serve_fused_kernels.py --rows 128,8192 2>&1 | tee "$OUT/serve_fused_kernels.txt" || rc=1
-  timeout 300 $PY benchmarks/serve_decode_kernel.py --batch 128,32,1 --heads-per-program 1 \
-    --tiles 64,128 --stages 2,3 --warps 4,8 --dot --dot-tiles 32,64,128 --per-sm 1,2,4,16,32 \
-    --seconds 240 --json "$OUT/decode_kernel.jsonl" 2>&1 | tee "$OUT/serve_decode_kernel.txt" || rc=1
+  timeout 300 $PY benchmarks/serve_decode_kernel.py --batch 128,32,1 --tiles 32,64,128 \
+    --stages 2,3 --warps 4,8 --per-sm 1,2,4,16,32 --seconds 240 --json "$OUT/decode_kernel.jsonl" 2>&1 | tee "$OUT/serve_decode_kernel.txt" || rc=1
 fi
 
 if has engine; then

@@ -242,7 +242,7 @@ class ModelRunner:
             return None
         from parlab.serve.engine.kernels import decode_config  # lazy: triton
 
-        return decode_config(B, self.N, self.D, self.sms)
+        return decode_config(B, self.K, self.sms)
 
     def _sample(
         self, logits: torch.Tensor, params: dict, use_top_p: bool, greedy_only: bool = False
