@@ -341,7 +341,7 @@ def test_rope_store_equals_torch_on_gpu(dtype, T: int, N: int, K: int, D: int) -
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize(
-    ("N", "K", "D", "page"), [(16, 16, 128, 16), (8, 2, 64, 64), (4, 1, 48, 8)]
+    ("N", "K", "D", "page"), [(16, 16, 128, 16), (8, 2, 64, 64), (4, 1, 48, 8), (4, 2, 8, 8)]
 )
 def test_paged_decode_equals_sdpa_over_the_gathered_pages_on_gpu(
     dtype: torch.dtype, splits: int, N: int, K: int, D: int, page: int

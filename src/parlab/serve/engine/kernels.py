@@ -274,7 +274,7 @@ def paged_decode(
     B, N, D = q_BND.shape
     K = k_cache.shape[2]
     page = k_cache.shape[1]
-    block_d = triton.next_power_of_2(D)
+    block_d = max(16, triton.next_power_of_2(D))  # tl.dot's inner size is at least 16
     S = cfg.splits
     part_o = part_ml = out_BND
     if S > 1:
