@@ -69,14 +69,16 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> bool
             return False
 
 
-def parlab_client(a: argparse.Namespace, url: str, work: Path, client: str) -> dict | None:
-    res = work / f"parlab-{client}"
+def parlab_client(
+    a: argparse.Namespace, url: str, work: Path, client: str, tag: str = ""
+) -> dict | None:
+    res = work / f"parlab-{client}{tag}"
     cmd = [sys.executable, "-m", "parlab", "bench", "serve", "--base-url", url,
            "--dataset-name", "random", "--num-prompts", str(a.num_prompts),
            "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
            "--request-rate", str(a.request_rate), "--seed", str(a.seed), "--no-progress",
            "--percentiles", "50,99", "--results", str(res), "--client", client]  # fmt: skip
-    if not _run(cmd, _env(None), work / f"parlab-{client}.log", a.timeout):
+    if not _run(cmd, _env(None), work / f"parlab-{client}{tag}.log", a.timeout):
         return None
     doc = json.loads(
         next((res / "PAR-DISTRIBUTED-INFERENCE").glob("serve-bench-*.json")).read_text()
@@ -125,9 +127,11 @@ def main() -> None:
     ap.add_argument("--vllm-path", help="Folders to add to PYTHONPATH for vLLM's client.")
     ap.add_argument("--sglang-path", help="Folders to add to PYTHONPATH for SGLang's client.")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--work", type=Path, help="Folder for the clients' logs and results.")
     a = ap.parse_args()
     header("vLLM's and SGLang's benchmark clients beside parlab bench serve, same load")
-    work = Path(tempfile.mkdtemp(prefix="parlab-clients-"))
+    work = a.work or Path(tempfile.mkdtemp(prefix="parlab-clients-"))
+    work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, SRC)
     from parlab.serve.tokenizer import export_hf
 
@@ -150,6 +154,8 @@ def main() -> None:
         rows["parlab-aiohttp"] = parlab_client(a, url, work, "aiohttp")
         rows["vllm"] = vllm_client(a, url, model, tok, work)
         rows["sglang"] = sglang_client(a, url, model, tok, work)
+        # parlab's client once more, last: how far two runs of one client differ
+        rows["parlab-again"] = parlab_client(a, url, work, "fast", "-again")
     finally:
         for p, _ in procs:
             p.terminate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -145,3 +146,13 @@ def test_the_launch_command_stops_its_engine_when_it_is_terminated(tmp_path: Pat
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_the_parlab_engine_gets_its_own_dtype_flag() -> None:
+    """``--dtype bfloat16`` reaches parlab's replica as ``--tensor-dtype bf16`` (it has no
+    ``--dtype``: the launch failed with exit status 2 before)."""
+    spec = LaunchSpec(engine="parlab", model="tiny", port=1, dtype="bfloat16", device="cuda:0")
+    cmd = engine_command(spec)
+    assert cmd[cmd.index("--tensor-dtype") + 1] == "bf16" and "--dtype" not in cmd
+    runs = subprocess.run([*cmd[:3], "serve", "replica", "--help"], capture_output=True, text=True)
+    assert "--tensor-dtype" in runs.stdout

@@ -12,10 +12,12 @@
 #   serving   two transformers-server replicas (its own OpenAI server, continuous batching)
 #             behind parlab's router, then two reference replicas on the same load (chat API,
 #             the same weights and tokenizer: hf_export), each with parlab bench serve;
+#   clients   benchmarks/serve_clients.py: vLLM's and SGLang's own benchmark clients beside
+#             parlab bench serve on one load through the router (two reference replicas);
 #   failover  the serving project with two reference replicas on the GPU: round robin and
 #             cache-aware, one replica killed under load, restarted, rejoining.
 #
-#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,kernels,engine,profile,serving,failover)
+#   scripts/gpu/serving_engine.sh OUT_DIR [PARTS]   (PARTS: tests,kernels,engine,profile,serving,clients,failover)
 #       -> OUT_DIR/results/<project>/*.json, OUT_DIR/*.txt, OUT_DIR/*.log
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu/serving_engine.sh OUT_DIR [PARTS]}
@@ -87,12 +89,18 @@ pair() {
       --policy round_robin --port $rport --duration 300 > "$OUT/router-$engine.log" 2>&1 &
     local router=$!
     sleep 2
+    if [ "${MEASURE:-bench}" = clients ]; then
+      timeout 500 $PY benchmarks/serve_clients.py --base-url http://127.0.0.1:$rport --model $MODEL \
+        --num-prompts $N --input-len $IN --output-len $OUTL --request-rate $RATE \
+        --vllm-path $CLIENTS --sglang-path $CLIENTS --work "$OUT/clients" 2>&1 | tee "$OUT/serve_clients.txt" || rc=1
+    else
     timeout 240 $PY -m parlab bench serve --base-url http://127.0.0.1:$rport --api chat \
       --num-prompts $N --random-input-len $IN --random-output-len $OUTL --request-rate $RATE \
       --no-progress --max-duration 200 --results "$RES" --layout engine=$engine \
       --layout replicas=2 --layout strategy=router:round_robin \
       --note "two $engine replicas on one device behind parlab's router" $BENCH_EXTRA \
       2>&1 | tee "$OUT/bench-$engine.txt" || rc=1
+    fi
     kill $router 2>/dev/null; wait $router 2>/dev/null
   else
     rc=1
@@ -117,6 +125,18 @@ print('exported', '$HFDIR')" || rc=1
       --extra=--continuous-batching
   fi
   BENCH_EXTRA="" pair parlab 8201 8202 --model $MODEL --dtype $DTYPE --max-len 2048 \
+    --extra=--max-batch --extra=64 --extra=--max-step-tokens --extra=8192
+fi
+
+# vLLM's and SGLang's benchmark clients beside parlab bench serve, two reference replicas behind
+# the router: their pure-Python parts and wheels travel in .clients/ (not in git)
+if has clients; then
+  CLIENTS=/tmp/parlab-clients
+  mkdir -p $CLIENTS
+  $PY -m pip install -q --no-index --no-deps --no-compile --target $CLIENTS .clients/whl/*.whl \
+    && for t in .clients/*.tar.xz; do tar xJf "$t" -C $CLIENTS; done \
+    && cp -r .clients/stubs/* $CLIENTS/ || rc=1
+  MEASURE=clients BENCH_EXTRA="" pair parlab 8301 8302 --model $MODEL --dtype $DTYPE --max-len 2048 \
     --extra=--max-batch --extra=64 --extra=--max-step-tokens --extra=8192
 fi
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from parlab.dtypes import TENSOR_DTYPE_OF
 from parlab.errors import UsageError
 
 ENGINES = ("vllm", "sglang", "transformers", "parlab")
@@ -119,7 +120,9 @@ def engine_command(spec: LaunchSpec, help_text: str = "") -> list[str]:
         "parlab": (["serve", "replica", "--model", spec.model], "--tp", "--max-len"),
     }[spec.engine]
     cmd += [*head, *host, *port, tp_flag, str(spec.tp)]
-    if spec.dtype:
+    if spec.dtype and spec.engine == "parlab":  # parlab's replica takes its own short names
+        cmd += ["--tensor-dtype", TENSOR_DTYPE_OF.get(spec.dtype, spec.dtype)]
+    elif spec.dtype:
         cmd += ["--dtype", spec.dtype]
     if spec.max_len:
         cmd += [len_flag, str(spec.max_len)]
