@@ -20,7 +20,7 @@ What differs between them besides their code: each draws its own prompts (same l
 its own arrival times (vLLM and parlab scale the gaps so the last request leaves at
 ``n / rate``; SGLang does not); vLLM keeps one keep-alive connection pool, SGLang opens a
 new HTTP session (and connection) per request, parlab keeps keep-alive connections in its
-own lean client. The table gives each client's mean and median TTFT, mean TPOT and ITL, and
+own lean client. The table gives each client's mean, median and p99 TTFT, mean and median TPOT, mean ITL, and
 their difference from parlab's. One run before them is not shown (it warms the replicas
 up); parlab's client runs again last, to show how far two runs of one client differ.
 Evidence: ``cpu-mechanism`` on the CPU (the clients' own cost shows, the model's speed does
@@ -165,9 +165,11 @@ def main() -> None:
         for p, _ in procs:
             p.terminate()
             p.wait(10)
-    keys = ("completed", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
-    print(f"{'client':>14} {'ok':>4} {'TTFT mean':>10} {'TTFT med':>9} {'TPOT mean':>10} "
-          f"{'ITL mean':>9} {'dTTFT ms':>9} {'dTPOT %':>8} {'dITL %':>7}")  # fmt: skip
+    keys = ("completed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+            "median_tpot_ms", "mean_itl_ms")  # fmt: skip
+    print(f"{'client':>14} {'ok':>4} {'TTFT mean':>10} {'TTFT med':>9} {'TTFT p99':>9} "
+          f"{'TPOT mean':>10} {'TPOT med':>9} {'ITL mean':>9} {'dTTFT ms':>9} {'dTPOT %':>8} "
+          f"{'dITL %':>7}")  # fmt: skip
     base = rows["parlab"]
     for name, r in rows.items():
         if r is None:
@@ -179,8 +181,9 @@ def main() -> None:
             d = [f"{r['mean_ttft_ms'] - base['mean_ttft_ms']:+.2f}",
                  f"{(r['mean_tpot_ms'] / base['mean_tpot_ms'] - 1) * 100:+.1f}",
                  f"{(r['mean_itl_ms'] / base['mean_itl_ms'] - 1) * 100:+.1f}"]  # fmt: skip
-        print(f"{name:>14} {v[0]:4.0f} {v[1]:10.2f} {v[2]:9.2f} {v[3]:10.2f} {v[4]:9.2f} "
-              f"{d[0]:>9} {d[1]:>8} {d[2]:>7}")  # fmt: skip
+        v = [float("nan") if x is None else x for x in v]
+        print(f"{name:>14} {v[0]:4.0f} {v[1]:10.2f} {v[2]:9.2f} {v[3]:9.2f} {v[4]:10.2f} "
+              f"{v[5]:9.2f} {v[6]:9.2f} {d[0]:>9} {d[1]:>8} {d[2]:>7}")  # fmt: skip
 
 
 if __name__ == "__main__":

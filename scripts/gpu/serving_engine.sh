@@ -136,7 +136,7 @@ if has clients; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target $CLIENTS .clients/whl/*.whl \
     && for t in .clients/*.tar.xz; do tar xJf "$t" -C $CLIENTS; done \
     && cp -r .clients/stubs/* $CLIENTS/ || rc=1
-  MEASURE=clients BENCH_EXTRA="" pair parlab 8301 8302 --model $MODEL --dtype $DTYPE --max-len 2048 \
+  N=$((N * 4)) MEASURE=clients BENCH_EXTRA="" pair parlab 8301 8302 --model $MODEL --dtype $DTYPE --max-len 2048 \
     --extra=--max-batch --extra=64 --extra=--max-step-tokens --extra=8192
 fi
 
