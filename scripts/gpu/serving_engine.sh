@@ -130,6 +130,15 @@ fi
 
 # vLLM's and SGLang's benchmark clients beside parlab bench serve, two reference replicas behind
 # the router: their pure-Python parts and wheels travel in .clients/ (not in git)
+# (echo /.clients/ >> .git/info/exclude; carry .clients). Built here from the packages' wheels:
+#   .clients/vllm-<v>-py.tar.xz    vllm/**/*.py from vLLM's wheel (json configs and .so left out)
+#   .clients/sglang-<v>-py.tar.xz  sglang/ from SGLang's wheel without test/, multimodal_gen/,
+#                                  srt/models/, configs/ and .so (its kernel sources kept)
+#   .clients/stubs/IPython         an empty IPython with display.HTML/display (SGLang imports it)
+#   .clients/whl/*.whl             cp312 wheels the host lacks: pybase64 msgspec pydantic
+#     pydantic_core annotated-types typing-inspection pyzmq cachetools cbor2 llguidance xgrammar
+#     apache-tvm-ffi orjson starlette datasets dill multiprocess compressed-tensors loguru
+# (SGLang's client still stops there at sgl_kernel, its compiled GPU kernels.)
 if has clients; then
   CLIENTS=/tmp/parlab-clients
   mkdir -p $CLIENTS
