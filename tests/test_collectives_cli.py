@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 from pathlib import Path
 
 import jsonschema_rs
@@ -95,6 +96,9 @@ def test_fit_writes_a_calibration_the_planner_loads(
 
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+    # interrupt_main does nothing unless Python's own SIGINT handler is installed: in the whole
+    # suite an earlier test may have left another (the interrupt was lost in two full local runs)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = SweepSpec(
         ops=("all_reduce", "all_gather", "broadcast"),
         minbytes=8,
@@ -114,7 +118,10 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
         if len(seen) == 2:
             _thread.interrupt_main()  # what Ctrl-C does to the main thread
 
-    outcome = run_sweep(spec, command="parlab collectives (test)", on_record=on_record)
+    try:
+        outcome = run_sweep(spec, command="parlab collectives (test)", on_record=on_record)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert outcome.interrupted
     assert 2 <= len(outcome.records) < len(spec.plan())
     doc = outcome.doc
